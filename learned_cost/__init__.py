@@ -1,0 +1,52 @@
+"""Cost models: the analytical roofline and its learned correction (seed 002, 7.4.1).
+
+The public surface below needs only torch, numpy and pyarrow. The modules that compare
+models and write reports (`learned_cost.baselines`, `learned_cost.evaluate`,
+`learned_cost.train`) also import scikit-learn, scipy and matplotlib; import them by name.
+"""
+
+from learned_cost.analytical import AnalyticalModel
+from learned_cost.corrected import (
+    CorrectedModel,
+    CostModelFallbackWarning,
+    default_realization,
+    load_corrected,
+)
+from learned_cost.data import Profiles, load_profiles
+from learned_cost.features import (
+    FEATURE_NAMES,
+    FEATURES,
+    SCHEMA_HASH,
+    AnalyticalParts,
+    analytical_parts,
+    design_matrix,
+    feature_vector,
+)
+from learned_cost.mlp import CorrectionMLP
+from learned_cost.online import Observation, OnlineBias, UpdateReport
+from learned_cost.persist import ModelMeta, load_model, read_meta, save_model
+
+__all__ = [
+    "FEATURES",
+    "FEATURE_NAMES",
+    "SCHEMA_HASH",
+    "AnalyticalModel",
+    "AnalyticalParts",
+    "CorrectedModel",
+    "CorrectionMLP",
+    "CostModelFallbackWarning",
+    "ModelMeta",
+    "Observation",
+    "OnlineBias",
+    "Profiles",
+    "UpdateReport",
+    "analytical_parts",
+    "default_realization",
+    "design_matrix",
+    "feature_vector",
+    "load_corrected",
+    "load_model",
+    "load_profiles",
+    "read_meta",
+    "save_model",
+]

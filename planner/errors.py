@@ -1,0 +1,42 @@
+"""The project's exceptions: one root, one subclass per stage that can fail.
+
+Messages say what was expected, what came, and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class FusionPlannerError(Exception):
+    """Root of every error this project raises on purpose."""
+
+
+class CaptureError(FusionPlannerError):
+    """A model could not be turned into an OpGraph (torch.export failed, bad inputs)."""
+
+
+class ModelSpecError(FusionPlannerError):
+    """A `--model` / `--shape` specification could not be resolved."""
+
+
+class DeviceSpecError(FusionPlannerError):
+    """An unknown device name, or a device-spec file that does not parse."""
+
+
+class LegalityError(FusionPlannerError):
+    """A partition breaks a fusion rule; `.reasons` lists every broken rule."""
+
+    def __init__(self, message: str, reasons: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.reasons = reasons
+
+
+class PlanError(FusionPlannerError):
+    """A plan does not fit the graph it is applied to, or could not be realized."""
+
+
+class CacheError(FusionPlannerError):
+    """The plan cache is unreadable, corrupt, or from a foreign schema."""
+
+
+class CostModelError(FusionPlannerError):
+    """A cost model was used before it was fitted, or loaded for the wrong setting."""

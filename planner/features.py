@@ -1,0 +1,65 @@
+"""Raw descriptors of a group: what a measurement row records about the work it timed.
+
+Profiling stores these with every measurement; learned_cost turns them (plus a device
+spec) into model features and the analytical prediction. Keeping them raw (counts,
+FLOPs, bytes, sizes) means a dataset never has to be re-captured when the feature set
+of a cost model changes. Seed 002, 7.2.4: op types, tensor shapes, compute intensity,
+memory pattern.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from planner.cost import group_io
+from planner.ir import Category, OpGraph
+
+DESCRIPTOR_VERSION = 1
+CATEGORIES = tuple(c.value for c in Category)
+
+
+def group_descriptor(graph: OpGraph, nodes: Iterable[int]) -> dict[str, Any]:
+    """Flat dict of numbers describing `nodes` of `graph` run as one unit."""
+    members = sorted(set(nodes))
+    io = group_io(graph, members)
+    counts = dict.fromkeys(CATEGORIES, 0)
+    internal = 0
+    max_out = 0
+    dtypes: set[str] = set()
+    for i in members:
+        n = graph.nodes[i]
+        counts[n.category.value] += 1
+        for t in n.outputs:
+            info = graph.tensors[t]
+            dtypes.add(info.dtype)
+            max_out = max(max_out, info.numel)
+            if t not in io.outputs and n.category is not Category.VIEW:
+                internal += info.nbytes
+    anchors = [graph.nodes[i] for i in members if graph.nodes[i].category is Category.COMPUTE]
+    itemsize = min(
+        (graph.tensors[t].itemsize for i in members for t in graph.nodes[i].outputs), default=4
+    )
+    d: dict[str, Any] = {f"n_{c}": counts[c] for c in CATEGORIES}
+    d.update(
+        n_ops=len(members),
+        n_work_ops=len(members) - counts["view"],
+        flops_matmul=io.matmul_flops,
+        flops_vector=io.vector_flops,
+        bytes_in=io.bytes_in,
+        bytes_out=io.bytes_out,
+        bytes_internal=internal,  # what fusion keeps off global memory
+        n_inputs=len(io.inputs),
+        n_outputs=len(io.outputs),
+        n_kernels=io.n_kernels,
+        max_out_numel=max_out,
+        log2_max_out_numel=math.log2(max_out) if max_out else 0.0,
+        itemsize=itemsize,
+        dtype=sorted(dtypes)[0] if len(dtypes) == 1 else ",".join(sorted(dtypes)),
+        anchor_ops=",".join(sorted(a.op for a in anchors)),
+        anchor_max_flops=max((a.flops for a in anchors), default=0),
+        ops=",".join(graph.nodes[i].op for i in members),
+        descriptor_version=DESCRIPTOR_VERSION,
+    )
+    return d

@@ -1,0 +1,161 @@
+"""Timing on the device: CUDA events on GPU, perf_counter on CPU.
+
+`measure(fn)` warms up, then repeats in rounds until the median is stable (or a bound
+on repetitions or seconds is hit), and returns median, p99, spread and the context
+every measurement row records (device fingerprint, torch version, dtype).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from planner.hardware import device_fingerprint, local_device_name
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_s: float
+    p99_s: float
+    min_s: float
+    mean_s: float
+    iqr_s: float  # interquartile range: the spread
+    reps: int
+    stable: bool  # whether the median settled before the bounds were hit
+    device: str  # spec name ("h100", "cpu", ...)
+    device_fingerprint: str
+    torch_version: str
+    dtype: str = ""
+
+    @property
+    def spread(self) -> float:
+        """IQR relative to the median."""
+        return self.iqr_s / self.median_s if self.median_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _quantile(sorted_xs: list[float], q: float) -> float:
+    if not sorted_xs:
+        return float("nan")
+    pos = q * (len(sorted_xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+class _L2Flusher:
+    """Writes a buffer larger than L2 between repetitions, so each run starts cold."""
+
+    def __init__(self, device: torch.device):
+        size = 256 << 20 if device.type == "cuda" else 64 << 20
+        self.buf = torch.empty(size, dtype=torch.uint8, device=device)
+
+    def __call__(self) -> None:
+        self.buf.zero_()
+
+
+def summarize(
+    samples: list[float],
+    *,
+    stable: bool = False,
+    device: str | torch.device | None = None,
+    dtype: str = "",
+) -> Timing:
+    """Statistics of `samples` (seconds) with the context every row records."""
+    if not samples:
+        raise ValueError("summarize needs at least one sample")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    xs = sorted(samples)
+    return Timing(
+        median_s=_quantile(xs, 0.5),
+        p99_s=_quantile(xs, 0.99),
+        min_s=xs[0],
+        mean_s=sum(xs) / len(xs),
+        iqr_s=_quantile(xs, 0.75) - _quantile(xs, 0.25),
+        reps=len(xs),
+        stable=stable,
+        device=local_device_name(dev),
+        device_fingerprint=device_fingerprint(dev),
+        torch_version=torch.__version__.split("+")[0],
+        dtype=dtype,
+    )
+
+
+def cuda_graphed(fn: Callable[[], Any], warmup: int = 3) -> Callable[[], Any]:
+    """`fn` recorded once in a CUDA graph; the returned callable replays it.
+
+    What a realized plan does on GPU (planner.realize), so a group timed alone pays the
+    same launch cost as inside its plan. Raises if `fn` cannot be captured.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    device: str | torch.device | None = None,
+    warmup: int = 3,
+    min_reps: int = 10,
+    max_reps: int = 200,
+    max_seconds: float = 5.0,
+    rel_tol: float = 0.02,
+    flush_l2: bool = False,
+    dtype: str = "",
+) -> Timing:
+    """Time `fn()` (it must do the same work each call).
+
+    Repeats in rounds of `min_reps` until the median of all samples moves less than
+    `rel_tol` between rounds, or `max_reps` samples or `max_seconds` are reached.
+    """
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = dev.type == "cuda"
+    flush = _L2Flusher(dev) if flush_l2 else None
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize(dev)
+    samples: list[float] = []
+    last_median = None
+    stable = False
+    t_start = time.perf_counter()
+    while len(samples) < max_reps:
+        for _ in range(min_reps):
+            if flush:
+                flush()
+            if cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - t0)
+        med = statistics.median(samples)
+        if last_median is not None and abs(med - last_median) <= rel_tol * last_median:
+            stable = True
+            break
+        last_median = med
+        if time.perf_counter() - t_start > max_seconds:
+            break
+    return summarize(samples, stable=stable, device=dev, dtype=dtype)

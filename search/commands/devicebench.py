@@ -1,0 +1,60 @@
+"""`fusion-plan device-bench`: measure this machine's device and store the peaks."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+from planner import hardware
+from profiling.devicebench import run_device_bench
+from search.cli_common import emit
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("device-bench", help="measure GEMM FLOP/s, copy bandwidth, launch overhead")
+    p.add_argument("--quick", action="store_true", help="smaller problems (seconds, noisier)")
+    p.add_argument(
+        "--commit",
+        action="store_true",
+        help="write into planner/devices/ (the repo's committed figures) instead of the user cache",
+    )
+    p.add_argument("--no-save", action="store_true", help="print only")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    name = hardware.local_device_name()
+    datasheet = hardware.get_spec(name, measured=False)
+    peaks = run_device_bench(quick=args.quick)
+    path = None if args.no_save else hardware.save_measured(name, peaks, committed=args.commit)
+    rows = [
+        f"device-bench on {name} ({peaks.device_fingerprint}, torch {peaks.torch_version})",
+        f"{'figure':<28} {'measured':>14} {'datasheet':>14} {'ratio':>7}",
+    ]
+    for dt, v in peaks.matmul_flops.items():
+        ds = datasheet.peak_matmul_flops(dt)
+        rows.append(
+            f"{'GEMM ' + dt + ' TFLOP/s':<28} {v / 1e12:14.2f} {ds / 1e12:14.2f} {v / ds:7.2f}"
+        )
+    rows.append(
+        f"{'copy bandwidth GB/s (r+w)':<28} {peaks.mem_bw_Bps / 1e9:14.1f} "
+        f"{datasheet.mem_bw_Bps / 1e9:14.1f} {peaks.mem_bw_Bps / datasheet.mem_bw_Bps:7.2f}"
+    )
+    rows.append(
+        f"{'launch overhead us':<28} {peaks.launch_overhead_s * 1e6:14.2f} "
+        f"{datasheet.launch_overhead_s * 1e6:14.2f} "
+        f"{peaks.launch_overhead_s / datasheet.launch_overhead_s:7.2f}"
+    )
+    rows.append(f"saved to {path}" if path else "not saved (--no-save)")
+    emit(
+        args,
+        {
+            "device": name,
+            "measured": asdict(peaks),
+            "datasheet": datasheet.to_dict(),
+            "saved_to": str(path) if path else None,
+        },
+        "\n".join(rows),
+    )
+    return 0

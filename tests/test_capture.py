@@ -1,0 +1,251 @@
+"""Capture: FLOPs and bytes against hand-derived counts, categories, errors, fingerprints."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from planner import zoo
+from planner.capture import UnknownOpWarning, capture, export_model, graph_from_program
+from planner.errors import CaptureError
+from planner.ir import Category
+
+
+def _one(graph, op):
+    nodes = [n for n in graph.nodes if n.op == op]
+    assert len(nodes) == 1, [n.target for n in graph.nodes]
+    return nodes[0]
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+def test_linear_flops_and_bytes_are_exact():
+    m = nn.Linear(64, 32)
+    g = capture(m, (torch.randn(4, 64),))
+    n = _one(g, "linear")
+    assert n.category is Category.COMPUTE
+    assert n.flops == 2 * 4 * 32 * 64 + 4 * 32  # 2MNK + bias
+    assert n.bytes_read == (4 * 64 + 32 * 64 + 32) * 4  # x, W, b in fp32
+    assert n.bytes_written == 4 * 32 * 4
+
+
+def test_batched_matmul_flops():
+    g = capture(_Fn(torch.matmul), (torch.randn(2, 3, 8, 16), torch.randn(2, 3, 16, 4)))
+    assert _one(g, "matmul").flops == 2 * (2 * 3) * 8 * 4 * 16
+
+
+def test_conv_flops_count_kernel_window_and_bias():
+    m = nn.Conv2d(3, 8, 3, padding=1)
+    g = capture(m, (torch.randn(2, 3, 16, 16),))
+    n = _one(g, "conv2d")
+    out = 2 * 8 * 16 * 16
+    assert n.flops == 2 * out * (3 * 3 * 3) + out
+
+
+def test_grouped_conv_divides_input_channels():
+    m = nn.Conv2d(8, 8, 3, padding=1, groups=4, bias=False)
+    g = capture(m, (torch.randn(1, 8, 10, 10),))
+    assert _one(g, "conv2d").flops == 2 * (8 * 10 * 10) * (2 * 3 * 3)
+
+
+def test_sdpa_counts_two_gemms_and_softmax():
+    q = torch.randn(1, 2, 8, 4)
+    g = capture(_Fn(F.scaled_dot_product_attention), (q, q.clone(), q.clone()))
+    n = _one(g, "scaled_dot_product_attention")
+    assert n.flops == 2 * (2 * 8 * 8 * 4) * 2 + 5 * 2 * 8 * 8
+
+
+def test_memory_bound_per_element_counts():
+    x = torch.randn(4, 10)
+    g = capture(_Fn(lambda t: torch.softmax(t, -1)), (x,))
+    sm = _one(g, "softmax")
+    assert (sm.category, sm.flops, sm.bytes_read, sm.bytes_written) == (
+        Category.SOFTMAX,
+        5 * 40,
+        160,
+        160,
+    )
+    g = capture(nn.LayerNorm(10), (x,))
+    ln = _one(g, "layer_norm")
+    assert (ln.category, ln.flops, ln.bytes_read) == (Category.NORM, 8 * 40, 160 + 40 + 40)
+    g = capture(_Fn(lambda t: t.sum(-1)), (x,))
+    assert _one(g, "sum").flops == 40
+    g = capture(_Fn(F.gelu), (x,))
+    assert _one(g, "gelu").flops == 5 * 40
+
+
+def test_pointwise_chain_op_count_and_flops():
+    m, inputs = zoo.get("pointwise-chain").build({"N": 1000, "STEPS": 2})
+    g = capture(m, inputs)
+    # step 0: sigmoid, mul; step 1: mul, add, relu
+    assert [n.op for n in g.nodes] == ["sigmoid", "mul", "mul", "add", "relu"]
+    assert g.total_flops == 1000 * (4 + 1 + 1 + 1 + 1)
+    assert all(n.bytes_read == n.bytes_written == 4000 for n in g.nodes)
+
+
+def test_views_are_free_and_reshape_of_transposed_tensor_copies():
+    def f(x):
+        y = x.transpose(0, 1)  # a view
+        return y.reshape(-1), x.reshape(-1)  # the first must copy, the second is a view
+
+    g = capture(_Fn(f), (torch.randn(4, 6),))
+    t = _one(g, "transpose")
+    assert t.category is Category.VIEW and t.bytes_read == t.bytes_written == 0
+    cats = sorted(
+        n.category.value for n in g.nodes if n.op in ("reshape", "view", "clone", "_unsafe_view")
+    )
+    assert "copy" in cats and "view" in cats
+    out_view = g.tensors[g.outputs[1]]
+    assert out_view.alias_of is not None  # x.reshape(-1) aliases the input
+
+
+def test_unknown_op_becomes_opaque_with_a_warning_naming_it():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = capture(_Fn(lambda a: torch.linalg.inv(a) + 1), (torch.randn(4, 4),))
+    inv = [n for n in g.nodes if "linalg_inv" in n.target]
+    assert inv and inv[0].category is Category.OPAQUE
+    msgs = [str(w.message) for w in caught if issubclass(w.category, UnknownOpWarning)]
+    assert len(msgs) == 1 and "aten.linalg_inv" in msgs[0]
+
+
+def test_untraceable_model_raises_one_clear_error():
+    def f(x):
+        return x + 1 if x.sum() > 0 else x - 1
+
+    with pytest.raises(CaptureError, match="could not trace"):
+        capture(_Fn(f), (torch.randn(3),))
+
+
+def test_bad_arguments_raise_capture_error():
+    with pytest.raises(CaptureError, match=r"nn\.Module"):
+        capture(lambda x: x, (torch.randn(2),))
+    with pytest.raises(CaptureError, match="example_inputs"):
+        capture(nn.ReLU(), {"x": torch.randn(2)})
+
+
+# Categories every zoo op must get: written from seed 001's taxonomy, independently of the
+# rule table, so a wrong table entry fails here.
+EXPECTED = {
+    "linear": "compute",
+    "matmul": "compute",
+    "conv2d": "compute",
+    "scaled_dot_product_attention": "compute",
+    "layer_norm": "norm",
+    "_native_batch_norm_legit_no_training": "norm",
+    "softmax": "softmax",
+    "mean": "reduction",
+    "max_pool2d": "reduction",
+    "avg_pool2d": "reduction",
+    "add": "pointwise",
+    "mul": "pointwise",
+    "div": "pointwise",
+    "gelu": "pointwise",
+    "relu": "pointwise",
+    "sigmoid": "pointwise",
+    "silu": "pointwise",
+    "neg": "pointwise",
+    "rsqrt": "pointwise",
+    "pow": "pointwise",
+    "masked_fill": "pointwise",
+    "bitwise_not": "pointwise",
+    "type_as": "pointwise",
+    "_to_copy": "pointwise",
+    "ones": "broadcast",
+    "tril": "broadcast",
+    "full": "broadcast",
+    "triu": "broadcast",
+    "cat": "copy",
+    "clone": "copy",
+    "view": "view",
+    "transpose": "view",
+    "permute": "view",
+    "split": "view",
+    "slice": "view",
+    "_unsafe_view": "view",
+    "unsqueeze": "view",
+    "chunk": "view",
+    "expand": "view",
+}
+
+
+@pytest.mark.parametrize("name", sorted(zoo.ZOO))
+def test_every_zoo_model_runs_eagerly_and_captures_with_known_categories(name):
+    m = zoo.get(name)
+    small = {
+        k: min(v, {"D": 64, "HID": 64, "C": 16, "CIN": 4, "N": 4096, "MAXS": 64}.get(k, 8))
+        for k, v in m.defaults.items()
+    }
+    if "H" in small:
+        small["H"] = 4
+    if "S" in small:
+        small["S"] = 16
+    module, inputs = m.build(small)
+    with torch.no_grad():
+        module(*inputs)  # runs eagerly
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnknownOpWarning)
+        g = capture(module, inputs)
+    assert len(g.nodes) > 0
+    for n in g.nodes:
+        want = EXPECTED.get(n.op)
+        assert want is not None, f"{name}: op {n.target} has no expected category in this test"
+        if n.op in ("view", "_unsafe_view", "reshape") and n.category is Category.COPY:
+            continue  # a reshape may legitimately materialize
+        assert n.category.value == want, f"{name}: {n.target} -> {n.category.value}, want {want}"
+        assert n.flops >= 0 and n.bytes_read >= 0
+
+
+def test_fingerprint_is_stable_and_shape_sensitive():
+    m = zoo.get("transformer-block")
+    p = {"B": 2, "S": 16, "D": 32, "H": 2}
+    g1 = capture(*m.build(p, seed=0))
+    g2 = capture(*m.build(p, seed=1))  # other weights, same structure and shapes
+    g3 = capture(*m.build(p, device="meta"))  # no data at all
+    assert g1.key == g2.key == g3.key
+    g4 = capture(*m.build({**p, "S": 32}))
+    assert g4.key != g1.key and g4.structure_key == g1.structure_key
+    g5 = capture(*m.build({**p, "D": 64}))
+    assert g5.structure_key != g1.structure_key
+
+
+def test_fingerprint_ignores_node_names():
+    cap = export_model(*zoo.get("mlp").build({"B": 4, "D": 16, "HID": 32, "L": 1}))
+    gm = cap.program.graph_module
+    for i, node in enumerate(gm.graph.nodes):
+        if node.op == "call_function":
+            node.name = f"renamed_{i}"
+    g = graph_from_program(cap.program)
+    assert {n.name for n in g.nodes} != {n.name for n in cap.graph.nodes}
+    assert g.key == cap.graph.key
+
+
+def test_shape_signature_lists_user_inputs():
+    g = capture(*zoo.get("matmul").build({"M": 8, "K": 4, "N": 2}))
+    assert g.input_shapes == ((8, 4), (4, 2))
+    assert "float32[8,4]" in g.shape_signature
+
+
+def test_reach_and_edges_are_consistent():
+    g = capture(
+        *zoo.get("transformer-block").build({"B": 1, "S": 8, "D": 16, "H": 2}, device="meta")
+    )
+    for s, d in g.edges:
+        assert g.reach[s] >> d & 1
+    ln = g.nodes[0]
+    assert ln.op == "layer_norm"
+    assert bin(g.reach[0]).count("1") == len(g.nodes) - 1  # everything depends on ln1
+    view = next(n for n in g.nodes if n.category is Category.VIEW)
+    assert math.isinf(view.intensity)  # moves no bytes

@@ -1,0 +1,82 @@
+"""profiling.timer on synthetic workloads whose true duration is known."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import torch
+
+from profiling.timer import cuda_graphed, measure, summarize
+
+
+def spin(seconds: float):
+    """A busy-wait of a fixed length: steadier than sleep on a loaded machine."""
+
+    def fn() -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    return fn
+
+
+def test_summary_statistics_of_known_samples():
+    t = summarize([float(i) for i in range(1, 101)], dtype="float32", device="cpu")
+    assert t.median_s == pytest.approx(50.5)
+    assert t.p99_s == pytest.approx(99.01)
+    assert t.iqr_s == pytest.approx(49.5)
+    assert (t.min_s, t.reps) == (1.0, 100)
+    assert t.mean_s == pytest.approx(50.5)
+    assert t.dtype == "float32" and t.device == "cpu"
+    assert t.torch_version == torch.__version__.split("+")[0]
+    assert t.device_fingerprint.startswith("cpu-")
+
+
+def test_one_outlier_moves_p99_not_the_median():
+    t = summarize([1e-3] * 99 + [0.5], device="cpu")
+    assert t.median_s == pytest.approx(1e-3)
+    assert t.p99_s > 5 * t.median_s  # interpolated between the 99th and 100th sample
+    assert t.spread == pytest.approx(0.0)
+
+
+def test_measure_recovers_a_known_duration_and_settles():
+    t = measure(spin(2e-3), device="cpu", warmup=1, min_reps=5, max_reps=60, rel_tol=0.05)
+    assert 2e-3 <= t.median_s < 4e-3  # never faster than the work; overhead is small
+    assert t.min_s <= t.median_s <= t.p99_s
+    assert 10 <= t.reps <= 60  # at least two rounds to compare medians
+    assert t.stable
+
+
+def test_repetitions_are_bounded_for_a_workload_that_never_settles():
+    rng = random.Random(0)
+
+    def noisy() -> None:
+        spin(rng.choice([1e-4, 2e-3]))()
+
+    t = measure(noisy, device="cpu", warmup=0, min_reps=5, max_reps=25, rel_tol=1e-9)
+    assert t.reps <= 25 and not t.stable
+    assert t.p99_s > 5 * t.min_s
+
+
+def test_time_bound_stops_a_slow_workload():
+    t0 = time.perf_counter()
+    t = measure(spin(0.02), device="cpu", warmup=0, min_reps=5, max_reps=1000, max_seconds=0.15)
+    assert time.perf_counter() - t0 < 1.0
+    assert t.reps < 1000 and t.reps % 5 == 0
+
+
+def test_l2_flush_between_reps_still_times_the_work():
+    t = measure(spin(1e-3), device="cpu", warmup=1, min_reps=5, max_reps=10, flush_l2=True)
+    assert t.median_s >= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_events_time_a_gpu_kernel():
+    x = torch.randn(1 << 24, device="cuda")
+    t = measure(lambda: x.mul_(1.0), device="cuda")
+    assert t.device_fingerprint.startswith("cuda-") and 0 < t.median_s < 1e-2
+    g = measure(cuda_graphed(lambda: x.mul_(1.0)), device="cuda")
+    assert g.median_s < 2 * t.median_s
