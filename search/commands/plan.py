@@ -1,0 +1,149 @@
+"""`fusion-plan plan`: partition a model's graph with one strategy and show the plan.
+
+    fusion-plan plan --model zoo:transformer-block --shape B=8,S=512 --device h100 \
+        --dtype bf16 --strategy priority [--budget-evals N] [--budget-seconds S] [--seed 0]
+        [--format json] [--html out.html] [--dot out.dot] [--save-plan plan.json]
+
+Prints each group (ops, realization, predicted time, bound, boundary bytes) in execution
+order and the totals against the unfused graph (one kernel per op). The cost model is the
+analytical roofline for the device, or a saved learned correction with `--cost-model`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from learned_cost.analytical import AnalyticalModel
+from learned_cost.corrected import load_corrected
+from planner.cost import CostModel
+from planner.hardware import get_spec
+from planner.objective import Evaluation, Objective, realization_of
+from search.cli_common import add_model_args, capture_for_planning, emit, resolve
+from search.search_options import add_search_options, run_search
+from search.strategy import STRATEGIES, Budget, SearchResult
+from search.views import group_rows, render_dot, render_html
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="partition a model into fused groups with one strategy")
+    add_model_args(p)
+    p.add_argument("--strategy", default="priority", choices=sorted(STRATEGIES))
+    p.add_argument("--budget-evals", type=int, default=None, help="objective evaluations")
+    p.add_argument("--budget-seconds", type=float, default=None, help="wall-clock seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cost-model", default=None, help="saved learned correction (JSON)")
+    p.add_argument("--latency-bound-us", type=float, default=None, help="L_max, seed 7.1.4")
+    p.add_argument("--memory-bound-mb", type=float, default=None, help="peak boundary memory")
+    p.add_argument("--html", default=None, help="write the coloured graph as an HTML page")
+    p.add_argument("--dot", default=None, help="write the coloured graph as Graphviz DOT")
+    p.add_argument("--save-plan", default=None, help="write the Plan record as JSON")
+    add_search_options(p)
+    p.set_defaults(run=run)
+
+
+def _cost_model(args: argparse.Namespace, device: str) -> CostModel:
+    if args.cost_model:
+        return load_corrected(args.cost_model, device, realization_of=realization_of)
+    return AnalyticalModel(get_spec(device))
+
+
+def run(args: argparse.Namespace) -> int:
+    r = resolve(args)
+    graph = capture_for_planning(r).graph
+    model = _cost_model(args, r.device_name)
+    objective = Objective(
+        model,
+        spec=get_spec(r.device_name),
+        latency_bound_s=args.latency_bound_us * 1e-6 if args.latency_bound_us else None,
+        memory_bound_bytes=int(args.memory_bound_mb * 1e6) if args.memory_bound_mb else None,
+    )
+    budget = Budget(args.budget_evals, args.budget_seconds)
+    result = run_search(args, graph, objective, budget)
+    unfused = objective.unfused(graph)
+    plan = objective.make_plan(
+        result.partition,
+        result.evaluation,
+        strategy=args.strategy,
+        device=r.device_name,
+        dtype=r.dtype_name,
+        notes=result.notes,
+    )
+    title = f"{r.spec.label} on {r.device_name} ({r.dtype_name}), strategy {args.strategy}"
+    summary = _summary(result, unfused)
+    if args.html:
+        Path(args.html).write_text(
+            render_html(result.partition, result.evaluation, title=title, summary=summary)
+        )
+    if args.dot:
+        Path(args.dot).write_text(render_dot(result.partition, result.evaluation))
+    if args.save_plan:
+        Path(args.save_plan).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+    rows = group_rows(result.partition, result.evaluation)
+    payload = {
+        "model": r.spec.label,
+        "device": r.device_name,
+        "dtype": r.dtype_name,
+        "strategy": args.strategy,
+        "cost_model": objective.cost_model_label,
+        "groups": rows,
+        "totals": _totals(result, unfused),
+        "plan": plan.to_json(),
+    }
+    emit(args, payload, _table(title, rows, summary))
+    return 0
+
+
+def _totals(result: SearchResult, unfused: Evaluation) -> dict[str, Any]:
+    ev = result.evaluation
+    return {
+        "predicted_s": ev.total_s,
+        "unfused_s": unfused.total_s,
+        "speedup": unfused.total_s / ev.total_s if ev.total_s else None,
+        "transfer_s": ev.transfer_s,
+        "groups": ev.n_groups,
+        "kernels": ev.n_kernels,
+        "unfused_kernels": unfused.n_kernels,
+        "boundary_bytes": ev.boundary_bytes,
+        "unfused_boundary_bytes": unfused.boundary_bytes,
+        "critical_path_s": ev.critical_path_s,
+        "peak_memory_bytes": ev.peak_memory_bytes,
+        "feasible": ev.feasible,
+        "reasons": list(ev.reasons),
+        "evals": result.evals_used,
+        "planning_s": result.seconds,
+        "complete": result.complete,
+        "notes": result.notes,
+    }
+
+
+def _summary(result: SearchResult, unfused: Evaluation) -> str:
+    ev = result.evaluation
+    speed = unfused.total_s / ev.total_s if ev.total_s else float("nan")
+    return (
+        f"predicted {ev.total_s * 1e6:.1f} us vs {unfused.total_s * 1e6:.1f} us unfused "
+        f"({speed:.2f}x); {ev.n_kernels} kernels vs {unfused.n_kernels}; boundary traffic "
+        f"{ev.boundary_bytes / 1e6:.1f} MB vs {unfused.boundary_bytes / 1e6:.1f} MB; critical "
+        f"path {ev.critical_path_s * 1e6:.1f} us; peak boundary memory "
+        f"{ev.peak_memory_bytes / 1e6:.1f} MB; planned in {result.seconds:.2f} s with "
+        f"{result.evals_used} evaluations ({result.notes})"
+    )
+
+
+def _table(title: str, rows: list[dict[str, Any]], summary: str) -> str:
+    lines = [
+        title,
+        f"{'#':>3}  {'realization':11}  {'pred_us':>9}  {'bound':7}  {'in_MB':>8}  "
+        f"{'out_MB':>8}  ops",
+    ]
+    for row in rows:
+        ops = ", ".join(row["ops"])
+        lines.append(
+            f"{row['group']:>3}  {row['realization']:11}  {row['predicted_s'] * 1e6:9.2f}  "
+            f"{row['bound']:7}  {row['bytes_in'] / 1e6:8.2f}  {row['bytes_out'] / 1e6:8.2f}  "
+            f"{ops if len(ops) <= 90 else ops[:87] + '...'}"
+        )
+    lines.append("total: " + summary)
+    return "\n".join(lines)
