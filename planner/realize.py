@@ -1,0 +1,427 @@
+"""Realize a plan: every group of a partition becomes one executable unit.
+
+    realized = realize(captured, plan)        # captured = planner.capture.export_model(...)
+    y = realized(x)                           # the model's call signature
+
+Each group's FX subgraph (planner.realize_graph: boundary tensors in, boundary tensors
+out, nothing else crosses) runs as one of `planner.plan.REALIZATIONS`:
+- "inductor": compiled by TorchInductor as one unit (`torch._inductor.standalone_compile`,
+  present with the same arguments in torch 2.11 and 2.13), so everything inside may fuse;
+- "sdpa" / "concat_gemm": the group's attention pattern or sibling GEMMs rewritten into a
+  known fused kernel first (planner.realize_patterns), then compiled like "inductor" when
+  anything is left to fuse around it;
+- "eager": the aten ops as they are (singletons, views, opaque ops, fallbacks).
+
+Correctness first: a group whose compile fails, or whose outputs disagree with eager on
+the same inputs (dtype-aware tolerances, planner.realize_check), falls back to eager with
+a warning; the realized plan as a whole is checked against eager too. The model always
+runs and gives the right answer.
+
+Shapes: a program exported with symbolic dims (planner.capture_dynamic) is compiled once
+with symbolic shapes and serves every shape in its range. With static shapes on a GPU the
+whole plan is captured in one CUDA graph (static input buffers, outputs copied out), so
+per-group Python overhead does not eat the gains at small shapes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from planner import realize_patterns as patterns
+from planner.capture import Captured
+from planner.errors import PlanError
+from planner.ir import OpGraph
+from planner.partition import Partition
+from planner.plan import REALIZATIONS, Plan
+from planner.realize_check import Mismatch, compare_outputs
+from planner.realize_graph import (
+    GroupGraph,
+    ProgramParts,
+    build_top,
+    group_graphs,
+    group_order,
+    take_apart,
+    user_input_fakes,
+)
+from planner.realize_units import (
+    GroupReport,
+    GroupUnit,
+    fake_mode_of,
+    prepare_unit,
+    reference_values,
+)
+
+log = logging.getLogger(__name__)
+
+choose_realization = patterns.choose_realization
+
+# A group compiler: (subgraph, fake inputs, fake mode) -> callable over real inputs.
+GroupCompiler = Callable[[fx.GraphModule, tuple[Any, ...], Any], Callable[..., Any]]
+
+
+class RealizeWarning(UserWarning):
+    """A group fell back to eager, or CUDA-graph capture was skipped."""
+
+
+def inductor_compiler(options: Mapping[str, Any] | None = None) -> GroupCompiler:
+    """Compile a group with TorchInductor, shapes (static or symbolic) as export left them."""
+
+    def compile_group(gm: fx.GraphModule, fakes: tuple[Any, ...], fake_mode: Any) -> Any:
+        context = torch._guards.TracingContext(fake_mode)
+        with torch._guards.tracing(context):
+            return torch._inductor.standalone_compile(
+                gm,
+                list(fakes),
+                dynamic_shapes="from_tracing_context",
+                options=dict(options or {}),
+            )
+
+    return compile_group
+
+
+def _partition_of(graph: OpGraph, plan: Plan | Partition) -> Partition:
+    if isinstance(plan, Partition):
+        if plan.graph.structure_key != graph.structure_key or len(plan.graph) != len(graph):
+            raise PlanError("the partition was made for another model than the captured one")
+        return plan if plan.graph is graph else Partition(graph, plan.masks)
+    if isinstance(plan, Plan):
+        return plan.partition(graph) if plan.graph_key == graph.key else plan.partition_for(graph)
+    raise PlanError(f"realize takes a Plan or a Partition, got {type(plan).__name__}")
+
+
+def _requested(
+    graph: OpGraph,
+    partition: Partition,
+    plan: Plan | Partition,
+    realizations: str | Sequence[str] | Mapping[int, str],
+) -> list[str]:
+    """The realization asked for each group (index into partition.groups)."""
+    n = len(partition)
+    if realizations == "auto":
+        return [choose_realization(graph, g) for g in partition.groups]
+    if realizations == "plan":
+        if not isinstance(plan, Plan):
+            return [choose_realization(graph, g) for g in partition.groups]
+        by_nodes = {gp.nodes: gp.realization for gp in plan.groups}
+        return [by_nodes.get(tuple(sorted(g)), "inductor") for g in partition.groups]
+    if isinstance(realizations, str):
+        wanted = [realizations] * n
+    elif isinstance(realizations, Mapping):
+        wanted = [
+            realizations.get(i, choose_realization(graph, g))
+            for i, g in enumerate(partition.groups)
+        ]
+    else:
+        wanted = list(realizations)
+        if len(wanted) != n:
+            raise PlanError(f"{len(wanted)} realizations for {n} groups")
+    bad = sorted({r for r in wanted if r not in REALIZATIONS})
+    if bad:
+        raise PlanError(f"unknown realization(s) {bad}; use 'auto', 'plan' or {REALIZATIONS}")
+    return wanted
+
+
+def _device_of(parts: ProgramParts, captured: Captured, device: Any) -> torch.device:
+    tensors = [t for t in captured.example_inputs if isinstance(t, torch.Tensor)]
+    tensors += list(parts.state.values())
+    found = {t.device.type for t in tensors}
+    if "meta" in found:
+        raise PlanError(
+            "the captured program holds meta tensors (captured for planning only): export "
+            "the model with real parameters on the device it will run on to realize it"
+        )
+    dev = torch.device(device) if device is not None else (tensors[0].device if tensors else None)
+    if dev is None:
+        return torch.device("cpu")
+    if any(t.device.type != dev.type for t in tensors):
+        raise PlanError(
+            f"realize on {dev} but the program was exported on {sorted(found)}: export the "
+            "model on the device it will run on (shapes and kernels depend on it)"
+        )
+    return dev
+
+
+class _InputGuard:
+    """Checks each call's inputs against what the program was realized for (cheap)."""
+
+    def __init__(self, parts: ProgramParts, program: torch.export.ExportedProgram):
+        self.specs: list[tuple[torch.dtype, tuple[tuple[int, int], ...]]] = []
+        ranges = program.range_constraints
+        for fake in user_input_fakes(parts):
+            dims = []
+            for d in fake.shape:
+                if isinstance(d, int):
+                    dims.append((d, d))
+                else:
+                    vr = ranges.get(d.node.expr)
+                    lo = int(vr.lower) if vr is not None else 0
+                    hi = int(vr.upper) if vr is not None and vr.upper.is_finite else 1 << 62
+                    dims.append((lo, hi))
+            self.specs.append((fake.dtype, tuple(dims)))
+        self.static = all(lo == hi for _, dims in self.specs for lo, hi in dims)
+
+    def check(self, args: tuple[Any, ...]) -> None:
+        if len(args) != len(self.specs):
+            raise PlanError(f"the realized plan takes {len(self.specs)} inputs, got {len(args)}")
+        for i, (a, (dtype, dims)) in enumerate(zip(args, self.specs)):
+            if not isinstance(a, torch.Tensor) or a.dtype != dtype or a.dim() != len(dims):
+                raise PlanError(
+                    f"input {i}: expected a {dtype} tensor of rank {len(dims)}, got "
+                    f"{getattr(a, 'dtype', type(a).__name__)} of rank {getattr(a, 'ndim', '-')}"
+                )
+            for axis, (size, (lo, hi)) in enumerate(zip(a.shape, dims)):
+                if not lo <= size <= hi:
+                    raise PlanError(
+                        f"input {i} dim {axis} is {size}, outside the realized range "
+                        f"[{lo}, {hi}]: realize the plan for this shape (or its bucket)"
+                    )
+
+
+class RealizedPlan:
+    """A plan turned into code: call it like the model (positional tensors).
+
+    `realizations[g]` is what group g (index into `partition.groups`) actually runs as,
+    `fallbacks` maps groups that fell back to eager to the reason, `compile_s` is the
+    total compile time. `cuda_graph` says whether calls replay one CUDA graph.
+    """
+
+    def __init__(
+        self,
+        captured: Captured,
+        partition: Partition,
+        parts: ProgramParts,
+        units: list[GroupUnit],
+        order: tuple[int, ...],
+        device: torch.device,
+    ):
+        self.captured = captured
+        self.partition = partition
+        self.device = device
+        self._parts = parts
+        self._units = units
+        self._order = order
+        self._impls: list[Callable[..., Any]] = [u.run for u in units]
+        self._guard = _InputGuard(parts, captured.program)
+        # the model's compute dtype: the loosest precision any value was rounded to
+        self._dtype = next((d for d, _ in self._guard.specs if d.is_floating_point), None)
+        self._out_spec = captured.program.call_spec.out_spec
+        self._whole_fallback: Callable[..., Any] | None = None
+        self._graph: _GraphReplay | None = None
+        self.verified: bool | None = None
+        self.top = build_top(
+            parts,
+            [(u.inputs, u.group.outputs) for u in units],
+            order,
+            [self._runner(g) for g in range(len(units))],
+            {k: v for u in units for k, v in u.extra_state.items()},
+        )
+        self._forward = self.top.forward
+
+    def _runner(self, g: int) -> Callable[..., Any]:
+        impls = self._impls
+
+        def run(*args: Any) -> Any:
+            return impls[g](*args)
+
+        run.__name__ = run.__qualname__ = f"group_{g}"
+        return run
+
+    # ---- reports ---------------------------------------------------------------------
+    @property
+    def groups(self) -> tuple[GroupReport, ...]:
+        return tuple(u.report() for u in self._units)
+
+    @property
+    def realizations(self) -> tuple[str, ...]:
+        return tuple(u.realization for u in self._units)
+
+    @property
+    def fallbacks(self) -> dict[int, str]:
+        return {u.group.index: u.fallback for u in self._units if u.fallback}
+
+    @property
+    def compile_s(self) -> float:
+        return sum(u.compile_s for u in self._units)
+
+    @property
+    def cuda_graph(self) -> bool:
+        return self._graph is not None
+
+    @property
+    def static_shapes(self) -> bool:
+        return self._guard.static
+
+    def describe(self) -> str:
+        lines = [
+            f"RealizedPlan: {len(self._units)} groups on {self.device}, compile "
+            f"{self.compile_s:.2f} s, cuda graph {'on' if self.cuda_graph else 'off'}"
+        ]
+        for r in self.groups:
+            what = r.realization + (" (compiled)" if r.compiled else "")
+            fb = f"  <- fell back: {r.fallback}" if r.fallback else ""
+            lines.append(f"  group {r.index:3d} {len(r.nodes):3d} ops  {what}{fb}")
+        return "\n".join(lines)
+
+    # ---- running ---------------------------------------------------------------------
+    def run_flat(self, *args: Any) -> tuple[Any, ...]:
+        """The plan on flat user inputs -> flat user outputs (no checks, no CUDA graph)."""
+        return self._forward(*args)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            raise PlanError("the realized plan takes positional tensor inputs only")
+        self._guard.check(args)
+        if self._whole_fallback is not None:
+            return self._whole_fallback(*args)
+        if self._graph is not None:
+            flat = self._graph(args)
+        else:
+            flat = self._forward(*args)
+        return pytree.tree_unflatten(list(flat), self._out_spec)
+
+    # ---- fallbacks and checks ----------------------------------------------------------
+    def _fall_back(self, g: int, reason: str) -> None:
+        unit = self._units[g]
+        unit.to_eager(reason)
+        self._impls[g] = unit.run
+        warnings.warn(
+            f"group {g} ({len(unit.group.nodes)} ops, {unit.requested}) runs eagerly: {reason}",
+            RealizeWarning,
+            stacklevel=3,
+        )
+
+    def check_groups(self, ref: dict[str, Any]) -> None:
+        """Each non-eager group on the reference inputs vs the reference outputs."""
+        for unit in self._units:
+            if unit.is_eager:
+                continue
+            args = [unit.extra_state.get(n, ref.get(n)) for n in unit.inputs]
+            try:
+                got = self._impls[unit.group.index](*args)
+                bad = compare_outputs([ref[n] for n in unit.group.outputs], list(got), self._dtype)
+            except Exception as e:  # a kernel that cannot run is a failed realization
+                bad = Mismatch(0, f"run: {type(e).__name__}: {str(e)[:200]}")
+            if bad is not None:
+                self._fall_back(unit.group.index, f"mismatch vs eager: {bad}")
+
+    def verify(self, inputs: Sequence[Any]) -> None:
+        """Check the plan against eager on `inputs`; repair by falling back (see module doc)."""
+        ref, expected = reference_values(self._parts, inputs)
+        self.check_groups(ref)
+        bad = compare_outputs(expected, list(self._forward(*inputs)), self._dtype)
+        if bad is not None:
+            for unit in self._units:
+                if not unit.is_eager:
+                    self._fall_back(unit.group.index, f"whole plan mismatched eager: {bad}")
+            bad = compare_outputs(expected, list(self._forward(*inputs)), self._dtype)
+        if bad is not None:  # the cut itself is wrong: run the program as exported
+            self._whole_fallback = self.captured.program.module()
+            warnings.warn(
+                f"the realized plan disagrees with eager even with every group eager ({bad}); "
+                "running the exported program unchanged. Please report this.",
+                RealizeWarning,
+                stacklevel=2,
+            )
+        self.verified = bad is None
+
+    def capture_cuda_graph(self, inputs: Sequence[Any], copy_outputs: bool = True) -> bool:
+        """Record the whole plan in one CUDA graph (static shapes); False if it cannot."""
+        if self.device.type != "cuda" or not self._guard.static or self._whole_fallback:
+            return False
+        try:
+            self._graph = _GraphReplay(self._forward, tuple(inputs), copy_outputs)
+        except Exception as e:  # capture is an optimization: never fail the plan for it
+            warnings.warn(
+                f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); "
+                "the plan runs without it",
+                RealizeWarning,
+                stacklevel=2,
+            )
+            self._graph = None
+        return self._graph is not None
+
+
+class _GraphReplay:
+    """One CUDA graph of the whole plan: inputs copied into static buffers, replay,
+    outputs copied out (so the next call cannot overwrite what the caller holds)."""
+
+    def __init__(self, fn: Callable[..., Any], inputs: tuple[Any, ...], copy_outputs: bool):
+        self.static_in = tuple(
+            t.detach().clone() if isinstance(t, torch.Tensor) else t for t in inputs
+        )
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):  # warm up: lazy kernel compiles and autotuning happen here
+                fn(*self.static_in)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_out = fn(*self.static_in)
+        self.copy_outputs = copy_outputs
+
+    def __call__(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        for dst, src in zip(self.static_in, args):
+            if isinstance(dst, torch.Tensor) and dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)
+        self.graph.replay()
+        if not self.copy_outputs:
+            return self.static_out
+        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.static_out)
+
+
+def realize(
+    captured: Captured,
+    plan_or_partition: Plan | Partition,
+    *,
+    device: str | torch.device | None = None,
+    realizations: str | Sequence[str] | Mapping[int, str] = "auto",
+    cuda_graphs: bool | str = "auto",
+    verify: bool = True,
+    compiler: GroupCompiler | None = None,
+    copy_outputs: bool = True,
+    inputs: Sequence[Any] | None = None,
+) -> RealizedPlan:
+    """Realize `plan_or_partition` of `captured` (see the module docstring).
+
+    `realizations`: "auto" (choose_realization per group), "plan" (the Plan's own), one
+    name for every group, or one per group (sequence, or {group index: name}).
+    `cuda_graphs`: "auto" = on for static shapes on CUDA. `verify` checks against eager on
+    `inputs` (default: the capture's example inputs). `compiler` replaces Inductor (tests
+    inject failures with it).
+    """
+    graph = captured.graph
+    partition = _partition_of(graph, plan_or_partition)
+    wanted = _requested(graph, partition, plan_or_partition, realizations)
+    parts = take_apart(captured, partition)
+    dev = _device_of(parts, captured, device)
+    groups: list[GroupGraph] = group_graphs(parts, partition)
+    order = group_order(parts, groups)
+    compile_group = compiler or inductor_compiler()
+    t0 = time.perf_counter()
+    fake_mode = fake_mode_of(parts)
+    units = [
+        prepare_unit(graph, parts, gg, wanted[gg.index], compile_group, fake_mode, RealizeWarning)
+        for gg in groups
+    ]
+    log.info(
+        "realized %d groups in %.2f s (%d compiled)",
+        len(units),
+        time.perf_counter() - t0,
+        sum(u.compiled for u in units),
+    )
+    realized = RealizedPlan(captured, partition, parts, units, order, dev)
+    example = tuple(inputs) if inputs is not None else tuple(captured.example_inputs)
+    if verify:
+        realized.verify(example)
+    if cuda_graphs is True or (cuda_graphs == "auto" and dev.type == "cuda"):
+        realized.capture_cuda_graph(example, copy_outputs)
+    return realized

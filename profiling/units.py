@@ -1,0 +1,183 @@
+"""Timing one group alone, or one whole plan, on this machine's device.
+
+A group is cut out of the model's program exactly as a realized plan cuts it
+(planner.realize_graph), realized the same way ("auto": SDPA / concatenated GEMM /
+Inductor / eager, planner.realize_units), and run on the *real* boundary values of one
+eager run of the model on random inputs: right shapes, dtypes and strides, and masks and
+indices that mean what they meant. Its outputs are checked against that eager run before
+anything is timed. On GPU the group is timed as a replayed CUDA graph, as it runs inside
+a realized plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from planner import modelspec
+from planner.capture import Captured, export_model
+from planner.partition import Partition
+from planner.realize import GroupCompiler, inductor_compiler, realize
+from planner.realize_check import compare_outputs
+from planner.realize_graph import ProgramParts, group_graphs, take_apart
+from planner.realize_patterns import choose_realization
+from planner.realize_units import GroupUnit, fake_mode_of, prepare_unit, reference_values
+from profiling.timer import Timing, cuda_graphed, measure
+
+# Timer settings for one unit: enough reps for a stable median, bounded so that a
+# collection covers many units in a device session.
+UNIT_TIMER = {"warmup": 2, "min_reps": 10, "max_reps": 100, "max_seconds": 1.0}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What measuring one unit gave: a timing, or why there is none."""
+
+    timing: Timing | None
+    realization: str
+    compile_s: float
+    error: str = ""
+    cuda_graph: bool = False
+    n_fallbacks: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.timing is not None and not self.error
+
+
+def export_on(
+    model: str, shape: str, dtype: str, device: str | torch.device
+) -> tuple[Captured, tuple[Any, ...]]:
+    """Build `model` at `shape` in `dtype` on `device` (seed 0) and export it."""
+    spec = modelspec.resolve(model, shape)
+    module, inputs = spec.build(dtype=modelspec.parse_dtype(dtype), device=device)
+    return export_model(module, inputs, name=spec.label), inputs
+
+
+def reference(captured: Captured) -> tuple[ProgramParts, dict[str, Any]]:
+    """The program taken apart once, and every value of one eager run on its inputs."""
+    parts = take_apart(captured, Partition.singletons(captured.graph))
+    keep = set(parts.by_name)
+    values, _ = reference_values(parts, captured.example_inputs, keep)
+    return parts, values
+
+
+def group_unit(
+    captured: Captured,
+    nodes: Iterable[int],
+    realization: str = "auto",
+    compiler: GroupCompiler | None = None,
+) -> GroupUnit:
+    """Group `nodes` of `captured` realized (and compiled) as a plan would."""
+    graph = captured.graph
+    members = sorted(set(nodes))
+    if realization == "auto":
+        realization = choose_realization(graph, members)
+    rest = [[i] for i in range(len(graph)) if i not in set(members)]
+    partition = Partition.from_groups(graph, [members, *rest])
+    parts = take_apart(captured, partition)
+    index = partition.group_of[members[0]]
+    (gg,) = group_graphs(parts, partition, only=index)
+    return prepare_unit(
+        graph, parts, gg, realization, compiler or inductor_compiler(), fake_mode_of(parts)
+    )
+
+
+def _timed(fn: Any, device: torch.device, dtype: str, graphs: bool) -> tuple[Timing, bool]:
+    used = False
+    if graphs and device.type == "cuda":
+        try:
+            fn = cuda_graphed(fn)
+            used = True
+        except Exception:  # not capturable: time it as it is
+            torch.cuda.synchronize()
+    return measure(fn, device=device, dtype=dtype, **UNIT_TIMER), used
+
+
+def measure_group(
+    captured: Captured,
+    values: dict[str, Any],
+    nodes: Iterable[int],
+    realization: str = "auto",
+    *,
+    compiler: GroupCompiler | None = None,
+    cuda_graphs: bool = True,
+) -> Outcome:
+    """Realize group `nodes`, check it against eager, time it (see the module doc)."""
+    dtype = _dtype(captured)
+    try:
+        unit = group_unit(captured, nodes, realization, compiler)
+    except Exception as e:  # a group the realizer cannot cut: recorded, not raised
+        return Outcome(None, realization, 0.0, f"cut: {type(e).__name__}: {str(e)[:200]}")
+    if unit.fallback:
+        return Outcome(None, unit.requested, unit.compile_s, unit.fallback)
+    args = [unit.extra_state.get(n, values.get(n)) for n in unit.inputs]
+    device = _device_of(args, captured)
+    try:
+        with torch.no_grad():
+            got = unit.run(*args)
+            bad = compare_outputs([values[o] for o in unit.group.outputs], list(got), dtype)
+    except Exception as e:
+        return Outcome(None, unit.realization, unit.compile_s, f"run: {type(e).__name__}: {e}")
+    if bad is not None:
+        return Outcome(None, unit.realization, unit.compile_s, f"mismatch vs eager: {bad}")
+    with torch.no_grad():
+        timing, graphed = _timed(lambda: unit.run(*args), device, dtype, cuda_graphs)
+    return Outcome(timing, unit.realization, unit.compile_s, "", graphed)
+
+
+def measure_plan(
+    captured: Captured,
+    groups: Sequence[Iterable[int]],
+    *,
+    compiler: GroupCompiler | None = None,
+) -> Outcome:
+    """Realize the partition `groups` (auto realizations, verified), time whole calls."""
+    dtype = _dtype(captured)
+    partition = Partition.from_groups(captured.graph, groups)
+    try:
+        r = realize(captured, partition, compiler=compiler, verify=True)
+    except Exception as e:
+        return Outcome(None, "auto", 0.0, f"realize: {type(e).__name__}: {str(e)[:200]}")
+    if not r.verified:
+        return Outcome(None, "auto", r.compile_s, "plan disagrees with eager", r.cuda_graph)
+    inputs = tuple(captured.example_inputs)
+    with torch.no_grad():
+        timing = measure(lambda: r(*inputs), device=r.device, dtype=dtype, **UNIT_TIMER)
+    return Outcome(
+        timing, _dominant(r.realizations), r.compile_s, "", r.cuda_graph, len(r.fallbacks)
+    )
+
+
+def _dominant(realizations: Sequence[str]) -> str:
+    fused = [x for x in realizations if x != "eager"]
+    if not fused:
+        return "eager"
+    return max(sorted(set(fused)), key=fused.count)
+
+
+def _dtype(captured: Captured) -> str:
+    for t in captured.graph.tensors:
+        if t.kind == "input" and t.dtype.startswith(("float", "bfloat")):
+            return t.dtype
+    return "float32"
+
+
+def _device_of(args: Sequence[Any], captured: Captured) -> torch.device:
+    for a in list(args) + list(captured.example_inputs):
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return torch.device("cpu")
+
+
+def nan_timing_fields() -> dict[str, float]:
+    return {
+        "measured_median_s": math.nan,
+        "measured_p99_s": math.nan,
+        "measured_iqr_s": math.nan,
+        "measured_min_s": math.nan,
+    }

@@ -1,0 +1,92 @@
+"""`fusion-plan collect`: measure groups and plans across zoo graphs into a Parquet dataset."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any
+
+from learned_cost.analytical import AnalyticalModel
+from planner import zoo
+from planner.hardware import get_spec, local_device_name
+from profiling.collector import CollectConfig, Collector
+from search.planning import plan_maker
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "collect", help="measure groups and whole plans on this device into data/*.parquet"
+    )
+    p.add_argument(
+        "--models",
+        default="all",
+        help="comma-separated model specs (zoo:name,...) or 'all' for the whole zoo",
+    )
+    p.add_argument(
+        "--shapes",
+        default="auto",
+        help="';'-separated shape specs applied to every model (a model lacking a parameter "
+        "is skipped for that shape), or 'auto' for each model's built-in sweep",
+    )
+    p.add_argument("--dtypes", default="fp32", help="comma-separated: fp32,bf16,fp16")
+    p.add_argument("--groups-per-graph", type=int, default=12, help="random legal groups")
+    p.add_argument("--random-plans", type=int, default=2, help="random whole plans per graph")
+    p.add_argument(
+        "--strategies", default="greedy,priority", help="strategies whose plans are measured"
+    )
+    p.add_argument("--out", required=True, help="Parquet file, e.g. data/h100_profiles.parquet")
+    p.add_argument("--resume", action="store_true", help="add to --out, skipping known keys")
+    p.add_argument("--max-seconds", type=float, default=None, help="stop (cleanly) after this")
+    p.add_argument("--workers", type=int, default=0, help="compile-warming processes")
+    p.add_argument("--threads", type=int, default=None, help="torch threads while measuring")
+    p.add_argument("--max-jobs", type=int, default=None, help="at most this many graphs")
+    p.add_argument("--no-singles", action="store_true", help="skip single-op groups")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    models = (
+        [f"zoo:{n}" for n in zoo.ZOO]
+        if args.models == "all"
+        else [m.strip() for m in args.models.split(",") if m.strip()]
+    )
+    shapes = None if args.shapes == "auto" else [s.strip() for s in args.shapes.split(";")]
+    spec = get_spec(local_device_name())
+    cost_model = AnalyticalModel(spec)
+    makers = {
+        name: plan_maker(name, cost_model)
+        for name in (s.strip() for s in args.strategies.split(","))
+        if name
+    }
+    cfg = CollectConfig(
+        models=models,
+        shapes=shapes,
+        dtypes=[d.strip() for d in args.dtypes.split(",") if d.strip()],
+        groups_per_graph=args.groups_per_graph,
+        random_plans=args.random_plans,
+        singles=not args.no_singles,
+        out=args.out,
+        resume=args.resume,
+        max_seconds=args.max_seconds,
+        workers=args.workers,
+        threads=args.threads,
+        max_jobs=args.max_jobs,
+        seed=args.seed,
+    )
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    # `timeout` sends SIGTERM: unwind like Ctrl-C, so the rows measured so far are flushed.
+    signal.signal(signal.SIGTERM, _interrupt)
+
+    summary = Collector(cfg, cost_model, makers, progress).run()
+    for e in summary.errors[:20]:
+        print(f"note: {e}", file=sys.stderr)
+    return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,128 @@
+"""`fusion-plan measure`: realize a strategy's plan on this machine, verify it, time it
+next to eager and torch.compile, with the cost model's prediction beside the numbers."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+
+from learned_cost.analytical import AnalyticalModel
+from planner.capture import export_model
+from planner.hardware import get_spec, local_device_name
+from planner.realize import realize
+from profiling.timer import Timing, measure
+from profiling.verify import verify_against_eager
+from search.cli_common import emit, resolve
+from search.planning import make_plan
+from search.strategy import STRATEGIES
+
+TIMER = {"warmup": 5, "min_reps": 20, "max_reps": 300, "max_seconds": 10.0}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "measure", help="realize a plan here, check it against eager, time it vs eager/compile"
+    )
+    p.add_argument("--model", default="zoo:transformer-block", help="zoo:<name> or file.py:fn")
+    p.add_argument("--shape", default="", help="e.g. B=8,S=512,D=768,H=12")
+    p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on GPU)")
+    p.add_argument("--strategy", default="priority", choices=sorted([*STRATEGIES, "unfused"]))
+    p.add_argument("--budget-seconds", type=float, default=10.0, help="search time")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="realize without CUDA graphs")
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (1 is steadier on a busy host)"
+    )
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(run=run, device=None)
+
+
+def _timed(fn: Any, dev: torch.device, dtype: str) -> Timing:
+    with torch.no_grad():
+        return measure(fn, device=dev, dtype=dtype, **TIMER)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    args.device = local_device_name(dev)
+    r = resolve(args)
+    module, inputs = r.spec.build(dtype=r.dtype, device=dev)
+    captured = export_model(module, inputs, name=r.spec.label)
+    cost_model = AnalyticalModel(get_spec(r.device_name))
+    made = make_plan(
+        captured.graph,
+        args.strategy,
+        cost_model,
+        device=r.device_name,
+        dtype=r.dtype_name,
+        budget_s=args.budget_seconds,
+    )
+    t0 = time.perf_counter()
+    realized = realize(
+        captured, made.partition, cuda_graphs=not args.no_cuda_graphs and dev.type == "cuda"
+    )
+    realize_s = time.perf_counter() - t0
+    check = verify_against_eager(realized, module, inputs)
+    rows: dict[str, dict[str, Any]] = {}
+    eager = _timed(lambda: module(*inputs), dev, r.dtype_name)
+    rows["eager"] = {"timing": eager, "setup_s": 0.0}
+    if not args.no_compile:
+        t0 = time.perf_counter()
+        compiled = torch.compile(module)
+        with torch.no_grad():
+            compiled(*inputs)
+        rows["torch.compile"] = {
+            "timing": _timed(lambda: compiled(*inputs), dev, r.dtype_name),
+            "setup_s": time.perf_counter() - t0,
+        }
+    rows[f"plan ({args.strategy})"] = {
+        "timing": _timed(lambda: realized(*inputs), dev, r.dtype_name),
+        "setup_s": made.planning_s + realize_s,
+    }
+    payload = {
+        "model": r.spec.label,
+        "device": r.device_name,
+        "dtype": r.dtype_name,
+        "strategy": args.strategy,
+        "n_groups": len(made.partition),
+        "realizations": list(realized.realizations),
+        "fallbacks": {str(k): v for k, v in realized.fallbacks.items()},
+        "cuda_graph": realized.cuda_graph,
+        "compile_s": realized.compile_s,
+        "verified": check.ok,
+        "verify": str(check),
+        "predicted_s": made.plan.predicted_s,
+        "results": {
+            k: {
+                **v["timing"].to_dict(),
+                "setup_s": v["setup_s"],
+                "vs_eager": eager.median_s / v["timing"].median_s,
+            }
+            for k, v in rows.items()
+        },
+    }
+    lines = [
+        f"{r.spec.label} {r.dtype_name} on {r.device_name} ({eager.device_fingerprint}, "
+        f"torch {eager.torch_version})",
+        f"plan: {args.strategy}, {len(made.partition)} groups "
+        f"({', '.join(f'{k}={realized.realizations.count(k)}' for k in sorted(set(realized.realizations)))}), "
+        f"cuda graph {'on' if realized.cuda_graph else 'off'}, "
+        f"{len(realized.fallbacks)} fallback(s); {check}",
+        f"{'variant':<22} {'median us':>11} {'p99 us':>11} {'vs eager':>9} {'setup s':>9}",
+    ]
+    for k, v in rows.items():
+        t = v["timing"]
+        lines.append(
+            f"{k:<22} {t.median_s * 1e6:11.1f} {t.p99_s * 1e6:11.1f} "
+            f"{eager.median_s / t.median_s:8.2f}x {v['setup_s']:9.1f}"
+        )
+    lines.append(f"{'predicted (analytical)':<22} {made.plan.predicted_s * 1e6:11.1f}")
+    for g, why in realized.fallbacks.items():
+        lines.append(f"  group {g} fell back: {why}")
+    emit(args, payload, "\n".join(lines))
+    return 0 if check.ok else 1

@@ -1,0 +1,228 @@
+"""The collector end to end on tiny real models (real export, real Inductor, real Parquet),
+and its parts: keys, the store, sampling, job and unit planning."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pyarrow.parquet as pq
+import pytest
+
+from learned_cost.analytical import AnalyticalModel
+from learned_cost.data import group_rows, load_profiles, plan_groups, plan_rows
+from planner import zoo
+from planner.capture import export_model
+from planner.errors import FusionPlannerError
+from planner.features import group_descriptor
+from planner.hardware import get_spec
+from planner.legality import check, group_reasons
+from planner.partition import Partition, is_convex, mask_of
+from profiling.collector import CollectConfig, Collector, Job, jobs_for, plan_units
+from profiling.dataset import COLUMNS, ProfileStore, row_key
+from profiling.sampling import random_groups, random_partition
+
+SPEC = get_spec("cpu")
+
+
+def graph_of(name: str, params: dict[str, int]):
+    module, inputs = zoo.get(name).build(params, device="meta")
+    return export_model(module, inputs).graph
+
+
+# ---- keys and the store -------------------------------------------------------------------
+def test_row_key_is_stable_order_free_and_sensitive_to_what_matters():
+    k = row_key("g", [3, 1, 2], "cpu-x", "float32", "inductor", "2.13.0")
+    assert k == row_key("g", [1, 2, 3], "cpu-x", "float32", "inductor", "2.13.0")
+    others = {
+        row_key("g", [1, 2], "cpu-x", "float32", "inductor", "2.13.0"),
+        row_key("g", [1, 2, 3], "cuda-y", "float32", "inductor", "2.13.0"),
+        row_key("g", [1, 2, 3], "cpu-x", "bfloat16", "inductor", "2.13.0"),
+        row_key("g", [1, 2, 3], "cpu-x", "float32", "eager", "2.13.0"),
+        row_key("g", [1, 2, 3], "cpu-x", "float32", "inductor", "2.11.0"),
+    }
+    assert k not in others and len(others) == 5
+    plan = row_key("g", [[2, 3], [1]], "cpu-x", "float32", "auto", "2.13.0")
+    assert plan == row_key("g", [[1], [3, 2]], "cpu-x", "float32", "auto", "2.13.0")
+
+
+def _row(key: str, **kw):
+    row = {c: 0 for c, _ in COLUMNS}
+    row.update(key=key, kind="group", measured_median_s=1e-3, ok=True, error="", **kw)
+    return row
+
+
+def test_store_resumes_skips_duplicates_and_refuses_to_clobber(tmp_path):
+    path = tmp_path / "p.parquet"
+    s = ProfileStore(path)
+    assert s.add(_row("a")) and s.add(_row("b", desc_x=1.5)) and not s.add(_row("a"))
+    s.flush()
+    again = ProfileStore(path, resume=True)
+    assert again.has("a") and len(again) == 2 and not again.add(_row("b"))
+    again.add(_row("c"))
+    again.flush()
+    assert pq.read_table(path).num_rows == 3
+    with pytest.raises(FusionPlannerError, match="--resume"):
+        ProfileStore(path, resume=False)
+    with pytest.raises(FusionPlannerError, match="lacks"):
+        again.add({"key": "z"})
+
+
+# ---- sampling ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["transformer-block", "resnet-bottleneck"])
+def test_random_groups_are_legal_convex_distinct_and_reproducible(name):
+    g = graph_of(name, {"transformer-block": {"S": 64}, "resnet-bottleneck": {"HW": 8}}[name])
+    groups = random_groups(g, 10, random.Random(1), spec=SPEC)
+    assert len(groups) == len(set(groups)) >= 5
+    for grp in groups:
+        assert len(grp) >= 2 and is_convex(g, mask_of(grp)) and not group_reasons(g, grp, SPEC)
+    assert groups == random_groups(g, 10, random.Random(1), spec=SPEC)
+
+
+def test_random_partitions_are_legal_and_fuse_something():
+    g = graph_of("gpt2-block", {"S": 64})
+    for seed in range(3):
+        p = random_partition(g, random.Random(seed), spec=SPEC)
+        assert check(p, SPEC).ok and len(p) < len(g)
+
+
+# ---- jobs and units ----------------------------------------------------------------------
+def test_jobs_skip_shapes_a_model_does_not_take_and_default_sweeps_apply():
+    jobs = jobs_for(["zoo:mlp", "zoo:gpt2-block"], ["B=4,S=32"], ["fp32", "bf16"], "cpu")
+    assert {j.model for j in jobs} == {"zoo:gpt2-block"}  # mlp has no S
+    assert {j.dtype for j in jobs} == {"float32", "bfloat16"}
+    auto = jobs_for(["zoo:matmul"], None, ["fp32"], "gpu")
+    assert len(auto) == 3 and all(j.shape.startswith("M=") for j in auto)
+
+
+def test_units_cover_singles_strategy_groups_random_groups_and_plans_once():
+    g = graph_of("mlp", {"B": 4, "D": 16, "HID": 32, "L": 2})
+    cfg = CollectConfig(models=[], groups_per_graph=3, random_plans=2)
+    makers = {"whole": lambda graph: Partition.whole(graph)}
+    units = plan_units(g, Job("zoo:mlp", "", "float32"), makers, cfg, "cpu-x", "2.13.0", SPEC)
+    keys = [u.key for u in units]
+    assert len(keys) == len(set(keys))
+    plans = [u for u in units if u.kind == "plan"]
+    assert {u.strategy for u in plans} >= {"unfused", "whole"}
+    singles = [u for u in units if u.kind == "group" and len(u.groups[0]) == 1]
+    assert len(singles) == len(g)  # every op of the MLP does work
+    assert any(u.strategy == "whole" and u.kind == "group" for u in units)
+
+
+# ---- end to end --------------------------------------------------------------------------
+def test_collect_writes_dataset_v1_rows_learned_cost_can_read_and_resumes(tmp_path):
+    out = tmp_path / "cpu.parquet"
+    cfg = CollectConfig(
+        models=["zoo:mlp", "zoo:pointwise-chain"],
+        shapes=["B=8,D=32,HID=64,L=1", "N=4096,STEPS=4"],
+        dtypes=["fp32"],
+        groups_per_graph=1,
+        random_plans=1,
+        out=out,
+        threads=1,
+    )
+    lines: list[str] = []
+    makers = {"whole": lambda graph: Partition.whole(graph)}
+    summary = Collector(cfg, AnalyticalModel(SPEC), makers, lines.append).run()
+    assert summary.measured == summary.planned > 0 and not summary.errors
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == summary.measured and len({r["key"] for r in rows}) == len(rows)
+    assert any("[1/" in line for line in lines)
+    for r in rows:
+        assert all(c in r for c, _ in COLUMNS)
+        assert r["device"] == "cpu" and r["torch_version"] and r["collector_version"] == "1"
+        assert r["ok"], r["error"]
+        assert r["measured_median_s"] > 0 and r["measured_p99_s"] >= r["measured_median_s"]
+        assert r["analytical_s"] > 0 and r["family"] in ("mlp", "pointwise-chain")
+    group = next(r for r in rows if r["kind"] == "group" and r["n_groups"] == 1)
+    graph = graph_of(group["family"], dict(kv.split("=") for kv in group["shape"].split(",")))
+    desc = group_descriptor(graph, json.loads(group["nodes"]))
+    assert {f"desc_{k}" for k in desc} <= set(group) and group["desc_n_ops"] == desc["n_ops"]
+    profiles = load_profiles(out)
+    assert group_rows(profiles) and plan_rows(profiles)
+    plan = next(r for r in plan_rows(profiles) if r["strategy"] == "whole")
+    assert len(plan_groups(plan)) == 1 and plan["realization"] != "eager"
+    # resume: nothing new to measure
+    cfg.resume = True
+    again = Collector(cfg, AnalyticalModel(SPEC), makers, lines.append).run()
+    assert again.measured == 0 and again.skipped == summary.planned
+    assert math.isclose(pq.read_table(out).num_rows, len(rows))
+
+
+def test_time_limit_stops_cleanly_and_keeps_what_was_measured(tmp_path):
+    out = tmp_path / "t.parquet"
+    cfg = CollectConfig(
+        models=["zoo:pointwise-chain"], shapes=["N=1024,STEPS=2"], out=out, max_seconds=0.0
+    )
+    summary = Collector(cfg, AnalyticalModel(SPEC), {}, lambda _: None).run()
+    assert summary.stopped_early and summary.measured == 0
+
+
+@pytest.mark.slow
+def test_compile_workers_plan_and_warm_jobs_for_the_measuring_process(tmp_path):
+    from search.planning import plan_maker
+
+    out = tmp_path / "w.parquet"
+    cfg = CollectConfig(
+        models=["zoo:mlp"],
+        shapes=["B=8,D=32,HID=64,L=1"],
+        groups_per_graph=2,
+        random_plans=1,
+        out=out,
+        workers=1,
+        threads=1,
+    )
+    makers = {"greedy": plan_maker("greedy", AnalyticalModel(SPEC))}
+    summary = Collector(cfg, AnalyticalModel(SPEC), makers, lambda _: None).run()
+    rows = pq.read_table(out).to_pylist()
+    assert summary.measured == len(rows) > 0 and all(r["ok"] for r in rows)
+    compiled = [r for r in rows if r["kind"] == "group" and r["realization"] != "eager"]
+    assert compiled and max(r["compile_s"] for r in compiled) < 2.0  # cache hits
+
+
+def test_measure_and_collect_commands_end_to_end(tmp_path, capsys):
+    from search.cli import main
+
+    rc = main(
+        [
+            "measure",
+            "--model",
+            "zoo:mlp",
+            "--shape",
+            "B=4,D=16,HID=32,L=1",
+            "--strategy",
+            "unfused",
+            "--no-compile",
+            "--threads",
+            "1",
+            "--format",
+            "json",
+        ]
+    )
+    payload = json.loads(capsys.readouterr().out)
+    assert rc == 0 and payload["verified"] and payload["device"] == "cpu"
+    assert set(payload["results"]) == {"eager", "plan (unfused)"}
+    assert payload["results"]["eager"]["median_s"] > 0 and payload["predicted_s"] > 0
+    out = tmp_path / "c.parquet"
+    rc = main(
+        [
+            "collect",
+            "--models",
+            "zoo:pointwise-chain",
+            "--shapes",
+            "N=1024,STEPS=2",
+            "--strategies",
+            "unfused",
+            "--groups-per-graph",
+            "0",
+            "--random-plans",
+            "0",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    rows = pq.read_table(out).to_pylist()
+    assert rc == 0 and rows and {r["kind"] for r in rows} == {"group", "plan"}

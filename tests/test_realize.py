@@ -1,0 +1,301 @@
+"""planner.realize: plans become code that matches eager, groups fall back when they fail.
+
+Real torch models from the zoo, real torch.export, real Inductor (CPU C++ backend) where a
+test needs a compile; tests that only check the cutting, the rewrites or the fallback
+logic pass `compiler=run_eagerly` (the rewritten subgraph run as FX code) to stay fast.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from planner import zoo
+from planner.capture import export_model
+from planner.capture_dynamic import export_dynamic
+from planner.errors import PlanError
+from planner.partition import Partition
+from planner.realize import RealizeWarning, choose_realization, realize
+from planner.realize_patterns import find_attention, find_sibling_gemms
+
+TINY = {"B": 2, "S": 16, "D": 32, "H": 2}
+TINY_PARAMS = {
+    "transformer-block": TINY,
+    "transformer-block-sdpa": TINY,
+    "gpt2-block": TINY,
+    "llama-block": {**TINY, "MAXS": 64},
+    "bert-layer": TINY,
+    "resnet-bottleneck": {"B": 2, "C": 16, "HW": 8},
+    "conv-bn-relu-maxpool": {"B": 2, "CIN": 3, "C": 8, "HW": 8},
+    "conv-bn-relu-2pool": {"B": 2, "CIN": 3, "C": 8, "HW": 8},
+    "pointwise-chain": {"N": 256, "STEPS": 4},
+    "mlp": {"B": 4, "D": 16, "HID": 32, "L": 2},
+    "matmul": {"M": 16, "K": 8, "N": 12},
+}
+TRANSFORMERS = ("transformer-block", "gpt2-block", "llama-block", "bert-layer")
+
+
+def run_eagerly(gm, fakes, fake_mode):
+    """A 'compiler' that runs the (possibly rewritten) subgraph as FX code: fast tests."""
+    return gm.forward
+
+
+def build(name: str, dtype=torch.float32):
+    torch.manual_seed(0)
+    module, inputs = zoo.get(name).build(TINY_PARAMS[name], dtype=dtype)
+    return module, inputs, export_model(module, inputs)
+
+
+def eager_out(module, inputs):
+    with torch.no_grad():
+        return module(*inputs)
+
+
+def assert_close(a, b, tol=1e-4):
+    if isinstance(a, tuple | list):
+        for x, y in zip(a, b):
+            assert_close(x, y, tol)
+        return
+    assert a.shape == b.shape
+    assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol), (a - b).abs().max()
+
+
+def groups_by_name(graph, *groups):
+    """A partition: the named groups, every other node alone."""
+    idx = [[graph.node_by_name(n).index for n in g] for g in groups]
+    used = {i for g in idx for i in g}
+    return Partition.from_groups(graph, idx + [[i] for i in range(len(graph)) if i not in used])
+
+
+ATTN = ("transpose_3", "matmul", "div", "softmax", "matmul_1")
+QKV = ("linear", "linear_1", "linear_2", "view", "view_1", "view_2")
+
+
+# ---- realization rules --------------------------------------------------------------------
+def test_choose_realization_rules_on_the_transformer_block():
+    _, _, c = build("transformer-block")
+    g = c.graph
+    p = groups_by_name(g, ATTN, QKV, ("transpose", "transpose_1"), ("linear_4", "gelu"))
+    by = {tuple(sorted(gr)): choose_realization(g, gr) for gr in p.groups}
+    idx = {n.name: n.index for n in g.nodes}
+    assert by[tuple(sorted(idx[n] for n in ATTN))] == "sdpa"
+    assert by[tuple(sorted(idx[n] for n in QKV))] == "concat_gemm"
+    assert by[tuple(sorted(idx[n] for n in ("linear_4", "gelu")))] == "inductor"
+    assert by[tuple(sorted(idx[n] for n in ("transpose", "transpose_1")))] == "eager"  # views
+    assert by[(idx["layer_norm"],)] == "eager"  # one op: nothing to fuse
+
+
+@pytest.mark.parametrize(
+    "name, causal, mask",
+    [
+        ("transformer-block", False, "none"),
+        ("gpt2-block", True, "fill"),
+        ("llama-block", True, "add"),
+        ("bert-layer", False, "none"),
+    ],
+)
+def test_attention_found_in_every_transformer_with_its_mask(name, causal, mask):
+    _, _, c = build(name)
+    (m,) = find_attention(c.graph)
+    assert (m.causal, m.mask_kind) == (causal, mask)
+    assert c.graph.nodes[m.softmax].op == "softmax"
+    assert abs(m.scale - 1 / 4.0) < 1e-9  # 1/sqrt(dh), dh = 16
+
+
+def test_sibling_gemms_found_where_they_share_an_input():
+    _, _, c = build("llama-block")
+    sets = sorted(len(s.nodes) for s in find_sibling_gemms(c.graph))
+    assert sets == [2, 3]  # w1/w3 of SwiGLU, wq/wk/wv
+    _, _, c = build("gpt2-block")
+    assert find_sibling_gemms(c.graph) == []  # c_attn is already one GEMM
+
+
+# ---- realized plans match eager -----------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(TINY_PARAMS))
+def test_unfused_plan_matches_eager_on_every_zoo_model(name):
+    module, inputs, c = build(name)
+    r = realize(c, Partition.singletons(c.graph))
+    assert r.compile_s == 0.0 and not r.fallbacks and r.verified
+    assert set(r.realizations) == {"eager"}
+    assert_close(r(*inputs), eager_out(module, inputs))
+
+
+@pytest.mark.parametrize("name", TRANSFORMERS)
+def test_sdpa_and_concat_rewrites_match_eager(name):
+    module, inputs, c = build(name)
+    g = c.graph
+    (att,) = find_attention(g)
+    core = set(att.core)
+    # the attention core plus the views feeding it, as one group
+    views = {
+        i
+        for i in range(len(g))
+        if g.nodes[i].category.value == "view" and g.succ[i] and set(g.succ[i]) <= core
+    }
+    groups = [sorted(core | views)]
+    for s in find_sibling_gemms(g):
+        groups.append(sorted(s.nodes))
+    used = {i for gr in groups for i in gr}
+    p = Partition.from_groups(g, groups + [[i] for i in range(len(g)) if i not in used])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RealizeWarning)  # no fallback allowed
+        r = realize(c, p, compiler=run_eagerly)
+    assert "sdpa" in r.realizations
+    assert r.realizations.count("concat_gemm") == len(find_sibling_gemms(g))
+    assert_close(r(*inputs), eager_out(module, inputs))
+    x = torch.randn_like(inputs[0])  # other values, same shape
+    assert_close(r(x), eager_out(module, (x,)))
+
+
+def test_transformer_block_compiled_by_inductor_matches_eager():
+    module, inputs, c = build("transformer-block")
+    p = groups_by_name(c.graph, ATTN, QKV, ("linear_4", "gelu", "linear_5", "add_1"))
+    r = realize(c, p)
+    kinds = sorted(r.realizations[i] for i, rep in enumerate(r.groups) if rep.compiled)
+    assert kinds == ["concat_gemm", "inductor", "sdpa"]
+    assert r.compile_s > 0 and not r.fallbacks
+    assert_close(r(*inputs), eager_out(module, inputs))
+
+
+# ---- fallbacks ---------------------------------------------------------------------------
+def test_forced_compile_failure_falls_back_to_eager_and_still_matches():
+    module, inputs, c = build("transformer-block")
+    p = groups_by_name(c.graph, ATTN, ("linear_4", "gelu", "linear_5", "add_1"))
+    ffn = p.group_of[c.graph.node_by_name("gelu").index]
+
+    def failing(gm, fakes, fake_mode):
+        if any(n.name == "gelu" for n in gm.graph.nodes):
+            raise RuntimeError("forced compile failure")
+        return gm.forward
+
+    with pytest.warns(RealizeWarning, match="forced compile failure"):
+        r = realize(c, p, compiler=failing)
+    assert set(r.fallbacks) == {ffn} and "compile failed" in r.fallbacks[ffn]
+    assert r.realizations[ffn] == "eager"
+    assert r.realizations[p.group_of[c.graph.node_by_name("softmax").index]] == "sdpa"
+    assert_close(r(*inputs), eager_out(module, inputs))
+
+
+def test_a_wrong_kernel_is_caught_and_replaced_by_eager():
+    module, inputs, c = build("mlp")
+    p = Partition.from_groups(c.graph, [[0, 1], *[[i] for i in range(2, len(c.graph))]])
+
+    def wrong(gm, fakes, fake_mode):
+        return lambda *a: [t + 1.0 for t in gm.forward(*a)]  # off by one everywhere
+
+    with pytest.warns(RealizeWarning, match="mismatch"):
+        r = realize(c, p, compiler=wrong)
+    assert list(r.fallbacks) == [0] and r.realizations[0] == "eager"
+    assert_close(r(*inputs), eager_out(module, inputs))
+
+
+def test_unknown_realization_and_cyclic_partition_are_refused():
+    _, _, c = build("mlp")
+    with pytest.raises(PlanError, match="unknown realization"):
+        realize(c, Partition.singletons(c.graph), realizations="magic")
+    # nodes 0 and 2 (linear, linear_1) without the relu between them: not convex
+    with pytest.raises(PlanError, match="cycle"):
+        realize(c, Partition.from_groups(c.graph, [[0, 2], [1], *[[i] for i in range(3, 5)]]))
+
+
+def test_meta_capture_cannot_be_realized_and_says_why():
+    module, inputs = zoo.get("mlp").build(TINY_PARAMS["mlp"], device="meta")
+    c = export_model(module, inputs)
+    with pytest.raises(PlanError, match="meta"):
+        realize(c, Partition.singletons(c.graph))
+
+
+def test_inputs_outside_the_realized_shape_are_refused():
+    _, _, c = build("mlp")
+    r = realize(c, Partition.singletons(c.graph))
+    with pytest.raises(PlanError, match="outside the realized range"):
+        r(torch.randn(5, 16))
+
+
+# ---- dynamic shapes ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=[] if n == "transformer-block" else [pytest.mark.slow])
+        for n in TRANSFORMERS
+    ],
+)
+def test_dynamic_program_names_line_up_and_one_realization_serves_the_range(name):
+    module, inputs = zoo.get(name).build(TINY_PARAMS[name])
+    c = export_dynamic(module, inputs, dims={0: {0: (1, 8), 1: (8, 64)}})
+    fx_names = {n.name for n in c.program.graph_module.graph.nodes}
+    assert all(n.name in fx_names for n in c.graph.nodes)
+    static = export_model(module, inputs)
+    assert c.graph.key == static.graph.key
+    (att,) = find_attention(c.graph)
+    p = Partition.from_groups(
+        c.graph, [sorted(att.core), *[[i] for i in range(len(c.graph)) if i not in att.core]]
+    )
+    r = realize(c, p, compiler=run_eagerly)
+    assert not r.static_shapes and "sdpa" in r.realizations
+    for b, s in [(2, 16), (3, 40), (8, 9)]:
+        x = torch.randn(b, s, TINY["D"])
+        assert_close(r(x), eager_out(module, (x,)))
+    with pytest.raises(PlanError, match="outside"):
+        r(torch.randn(2, 65, TINY["D"]))
+
+
+@pytest.mark.slow
+def test_dynamic_realization_compiled_by_inductor_serves_the_range():
+    module, inputs = zoo.get("gpt2-block").build(TINY)
+    c = export_dynamic(module, inputs, dims={0: {1: (8, 64)}})
+    r = realize(c, Partition.whole(c.graph))
+    assert r.realizations == ("sdpa",) and r.groups[0].compiled
+    for s in (8, 33, 64):
+        x = torch.randn(2, s, TINY["D"])
+        assert_close(r(x), eager_out(module, (x,)))
+
+
+# ---- every strategy, every zoo model (slow: real Inductor per group) -----------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TINY_PARAMS))
+def test_plans_of_every_strategy_match_eager_on_the_zoo(name):
+    from learned_cost.analytical import AnalyticalModel
+    from planner.objective import Objective
+    from search.strategy import Budget, get_strategy
+
+    module, inputs, c = build(name)
+    objective = Objective(AnalyticalModel("cpu"))
+    for strategy in ("greedy", "priority", "exact"):
+        result = get_strategy(strategy).plan(c.graph, objective, Budget(max_seconds=10))
+        r = realize(c, result.partition)
+        assert r.verified, (strategy, r.fallbacks)
+        assert_close(r(*inputs), eager_out(module, inputs))
+
+
+@pytest.mark.slow
+def test_bf16_plan_matches_eager_within_bf16_tolerance():
+    module, inputs, c = build("llama-block", dtype=torch.bfloat16)
+    r = realize(c, Partition.whole(c.graph))
+    assert r.verified and not r.fallbacks
+    assert_close(r(*inputs), eager_out(module, inputs), tol=5e-2)
+
+
+# ---- GPU ---------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_graph_replay_matches_eager(dtype):
+    torch.manual_seed(0)
+    module, inputs = zoo.get("transformer-block").build(
+        {"B": 2, "S": 128, "D": 256, "H": 4}, dtype=dtype, device="cuda"
+    )
+    c = export_model(module, inputs)
+    p = groups_by_name(c.graph, ATTN, QKV, ("linear_4", "gelu", "linear_5", "add_1"))
+    r = realize(c, p)
+    assert r.cuda_graph and not r.fallbacks
+    tol = 5e-2 if dtype == torch.bfloat16 else 1e-3
+    for _ in range(2):  # new values each call: the graph reads fresh inputs
+        x = torch.randn_like(inputs[0])
+        out = r(x)
+        assert_close(out, eager_out(module, (x,)), tol=tol)
+    y1 = r(inputs[0])
+    y2 = r(torch.randn_like(inputs[0]))
+    assert not torch.equal(y1, y2)  # outputs are copied out, not overwritten
