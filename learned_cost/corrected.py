@@ -1,0 +1,278 @@
+"""The analytical model corrected by a trained MLP: a `planner.cost.CostModel`.
+
+    C(P) = ctx( C_analytical(P) * exp(mlp(features(P)) + b) )
+
+with b the online log-bias (online.py) and ctx the plan-context calibration
+(plan_context.py: what a group costs inside a realized plan rather than alone). Planner objectives and search strategies take it
+wherever they take `AnalyticalModel`, with no change: same protocol, same GroupCost (with
+`correction` = the factor applied). Its `version` names the trained weights (their
+digest) and the online state, so a plan made under it is recognisable and a cache of
+group costs keyed on the version is never stale.
+
+`load_corrected(path, device)` is the safe way in: a model saved for another device, for
+another feature schema, or (for CPUs) on another machine, warns and gives back the plain
+analytical model, so planning never stops for want of a correction.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from learned_cost.analytical import AnalyticalModel
+from learned_cost.data import descriptor_of
+from learned_cost.features import analytical_parts, feature_vector, normalize_dtype
+from learned_cost.mlp import CorrectionMLP
+from learned_cost.online import Observation, OnlineBias, UpdateReport
+from learned_cost.persist import ModelMeta, load_model, save_model, spec_from_figures
+from learned_cost.plan_context import PlanContext
+from planner.cost import CostModel, GroupCost
+from planner.errors import CostModelError
+from planner.features import group_descriptor
+from planner.hardware import device_fingerprint, get_spec
+from planner.ir import OpGraph
+from planner.realize_patterns import choose_realization
+
+RealizationOf = Callable[[OpGraph, frozenset[int]], str]
+
+
+class CostModelFallbackWarning(UserWarning):
+    """A saved correction did not fit this setting; the analytical model is used instead."""
+
+
+def default_realization(graph: OpGraph, nodes: frozenset[int]) -> str:
+    """How a group is realized when the plan says "auto": the collector labels every
+    measured group with this same rule (planner.realize_patterns.REALIZATION_RULES), so
+    the model sees at planning time the label it learned from."""
+    return choose_realization(graph, nodes)
+
+
+def graph_dtype(graph: OpGraph) -> str:
+    """The model's compute dtype: its first floating user input, else its first parameter."""
+    for kinds in (("input",), ("param", "buffer", "const")):
+        for t in graph.tensors:
+            if t.kind in kinds and t.dtype.startswith(("float", "bfloat")):
+                return t.dtype
+    return "float32"
+
+
+class CorrectedModel:
+    """Analytical roofline x learned correction; implements `planner.cost.CostModel`.
+
+    Contract (CostModel's): `group_cost` is a pure function of (graph, nodes) between
+    updates and is safe to call from several threads; `update` changes `version`.
+    """
+
+    name = "corrected"
+
+    def __init__(
+        self,
+        analytical: AnalyticalModel,
+        mlp: CorrectionMLP,
+        *,
+        model_id: str = "mlp-unsaved",
+        online: OnlineBias | None = None,
+        realization_of: RealizationOf | None = None,
+        meta: ModelMeta | None = None,
+        plan_context: PlanContext | None = None,
+    ):
+        if not mlp.is_fitted:
+            raise CostModelError("CorrectedModel needs a fitted CorrectionMLP (fit or load one)")
+        self.analytical = analytical
+        self.spec = analytical.spec
+        self.mlp = mlp
+        self.model_id = model_id
+        self.online = online or OnlineBias()
+        self.realization_of = realization_of or default_realization
+        self.meta = meta
+        self.plan_context = plan_context or PlanContext()
+        self._lock = threading.RLock()
+        self._dtypes: dict[str, str] = {}  # graph.key -> compute dtype (scanning costs ~20 us)
+
+    def __repr__(self) -> str:
+        return f"CorrectedModel({self.spec.name}, {self.model_id}, bias={self.online.bias:+.3f})"
+
+    @property
+    def version(self) -> str:
+        n = self.online.n_observations
+        return f"{self.analytical.version}+{self.model_id}" + (f"+online{n}" if n else "")
+
+    # ---- CostModel -----------------------------------------------------------------------
+    def group_cost(self, graph: OpGraph, nodes: Iterable[int]) -> GroupCost:
+        return self.group_costs(graph, [frozenset(nodes)])[0]
+
+    def group_costs(self, graph: OpGraph, groups: Sequence[Iterable[int]]) -> list[GroupCost]:
+        """Costs of several groups of one graph with one MLP call (what search loops want)."""
+        groups = [frozenset(g) for g in groups]
+        bases = [self.analytical.group_cost(graph, g) for g in groups]
+        work = [i for i, b in enumerate(bases) if b.latency_s > 0]
+        if not work:
+            return bases
+        dtype = self._dtypes.get(graph.key) or self._dtypes.setdefault(
+            graph.key, graph_dtype(graph)
+        )
+        X = np.vstack(
+            [
+                feature_vector(
+                    group_descriptor(graph, groups[i]),
+                    dtype=dtype,
+                    spec=self.spec,
+                    realization=self.realization_of(graph, groups[i]),
+                )
+                for i in work
+            ]
+        )
+        with self._lock:
+            r = self.mlp.predict(X) + self.online.bias
+        out = list(bases)
+        for i, ri in zip(work, r):
+            lat = self.plan_context.apply(bases[i].latency_s * math.exp(float(ri)))
+            out[i] = replace(bases[i], latency_s=lat, correction=lat / bases[i].latency_s)
+        return out
+
+    def plan_cost_s(self, graph: OpGraph, groups: Sequence[Iterable[int]]) -> float:
+        """Predicted latency of the realized plan `groups`: its group costs (in plan
+        context) plus the executor's fixed cost per call (plan_context.py)."""
+        total = sum(c.latency_s for c in self.group_costs(graph, groups))
+        return total + self.plan_context.per_plan_s if total > 0 else total
+
+    # ---- online refinement ---------------------------------------------------------------------
+    def update(self, rows: Iterable[Mapping[str, Any] | Observation]) -> UpdateReport:
+        """Refine the correction from new measurements without retraining (online.py).
+
+        `rows`: dataset-v1 rows of kind "group" (mappings with desc_* columns, dtype,
+        device, measured_median_s, ok), and/or `Observation`s of whole plans from the tune
+        loop. Rows of another device, failed rows and plan rows without a graph are skipped.
+        """
+        group_rows: list[Mapping[str, Any]] = []
+        observations: list[Observation] = []
+        skipped = 0
+        for r in rows:
+            if isinstance(r, Observation):
+                if r.device in (None, self.spec.name) and r.measured_s > 0:
+                    observations.append(r)
+                else:
+                    skipped += 1
+            elif (
+                r.get("kind", "group") == "group"
+                and r.get("ok", True)
+                and str(r.get("device", self.spec.name)) == self.spec.name
+                and float(r.get("measured_median_s") or 0) > 0
+            ):
+                group_rows.append(r)
+            else:
+                skipped += 1
+        with self._lock:
+            before = self.online.bias
+            residuals: list[float] = []
+            if group_rows:
+                X, y = self._rows_design(group_rows)
+                keep = np.isfinite(y)
+                X, y = X[keep], y[keep]
+                skipped += int((~keep).sum())
+                if self.online.last_layer_steps > 0 and len(y):
+                    self.mlp.partial_fit(
+                        X, y, steps=self.online.last_layer_steps, lr=self.online.lr
+                    )
+                base_r = self.mlp.predict(X) if len(y) else np.zeros(0)
+                for yi, ri in zip(y, base_r):
+                    residuals.append(float(yi - ri - self.online.bias))
+                    self.online.observe(residuals[-1])
+            for ob in observations:
+                predicted = self.plan_cost_s(ob.graph, ob.groups)
+                if predicted > 0:
+                    residuals.append(math.log(ob.measured_s / predicted))
+                    self.online.observe(residuals[-1])
+                else:
+                    skipped += 1
+            return UpdateReport(
+                used=len(residuals),
+                skipped=skipped,
+                bias_before=before,
+                bias_after=self.online.bias,
+                mean_abs_residual=float(np.mean(np.abs(residuals))) if residuals else 0.0,
+                version=self.version,
+            )
+
+    def _rows_design(self, rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+        xs, ys = [], []
+        for r in rows:
+            desc = descriptor_of(r)
+            dtype = normalize_dtype(str(r.get("dtype") or "float32"))
+            parts = analytical_parts(desc, self.spec, dtype)
+            xs.append(
+                feature_vector(
+                    desc,
+                    dtype=dtype,
+                    spec=self.spec,
+                    realization=str(r.get("realization") or "inductor"),
+                    parts=parts,
+                )
+            )
+            lat = parts.latency_s
+            ys.append(math.log(float(r["measured_median_s"]) / lat) if lat > 0 else float("nan"))
+        return np.vstack(xs), np.array(ys)
+
+    # ---- persistence ---------------------------------------------------------------------
+    def save(self, path: str | Path) -> ModelMeta:
+        """Save weights, online state and the metadata this model was loaded with."""
+        m = self.meta
+        meta = save_model(
+            self.mlp,
+            path,
+            spec=self.spec,
+            device_fingerprints=m.device_fingerprints if m else (),
+            data_hash=m.data_hash if m else "",
+            data_files=m.data_files if m else (),
+            n_rows=m.n_rows if m else 0,
+            metrics=m.metrics if m else {},
+            online=self.online.state(),
+            plan_context=self.plan_context.to_json(),
+            command=m.command if m else "",
+        )
+        self.model_id, self.meta = meta.model_id, meta
+        return meta
+
+
+def load_corrected(
+    path: str | Path,
+    device: str | None = None,
+    *,
+    realization_of: RealizationOf | None = None,
+) -> CostModel:
+    """The saved correction for `device` as a CostModel, or the analytical model with a
+    `CostModelFallbackWarning` when the saved model does not fit (another device, another
+    feature schema, another CPU, missing or corrupt files)."""
+    try:
+        mlp, meta = load_model(path, device=device)
+        if meta.device_kind == "cpu" and device_fingerprint("cpu") not in meta.device_fingerprints:
+            raise CostModelError(
+                f"{meta.model_id} was trained on CPU(s) {list(meta.device_fingerprints)}, "
+                f"this one is {device_fingerprint('cpu')}: CPU timings do not transfer"
+            )
+        spec = spec_from_figures(meta.spec_figures)
+    except CostModelError as e:
+        fallback = get_spec(device) if device else get_spec(None)
+        warnings.warn(
+            f"learned cost model {path} not used ({e}); falling back to the analytical "
+            f"model for {fallback.name}",
+            CostModelFallbackWarning,
+            stacklevel=2,
+        )
+        return AnalyticalModel(fallback)
+    return CorrectedModel(
+        AnalyticalModel(spec),
+        mlp,
+        model_id=meta.model_id,
+        online=OnlineBias.from_state(meta.online),
+        realization_of=realization_of,
+        meta=meta,
+        plan_context=PlanContext.from_json(meta.plan_context),
+    )

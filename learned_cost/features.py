@@ -1,0 +1,347 @@
+"""Model features of a group: raw descriptor + device spec + the analytical prediction's parts.
+
+Seed 002, 7.2.4: f_S = [op types, tensor shapes, compute intensity, memory pattern]; 7.4.1:
+T_fused = max(T_compute, T_memory) + T_overhead, corrected by factors learned from profiles.
+The learned model predicts log(measured / analytical) from the features below, so the
+analytical roofline carries the scale and the model learns only what the roofline misses.
+
+Every feature is an entry of `FEATURES`: (name, function of a `FeatureContext`, why).
+Changing the table changes `SCHEMA_HASH`, and a saved model with another hash is refused
+(persist.py), so a model is never fed features it was not trained on.
+
+The analytical parts are recomputed here from the descriptor and a device spec, with the
+same formulas as `learned_cost.analytical.AnalyticalModel` (tests check they agree on real
+graphs), so a model is trained against exactly the roofline it will correct at planning time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.hardware import DeviceSpec
+from planner.ir import Category
+
+FEATURE_SCHEMA_VERSION = 1
+_TINY = 1e-12  # floor for logs of seconds, FLOPs and bytes: log10(0) would be -inf
+
+# Ops that cost more than one FMA per element (exp/erf/tanh inside): they dominate
+# vector-bound groups on CPUs and add SFU pressure on GPUs.
+TRANSCENDENTAL_OPS = frozenset(
+    {
+        "exp",
+        "exp2",
+        "log",
+        "log1p",
+        "erf",
+        "tanh",
+        "sigmoid",
+        "silu",
+        "gelu",
+        "softplus",
+        "sqrt",
+        "rsqrt",
+        "pow",
+        "sin",
+        "cos",
+        "_softmax",
+        "softmax",
+        "_log_softmax",
+        "log_softmax",
+        "layer_norm",
+        "native_layer_norm",
+        "rms_norm",
+        "group_norm",
+    }
+)
+GEMM_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "addbmm"})
+CONV_OPS = frozenset({"convolution", "conv1d", "conv2d", "conv3d", "_convolution"})
+DTYPES = ("float32", "bfloat16", "float16")
+REALIZATIONS = ("inductor", "sdpa", "concat_gemm", "eager")
+
+
+@dataclass(frozen=True)
+class AnalyticalParts:
+    """The roofline prediction of one group (seconds), as AnalyticalModel computes it."""
+
+    t_compute_s: float
+    t_memory_s: float
+    t_launch_s: float
+
+    @property
+    def latency_s(self) -> float:
+        return max(self.t_compute_s, self.t_memory_s) + self.t_launch_s
+
+
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def normalize_dtype(name: str) -> str:
+    """ "bf16" / "torch.bfloat16" / "bfloat16" -> "bfloat16" (rows and graphs spell it alike)."""
+    name = name.removeprefix("torch.")
+    return _DTYPE_ALIASES.get(name, name)
+
+
+def group_dtype(desc: Mapping[str, Any], dtype: str) -> str:
+    """The dtype whose peaks apply: the group's own when it has one, else the model's."""
+    d = str(desc.get("dtype") or "")
+    return normalize_dtype(d if d and "," not in d else dtype)
+
+
+def analytical_parts(desc: Mapping[str, Any], spec: DeviceSpec, dtype: str) -> AnalyticalParts:
+    """T_compute, T_memory, T_launch of a descriptor on `spec` (seed 002, 7.4.1)."""
+    dt = group_dtype(desc, dtype)
+    t_c = float(desc.get("flops_matmul") or 0) / spec.peak_matmul_flops(dt) + float(
+        desc.get("flops_vector") or 0
+    ) / spec.peak_vector_flops(dt)
+    t_m = (
+        float(desc.get("bytes_in") or 0) + float(desc.get("bytes_out") or 0)
+    ) / spec.bandwidth_Bps
+    t_l = float(desc.get("n_kernels") or 0) * spec.launch_s
+    return AnalyticalParts(t_c, t_m, t_l)
+
+
+@dataclass(frozen=True)
+class FeatureContext:
+    """What one feature function sees: the group, its setting and its roofline."""
+
+    desc: Mapping[str, Any]
+    dtype: str
+    realization: str
+    spec: DeviceSpec
+    parts: AnalyticalParts
+
+    def num(self, key: str) -> float:
+        v = self.desc.get(key)
+        return float(v) if isinstance(v, int | float) and math.isfinite(v) else 0.0
+
+    def ops(self, key: str) -> list[str]:
+        text = self.desc.get(key) or ""
+        return [o for o in str(text).split(",") if o]
+
+
+def _lg(x: float) -> float:
+    return math.log10(max(x, _TINY))
+
+
+def _lg1p(x: float) -> float:
+    return math.log10(1.0 + max(x, 0.0))
+
+
+def _intensity(c: FeatureContext) -> float:
+    moved = c.num("bytes_in") + c.num("bytes_out")
+    return (c.num("flops_matmul") + c.num("flops_vector")) / moved if moved else 0.0
+
+
+def _ridge(c: FeatureContext) -> float:
+    return c.spec.peak_matmul_flops(group_dtype(c.desc, c.dtype)) / c.spec.bandwidth_Bps
+
+
+Feature = tuple[str, Callable[[FeatureContext], float], str]
+
+_CATEGORY_FEATURES: tuple[Feature, ...] = tuple(
+    (
+        f"n_{cat.value}",
+        (lambda c, k=f"n_{cat.value}": _lg1p(c.num(k))),
+        "op-category histogram (log1p count): what kind of work the group holds",
+    )
+    for cat in Category
+)
+
+FEATURES: tuple[Feature, ...] = (
+    *_CATEGORY_FEATURES,
+    ("n_ops", lambda c: _lg1p(c.num("n_ops")), "group size: more ops, more code per kernel"),
+    ("n_work_ops", lambda c: _lg1p(c.num("n_work_ops")), "ops that are not free views"),
+    ("flops_matmul", lambda c: _lg1p(c.num("flops_matmul")), "tensor-core work (log10)"),
+    ("flops_vector", lambda c: _lg1p(c.num("flops_vector")), "vector-unit work (log10)"),
+    ("bytes_in", lambda c: _lg1p(c.num("bytes_in")), "boundary reads (log10 bytes)"),
+    ("bytes_out", lambda c: _lg1p(c.num("bytes_out")), "boundary writes (log10 bytes)"),
+    (
+        "bytes_internal",
+        lambda c: _lg1p(c.num("bytes_internal")),
+        "what fusion keeps on chip: big internals may spill or recompute",
+    ),
+    ("n_inputs", lambda c: _lg1p(c.num("n_inputs")), "boundary tensors read: more streams"),
+    ("n_outputs", lambda c: _lg1p(c.num("n_outputs")), "boundary tensors written"),
+    (
+        "log2_max_out_numel",
+        lambda c: c.num("log2_max_out_numel"),
+        "log shape: small tensors underfill the device, so efficiency falls",
+    ),
+    ("itemsize", lambda c: c.num("itemsize"), "bytes per element of the narrowest output"),
+    (
+        "n_anchors",
+        lambda c: _lg1p(len(c.ops("anchor_ops"))),
+        "compute anchors in the group: 2+ is a horizontal or attention fusion",
+    ),
+    (
+        "has_gemm",
+        lambda c: float(any(o in GEMM_OPS for o in c.ops("anchor_ops"))),
+        "GEMM anchors reach a different fraction of peak than convolutions",
+    ),
+    (
+        "has_conv",
+        lambda c: float(any(o in CONV_OPS for o in c.ops("anchor_ops"))),
+        "convolutions: layout and algorithm choice move efficiency",
+    ),
+    (
+        "has_sdpa",
+        lambda c: float(any("attention" in o for o in c.ops("anchor_ops"))),
+        "a fused attention kernel has its own efficiency curve",
+    ),
+    (
+        "anchor_max_flops",
+        lambda c: _lg1p(c.num("anchor_max_flops")),
+        "the largest anchor's size: small GEMMs reach a small fraction of peak",
+    ),
+    (
+        "n_transcendental",
+        lambda c: _lg1p(sum(o in TRANSCENDENTAL_OPS for o in c.ops("ops"))),
+        "exp/erf/tanh cost more than an FMA: vector-bound groups on CPU feel it",
+    ),
+    (
+        "n_reductions",
+        lambda c: _lg1p(c.num("n_reduction") + c.num("n_norm") + c.num("n_softmax")),
+        "reductions force a two-pass or a block-wide reduce inside the kernel",
+    ),
+    (
+        "intensity",
+        lambda c: _lg1p(_intensity(c)),
+        "arithmetic intensity I = FLOPs / bytes (seed 002, 7.3.1), log10",
+    ),
+    (
+        "intensity_over_ridge",
+        lambda c: _lg(_intensity(c) / _ridge(c)) if _intensity(c) else -6.0,
+        "Habitat: efficiency scales with I against the target's ridge point I_c",
+    ),
+    ("t_compute", lambda c: _lg(c.parts.t_compute_s), "analytical T_compute (log10 s)"),
+    ("t_memory", lambda c: _lg(c.parts.t_memory_s), "analytical T_memory (log10 s)"),
+    ("t_launch", lambda c: _lg(c.parts.t_launch_s), "analytical T_launch (log10 s)"),
+    ("t_analytical", lambda c: _lg(c.parts.latency_s), "the prediction being corrected"),
+    (
+        "compute_share",
+        lambda c: (
+            c.parts.t_compute_s / (c.parts.t_compute_s + c.parts.t_memory_s)
+            if c.parts.t_compute_s + c.parts.t_memory_s
+            else 0.0
+        ),
+        "where on the roofline: 1 = compute-bound, 0 = memory-bound",
+    ),
+    (
+        "roof_over_launch",
+        lambda c: (
+            _lg(max(c.parts.t_compute_s, c.parts.t_memory_s) / c.parts.t_launch_s)
+            if c.parts.t_launch_s
+            else 6.0
+        ),
+        "launch-dominated groups (tiny work) are corrected by overhead, not by roofs",
+    ),
+    *(
+        (f"dtype_{d}", (lambda c, d=d: float(group_dtype(c.desc, c.dtype) == d)), "dtype one-hot")
+        for d in DTYPES
+    ),
+    *(
+        (
+            f"realization_{r}",
+            (lambda c, r=r: float(c.realization == r)),
+            "how the group runs: Inductor, a fused kernel, or eager ops",
+        )
+        for r in REALIZATIONS
+    ),
+    (
+        "dev_peak_matmul",
+        lambda c: _lg(c.spec.peak_matmul_flops(group_dtype(c.desc, c.dtype))),
+        "device: matmul peak (log10 FLOP/s)",
+    ),
+    (
+        "dev_peak_vector",
+        lambda c: _lg(c.spec.peak_vector_flops(group_dtype(c.desc, c.dtype))),
+        "device: vector peak",
+    ),
+    ("dev_bandwidth", lambda c: _lg(c.spec.bandwidth_Bps), "device: memory bandwidth"),
+    ("dev_launch", lambda c: _lg(c.spec.launch_s), "device: launch overhead"),
+    ("dev_ridge", lambda c: _lg(_ridge(c)), "device: ridge point I_c = P_peak / B"),
+    ("dev_sm_count", lambda c: _lg1p(c.spec.sm_count), "device: parallel units to fill"),
+    ("dev_l2", lambda c: _lg1p(c.spec.l2_bytes), "device: L2 size: small groups run from cache"),
+)
+
+FEATURE_NAMES: tuple[str, ...] = tuple(name for name, _, _ in FEATURES)
+# The raw analytical parts (log10 seconds), which the roofline-bounded MLP reads back.
+PART_FEATURES = ("t_compute", "t_memory", "t_launch")
+SCHEMA_HASH = hashlib.sha256(
+    json.dumps([FEATURE_SCHEMA_VERSION, FEATURE_NAMES]).encode()
+).hexdigest()[:12]
+
+
+def feature_vector(
+    desc: Mapping[str, Any],
+    *,
+    dtype: str,
+    spec: DeviceSpec,
+    realization: str = "inductor",
+    parts: AnalyticalParts | None = None,
+) -> np.ndarray:
+    """The features of one group as a float64 vector in `FEATURE_NAMES` order."""
+    parts = parts or analytical_parts(desc, spec, dtype)
+    ctx = FeatureContext(desc, dtype, realization, spec, parts)
+    return np.array([fn(ctx) for _, fn, _ in FEATURES], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Design:
+    """A design matrix for rows: features X, analytical latency, measured latency, target.
+
+    y = ln(measured / analytical): what every correction model predicts.
+    """
+
+    X: np.ndarray  # (n, n_features)
+    analytical_s: np.ndarray  # (n,)
+    measured_s: np.ndarray  # (n,) NaN where a row has no measurement
+    groups: np.ndarray  # (n,) the split key of each row (family or graph), as str
+
+    @property
+    def y(self) -> np.ndarray:
+        return np.log(self.measured_s / self.analytical_s)
+
+    def __len__(self) -> int:
+        return len(self.analytical_s)
+
+    def take(self, idx: np.ndarray) -> Design:
+        return Design(self.X[idx], self.analytical_s[idx], self.measured_s[idx], self.groups[idx])
+
+
+def design_matrix(
+    rows: Sequence[Mapping[str, Any]],
+    spec_for: Callable[[str], DeviceSpec],
+    *,
+    group_by: str = "family",
+) -> Design:
+    """Features of dataset rows (desc_* columns), with the analytical parts recomputed
+    on `spec_for(row["device"])` so the target is relative to the roofline in use now."""
+    xs, an, ms, gs = [], [], [], []
+    for r in rows:
+        desc = {k[5:]: v for k, v in r.items() if k.startswith("desc_")}
+        spec = spec_for(str(r["device"]))
+        dtype = normalize_dtype(str(r["dtype"]))
+        parts = analytical_parts(desc, spec, dtype)
+        xs.append(
+            feature_vector(
+                desc,
+                dtype=dtype,
+                spec=spec,
+                realization=str(r.get("realization") or "inductor"),
+                parts=parts,
+            )
+        )
+        an.append(parts.latency_s)
+        m = r.get("measured_median_s")
+        ms.append(float(m) if isinstance(m, int | float) else float("nan"))
+        gs.append(str(r.get(group_by)))
+    X = np.vstack(xs) if xs else np.zeros((0, len(FEATURE_NAMES)))
+    return Design(X, np.array(an, dtype=np.float64), np.array(ms), np.array(gs, dtype=object))

@@ -1,0 +1,332 @@
+"""An MLP (torch) that predicts ln(measured / analytical) for a group: the learned correction.
+
+Two forms, chosen by the `form` hyper-parameter:
+
+- "free": the network's one output is the log-ratio itself. Nothing stops it from
+  predicting a group faster than the roofline allows.
+- "roofline": NeuSight-style (ASPLOS'25): the network predicts the *fraction of each
+  roof* the group reaches, u_c, u_m in (0, 1) (sigmoids), and a launch multiplier k > 0:
+      T = max(T_compute / u_c, T_memory / u_m) + k * T_launch.
+  The roofline part can never beat the device's peaks; only the launch term, which is an
+  estimate in the spec, is free. The output is still reported as ln(T / T_analytical).
+
+Both read the same feature matrix (learned_cost.features.FEATURE_NAMES order); the
+roofline form takes the raw analytical parts back out of the T_* columns.
+
+Estimator contract (scikit-learn's, without importing it: the runtime path stays light):
+hyper-parameters in `__init__` and nothing else; `fit` returns self and replaces an earlier
+fit; learned state ends in `_`; `predict` before `fit` raises CostModelError;
+`random_state` makes a fit reproducible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from learned_cost.features import FEATURE_NAMES, PART_FEATURES
+from planner.errors import CostModelError
+
+FORMS = ("free", "roofline")
+_LN10 = math.log(10.0)
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Train on one intra-op thread: for a network this small, torch's thread pool costs
+    more than it gives (7x slower on 2 busy cores, measured). Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _network(n_in: int, hidden: tuple[int, ...], n_out: int, dropout: float) -> nn.Sequential:
+    """Linear -> SiLU -> Dropout per hidden layer, then a linear output layer."""
+    layers: list[nn.Module] = []
+    width = n_in
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.SiLU(), nn.Dropout(dropout)]
+        width = h
+    layers.append(nn.Linear(width, n_out))
+    return nn.Sequential(*layers)
+
+
+class CorrectionMLP:
+    """Predicts ln(measured / analytical) of a group from its features.
+
+    Hyper-parameters: `form` ("free" | "roofline"), `hidden` layer widths, `steps` (gradient
+    steps in all, whatever the data size: small datasets need as many steps as big ones),
+    `lr` (AdamW, cosine-annealed), `weight_decay`, `dropout` (after each hidden layer:
+    with a few thousand rows from a handful of model families the network otherwise
+    memorizes family quirks and extrapolates badly to an unseen family), `batch_size`
+    (full batch when the data is smaller),
+    `huber_delta` (the loss is Huber on the log-ratio, so a few noisy timings do not
+    dominate), `clip_margin` (predictions are clipped to the training targets' range
+    widened by this many nats: an extrapolating network must not send the search off to
+    groups that look 100x cheaper than anything it saw), `random_state`.
+    """
+
+    def __init__(
+        self,
+        *,
+        form: str = "free",
+        hidden: tuple[int, ...] = (64, 64),
+        steps: int = 3000,
+        lr: float = 3e-3,
+        weight_decay: float = 1e-4,
+        dropout: float = 0.3,
+        batch_size: int = 256,
+        huber_delta: float = 0.5,
+        clip_margin: float = 1.0,
+        random_state: int = 0,
+    ):
+        self.form = form
+        self.hidden = hidden
+        self.steps = steps
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.dropout = dropout
+        self.batch_size = batch_size
+        self.huber_delta = huber_delta
+        self.clip_margin = clip_margin
+        self.random_state = random_state
+
+    # ---- scikit-learn style parameters ---------------------------------------------------
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+        return {n: getattr(self, n) for n in names}
+
+    def set_params(self, **params: Any) -> CorrectionMLP:
+        valid = self.get_params()
+        for k, v in params.items():
+            if k not in valid:
+                raise CostModelError(
+                    f"CorrectionMLP has no hyper-parameter {k!r}; it has {list(valid)}"
+                )
+            setattr(self, k, v)
+        return self
+
+    def __repr__(self) -> str:
+        return f"CorrectionMLP(form={self.form!r}, hidden={self.hidden}, steps={self.steps})"
+
+    @property
+    def is_fitted(self) -> bool:
+        return hasattr(self, "net_")
+
+    # ---- fitting ----------------------------------------------------------------------
+    def fit(self, X: np.ndarray, y: np.ndarray) -> CorrectionMLP:
+        """Fit on features X (n, len(FEATURE_NAMES)) and targets y = ln(measured/analytical)."""
+        if self.form not in FORMS:
+            raise CostModelError(f"form must be one of {FORMS}, got {self.form!r}")
+        X, y = self._check_X(X), np.asarray(y, dtype=np.float64).reshape(-1)
+        if len(X) != len(y) or len(y) < 2:
+            raise CostModelError(
+                f"fit needs at least 2 rows and as many targets as rows; got X {X.shape}, "
+                f"y {y.shape}"
+            )
+        if not np.isfinite(y).all():
+            raise CostModelError("fit: targets contain NaN/inf; drop rows without a measurement")
+        self.scaler_mean_ = X.mean(axis=0)
+        scale = X.std(axis=0)
+        self.scaler_scale_ = np.where(scale > 1e-8, scale, 1.0)
+        self.y_min_, self.y_max_ = float(y.min()), float(y.max())
+        self.feature_names_ = FEATURE_NAMES
+        self.n_features_in_ = X.shape[1]
+        with torch.random.fork_rng(devices=[]), _one_thread():
+            torch.manual_seed(self.random_state)
+            self.net_ = _network(
+                X.shape[1], tuple(self.hidden), 1 if self.form == "free" else 3, self.dropout
+            )
+            self._weights = None
+            self._init_output(y)
+            self.train_loss_ = self._train(X, y, self.net_.parameters(), self.steps, self.lr)
+        return self
+
+    def _init_output(self, y: np.ndarray) -> None:
+        """Start near the data: the free form at the mean log-ratio, the roofline form at
+        half of each roof and the launch multiplier that explains the median residual."""
+        last = self.net_[-1]
+        assert isinstance(last, nn.Linear)
+        with torch.no_grad():
+            last.weight.mul_(0.1)
+            if self.form == "free":
+                last.bias.fill_(float(np.mean(y)))
+            else:
+                last.bias.copy_(torch.tensor([0.0, 0.0, max(float(np.median(y)), 0.0)]))
+
+    def _train(
+        self, X: np.ndarray, y: np.ndarray, params: Any, steps: int, lr: float, dropout: bool = True
+    ) -> float:
+        """`steps` AdamW steps on shuffled mini-batches; returns the last batch's loss.
+        `dropout=False` keeps the network in eval mode (fine-tuning the last layer)."""
+        xt = torch.as_tensor(self._scale(X), dtype=torch.float32)
+        parts = torch.as_tensor(self._parts(X), dtype=torch.float32)
+        yt = torch.as_tensor(y, dtype=torch.float32)
+        opt = torch.optim.AdamW(list(params), lr=lr, weight_decay=self.weight_decay)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(steps, 1))
+        gen = torch.Generator().manual_seed(self.random_state)
+        n = len(yt)
+        bs = min(self.batch_size, n)
+        order, pos = torch.randperm(n, generator=gen), 0
+        loss_value = float("nan")
+        self.net_.train(dropout)
+        for _ in range(steps):
+            if pos + bs > n:
+                order, pos = torch.randperm(n, generator=gen), 0
+            idx = order[pos : pos + bs]
+            pos += bs
+            loss = F.huber_loss(self._forward(xt[idx], parts[idx]), yt[idx], delta=self.huber_delta)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            loss_value = float(loss.detach())
+        self.net_.eval()
+        return loss_value
+
+    def partial_fit(
+        self, X: np.ndarray, y: np.ndarray, *, steps: int = 5, lr: float = 1e-3
+    ) -> CorrectionMLP:
+        """A few gradient steps on the last layer only, from new measurements (seed 002,
+        7.4.3's online refinement): cheap, and the features' scaling is kept as fitted."""
+        self._require_fit()
+        X, y = self._check_X(X), np.asarray(y, dtype=np.float64).reshape(-1)
+        if len(y) == 0 or steps <= 0:
+            return self
+        with torch.random.fork_rng(devices=[]), _one_thread():
+            torch.manual_seed(self.random_state)
+            self._train(X, y, self.net_[-1].parameters(), steps, lr, dropout=False)
+        self._weights = None
+        self.y_min_ = min(self.y_min_, float(y.min()))
+        self.y_max_ = max(self.y_max_, float(y.max()))
+        return self
+
+    # ---- prediction -------------------------------------------------------------------
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """ln(predicted / analytical) for each row of X, clipped to the trusted range.
+
+        Runs in numpy (float64) from the fitted weights: a search loop scores groups one
+        at a time, where torch's per-call overhead would cost more than the network."""
+        self._require_fit()
+        X = self._check_X(X)
+        z = self._net_numpy(self._scale(X))
+        if self.form == "free":
+            r = z[:, 0]
+        else:
+            ln_tc, ln_tm, ln_tl = (self._parts(X)[:, i] * _LN10 for i in range(3))
+            roof = np.maximum(
+                ln_tc + np.logaddexp(0.0, -z[:, 0]), ln_tm + np.logaddexp(0.0, -z[:, 1])
+            )
+            ln_pred = np.logaddexp(roof, ln_tl + z[:, 2])
+            r = ln_pred - np.logaddexp(np.maximum(ln_tc, ln_tm), ln_tl)
+        return np.clip(r, self.y_min_ - self.clip_margin, self.y_max_ + self.clip_margin)
+
+    def predict_fractions(self, X: np.ndarray) -> np.ndarray:
+        """Roofline form only: (u_compute, u_memory, k_launch) per row, for inspection."""
+        self._require_fit()
+        if self.form != "roofline":
+            raise CostModelError("predict_fractions needs form='roofline'")
+        z = self._net_numpy(self._scale(self._check_X(X)))
+        sig = 1.0 / (1.0 + np.exp(-z[:, :2]))
+        return np.column_stack([sig, np.exp(z[:, 2])])
+
+    def _net_numpy(self, h: np.ndarray) -> np.ndarray:
+        if getattr(self, "_weights", None) is None:  # numpy copy of net_, made on first use
+            self._weights = [
+                (m.weight.detach().double().numpy().T.copy(), m.bias.detach().double().numpy())
+                for m in self.net_
+                if isinstance(m, nn.Linear)
+            ]
+        for k, (w, b) in enumerate(self._weights):
+            h = h @ w + b
+            if k < len(self._weights) - 1:
+                h = h / (1.0 + np.exp(-h))  # SiLU, as in _network
+        return h
+
+    def _forward(self, xt: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
+        z = self.net_(xt)
+        if self.form == "free":
+            return z[:, 0]
+        ln_tc, ln_tm, ln_tl = (parts[:, i] * _LN10 for i in range(3))
+        roof = torch.maximum(ln_tc - F.logsigmoid(z[:, 0]), ln_tm - F.logsigmoid(z[:, 1]))
+        ln_pred = torch.logaddexp(roof, ln_tl + z[:, 2])
+        ln_analytical = torch.logaddexp(torch.maximum(ln_tc, ln_tm), ln_tl)
+        return ln_pred - ln_analytical
+
+    # ---- helpers ----------------------------------------------------------------------
+    def _require_fit(self) -> None:
+        if not self.is_fitted:
+            raise CostModelError(
+                "CorrectionMLP is not fitted: call fit(X, y) first, or load a trained model "
+                "with learned_cost.persist.load_model"
+            )
+
+    def _check_X(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim == 1:
+            X = X.reshape(1, -1)
+        expected = getattr(self, "n_features_in_", len(FEATURE_NAMES))
+        if X.ndim != 2 or X.shape[1] != expected:
+            raise CostModelError(
+                f"expected a feature matrix with {expected} columns "
+                f"(learned_cost.features.FEATURE_NAMES), got shape {X.shape}"
+            )
+        return X
+
+    def _scale(self, X: np.ndarray) -> np.ndarray:
+        return (X - self.scaler_mean_) / self.scaler_scale_
+
+    @staticmethod
+    def _parts(X: np.ndarray) -> np.ndarray:
+        return X[:, [FEATURE_NAMES.index(p) for p in PART_FEATURES]]
+
+    # ---- state for persistence (learned_cost.persist) ---------------------------------------
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Everything fitted, as named float arrays: no pickle anywhere."""
+        self._require_fit()
+        arrays = {
+            f"net.{k}": v.detach().double().numpy() for k, v in self.net_.state_dict().items()
+        }
+        arrays["scaler_mean"] = self.scaler_mean_
+        arrays["scaler_scale"] = self.scaler_scale_
+        arrays["y_range"] = np.array([self.y_min_, self.y_max_])
+        return arrays
+
+    @classmethod
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> CorrectionMLP:
+        """Rebuild a fitted model from `get_params()` and `state_arrays()`."""
+        params = dict(params)
+        params["hidden"] = tuple(params.get("hidden", ()))
+        model = cls(**params)
+        if model.form not in FORMS:
+            raise CostModelError(f"saved model has unknown form {model.form!r}")
+        n_in = int(arrays["scaler_mean"].shape[0])
+        model.net_ = _network(n_in, model.hidden, 1 if model.form == "free" else 3, model.dropout)
+        state = {
+            k[4:]: torch.as_tensor(v, dtype=torch.float32)
+            for k, v in arrays.items()
+            if k.startswith("net.")
+        }
+        try:
+            model.net_.load_state_dict(state)
+        except RuntimeError as e:
+            raise CostModelError(f"saved weights do not fit the saved hyper-parameters: {e}") from e
+        model.net_.eval()
+        model._weights = None
+        model.scaler_mean_ = np.asarray(arrays["scaler_mean"], dtype=np.float64)
+        model.scaler_scale_ = np.asarray(arrays["scaler_scale"], dtype=np.float64)
+        model.y_min_, model.y_max_ = (float(v) for v in arrays["y_range"])
+        model.feature_names_ = FEATURE_NAMES
+        model.n_features_in_ = n_in
+        return model

@@ -1,0 +1,217 @@
+"""Saving and loading trained corrections without pickle: weights in .npz, the rest in JSON.
+
+A saved model is two files side by side: `<name>.json` (metadata: feature schema, device,
+the device figures the analytical base used, torch version, metrics, data hash, the
+command that trained it) and `<name>.npz` (named float arrays, read with
+allow_pickle=False). Its `model_id` is a digest of both, so a plan made under it names
+exactly these weights.
+
+The device figures are saved because the target was ln(measured / analytical) under
+those figures: a later `device-bench` that changes the local peaks must not shift the
+base under a trained correction, so `CorrectedModel` rebuilds the base from them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from learned_cost.features import DTYPES, FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SCHEMA_HASH
+from learned_cost.mlp import CorrectionMLP
+from planner.errors import CostModelError, DeviceSpecError
+from planner.hardware import DeviceSpec, get_spec
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """Everything a saved correction says about itself."""
+
+    model_id: str
+    form: str
+    params: dict[str, Any]
+    device: str  # spec name, e.g. "h100"
+    device_kind: str  # "gpu" | "cpu"
+    device_fingerprints: tuple[str, ...]  # of the machines the rows were measured on
+    spec_figures: dict[str, Any]  # what the analytical base used (spec_figures())
+    feature_schema_version: int = FEATURE_SCHEMA_VERSION
+    feature_schema_hash: str = SCHEMA_HASH
+    feature_names: tuple[str, ...] = FEATURE_NAMES
+    torch_version: str = field(default_factory=lambda: torch.__version__.split("+")[0])
+    data_hash: str = ""
+    data_files: tuple[str, ...] = ()
+    n_rows: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    online: dict[str, Any] = field(default_factory=dict)
+    plan_context: dict[str, Any] = field(default_factory=dict)  # plan_context.PlanContext
+    command: str = ""
+    trained_at: str = field(
+        default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    )
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def spec_figures(spec: DeviceSpec) -> dict[str, Any]:
+    """The effective figures of `spec` the features and the analytical base read."""
+    return {
+        "name": spec.name,
+        "kind": spec.kind,
+        "matmul_flops": {d: spec.peak_matmul_flops(d) for d in DTYPES},
+        "vector_flops": {d: spec.peak_vector_flops(d) for d in DTYPES},
+        "bandwidth_Bps": spec.bandwidth_Bps,
+        "launch_s": spec.launch_s,
+        "sm_count": spec.sm_count,
+        "l2_bytes": spec.l2_bytes,
+        "measured": spec.measured is not None,
+    }
+
+
+def spec_from_figures(figures: dict[str, Any]) -> DeviceSpec:
+    """A DeviceSpec with exactly the saved figures (datasheet fields fill the rest)."""
+    try:
+        base = get_spec(figures["name"], measured=False)
+        return replace(
+            base,
+            matmul_flops=dict(figures["matmul_flops"]),
+            vector_flops=dict(figures["vector_flops"]),
+            mem_bw_Bps=float(figures["bandwidth_Bps"]),
+            launch_overhead_s=float(figures["launch_s"]),
+            sm_count=int(figures["sm_count"]),
+            l2_bytes=int(figures["l2_bytes"]),
+            measured=None,
+            sources={**base.sources, "figures": "restored from a saved learned_cost model"},
+        )
+    except (KeyError, TypeError, ValueError, DeviceSpecError) as e:
+        raise CostModelError(f"saved device figures do not parse ({e}); retrain the model") from e
+
+
+def _arrays_digest(arrays: dict[str, np.ndarray], meta_core: dict[str, Any]) -> str:
+    h = hashlib.sha256(json.dumps(meta_core, sort_keys=True, default=str).encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name], dtype=np.float64)
+        h.update(name.encode())
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:12]
+
+
+def paths_for(path: str | Path) -> tuple[Path, Path]:
+    """(metadata .json, weights .npz) for a model path given with or without a suffix."""
+    p = Path(path)
+    stem = p.with_suffix("") if p.suffix in (".json", ".npz") else p
+    return stem.with_suffix(".json"), stem.with_suffix(".npz")
+
+
+def save_model(
+    model: CorrectionMLP,
+    path: str | Path,
+    *,
+    spec: DeviceSpec,
+    device_fingerprints: tuple[str, ...] = (),
+    data_hash: str = "",
+    data_files: tuple[str, ...] = (),
+    n_rows: int = 0,
+    metrics: dict[str, Any] | None = None,
+    online: dict[str, Any] | None = None,
+    plan_context: dict[str, Any] | None = None,
+    command: str = "",
+) -> ModelMeta:
+    """Write `<path>.json` + `<path>.npz`; returns the metadata (with its model_id)."""
+    arrays = model.state_arrays()
+    params = model.get_params()
+    params["hidden"] = list(params["hidden"])
+    figures = spec_figures(spec)
+    core = {"params": params, "schema": SCHEMA_HASH, "figures": figures}
+    meta = ModelMeta(
+        model_id=f"mlp-{model.form}-{_arrays_digest(arrays, core)}",
+        form=model.form,
+        params=params,
+        device=spec.name,
+        device_kind=spec.kind,
+        device_fingerprints=tuple(sorted(set(device_fingerprints))),
+        spec_figures=figures,
+        data_hash=data_hash,
+        data_files=tuple(data_files),
+        n_rows=n_rows,
+        metrics=metrics or {},
+        online=online or {},
+        plan_context=plan_context or {},
+        command=command,
+    )
+    json_path, npz_path = paths_for(path)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(npz_path, **arrays)
+    json_path.write_text(json.dumps(meta.to_json(), indent=2, sort_keys=True, default=float) + "\n")
+    return meta
+
+
+def read_meta(path: str | Path) -> ModelMeta:
+    """The metadata of a saved model, checked for format but not for fit to a setting."""
+    json_path, _ = paths_for(path)
+    if not json_path.is_file():
+        raise CostModelError(
+            f"no saved model at {json_path}; train one with `fusion-plan cost train`"
+        )
+    try:
+        data = json.loads(json_path.read_text())
+        if data.get("format_version") != FORMAT_VERSION:
+            raise CostModelError(
+                f"{json_path} has format {data.get('format_version')}, expected "
+                f"{FORMAT_VERSION}; retrain with `fusion-plan cost train`"
+            )
+        data["device_fingerprints"] = tuple(data.get("device_fingerprints", ()))
+        data["feature_names"] = tuple(data.get("feature_names", ()))
+        data["data_files"] = tuple(data.get("data_files", ()))
+        return ModelMeta(**data)
+    except (ValueError, TypeError) as e:
+        raise CostModelError(f"{json_path} is not a saved learned_cost model ({e})") from e
+
+
+def check_compatible(meta: ModelMeta, device: str | None = None) -> list[str]:
+    """Reasons the saved model must not be used here (empty: it may)."""
+    reasons = []
+    if meta.feature_schema_hash != SCHEMA_HASH:
+        reasons.append(
+            f"feature schema {meta.feature_schema_hash} (v{meta.feature_schema_version}) "
+            f"differs from this code's {SCHEMA_HASH} (v{FEATURE_SCHEMA_VERSION})"
+        )
+    if device is not None and device.lower() != meta.device:
+        reasons.append(f"trained for device {meta.device!r}, asked for {device!r}")
+    return reasons
+
+
+def load_model(path: str | Path, *, device: str | None = None) -> tuple[CorrectionMLP, ModelMeta]:
+    """Load a saved correction; raises CostModelError if it does not fit this code/device."""
+    meta = read_meta(path)
+    reasons = check_compatible(meta, device)
+    if reasons:
+        raise CostModelError(
+            f"saved model {meta.model_id} cannot be used: {'; '.join(reasons)}. Retrain it "
+            "with `fusion-plan cost train` for this device and code"
+        )
+    _, npz_path = paths_for(path)
+    try:
+        with np.load(npz_path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise CostModelError(f"weights {npz_path} are missing or unreadable ({e})") from e
+    model = CorrectionMLP.from_state(meta.params, arrays)
+    core = {"params": meta.params, "schema": meta.feature_schema_hash, "figures": meta.spec_figures}
+    digest = _arrays_digest(model.state_arrays(), core)
+    if not meta.model_id.endswith(digest):
+        raise CostModelError(
+            f"weights in {npz_path} do not match {meta.model_id} (digest {digest}): the files "
+            "were changed or mixed up; retrain or restore both together"
+        )
+    return model, meta

@@ -1,0 +1,297 @@
+"""The learned correction: estimator contract, persistence, fallback, CostModel, online update.
+
+Rows here are fakes (real zoo groups, made-up latencies: tests/learned_fakes.py); the
+tests on the committed real datasets are in test_learned_eval.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from learned_fakes import fake_rows, graph
+from sklearn.base import clone
+
+from learned_cost.analytical import AnalyticalModel
+from learned_cost.corrected import CorrectedModel, CostModelFallbackWarning, load_corrected
+from learned_cost.evaluate import MODELS
+from learned_cost.features import FEATURE_NAMES, design_matrix
+from learned_cost.mlp import CorrectionMLP
+from learned_cost.online import Observation, OnlineBias
+from learned_cost.persist import load_model, paths_for, read_meta, save_model
+from planner.cost import CostModel, GroupCost
+from planner.errors import CostModelError
+from planner.hardware import device_fingerprint, get_spec
+from planner.ir import Category
+
+FAST = {"steps": 400}
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return get_spec("h100")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return [r for r in fake_rows(25, seed=1, with_plans=False)]
+
+
+@pytest.fixture(scope="module")
+def design(rows, spec):
+    return design_matrix(rows, lambda _n: spec)
+
+
+@pytest.fixture(scope="module")
+def fitted(design):
+    return CorrectionMLP(**FAST).fit(design.X, design.y)
+
+
+# ---- estimator contract ------------------------------------------------------------------------
+ESTIMATORS = [(name, make) for name, make, _ in MODELS]
+
+
+@pytest.mark.parametrize(("name", "make"), ESTIMATORS, ids=[n for n, _ in ESTIMATORS])
+def test_estimator_contract(name, make, design):
+    est = make(0)
+    if isinstance(est, CorrectionMLP):
+        est.set_params(**FAST)
+    # __init__ stores hyper-parameters only: nothing learned, nothing ending in "_".
+    assert not [k for k in vars(est) if k.endswith("_")]
+    copy = clone(est)  # scikit-learn can rebuild it from get_params alone
+    assert copy.get_params() == est.get_params()
+    with pytest.raises(CostModelError, match="not fitted"):
+        est.predict(design.X)
+    assert est.fit(design.X, design.y) is est
+    learned = [k for k in vars(est) if k.endswith("_")]
+    assert learned, f"{name} keeps no fitted state ending in '_'"
+    assert not [k for k in vars(clone(est)) if k.endswith("_")]  # a clone is unfitted
+    pred = est.predict(design.X)
+    assert pred.shape == (len(design),) and np.isfinite(pred).all()
+
+
+def test_mlp_is_reproducible_and_refit_replaces(design):
+    a = CorrectionMLP(**FAST, random_state=3).fit(design.X, design.y).predict(design.X)
+    b = CorrectionMLP(**FAST, random_state=3).fit(design.X, design.y).predict(design.X)
+    c = CorrectionMLP(**FAST, random_state=4).fit(design.X, design.y).predict(design.X)
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, c)
+    half = len(design) // 2
+    m = CorrectionMLP(**FAST, random_state=3).fit(design.X[:half], design.y[:half])
+    m.fit(design.X, design.y)  # a second fit starts over
+    np.testing.assert_array_equal(m.predict(design.X), a)
+
+
+@pytest.mark.parametrize("form", ["free", "roofline"])
+def test_numpy_prediction_matches_the_torch_network(design, form):
+    m = CorrectionMLP(form=form, **FAST).fit(design.X, design.y)
+    with torch.no_grad():
+        xt = torch.as_tensor(m._scale(design.X), dtype=torch.float32)
+        parts = torch.as_tensor(m._parts(design.X), dtype=torch.float32)
+        ref = m._forward(xt, parts).double().numpy()
+    ref = np.clip(ref, m.y_min_ - m.clip_margin, m.y_max_ + m.clip_margin)
+    np.testing.assert_allclose(m.predict(design.X), ref, atol=1e-4)
+
+
+def test_mlp_rejects_bad_input(design, fitted):
+    with pytest.raises(CostModelError, match="columns"):
+        fitted.predict(design.X[:, :5])
+    with pytest.raises(CostModelError, match="form"):
+        CorrectionMLP(form="nope").fit(design.X, design.y)
+    with pytest.raises(CostModelError, match="NaN"):
+        CorrectionMLP(**FAST).fit(design.X, np.full(len(design), np.nan))
+    with pytest.raises(CostModelError, match="hyper-parameter"):
+        CorrectionMLP().set_params(epochs=3)
+
+
+def test_mlp_learns_the_correction_it_was_not_told(design):
+    """Trained on 5 of 7 graphs, the MLP beats the roofline and one global factor on the
+    other 2 (fake latencies: a feature-dependent factor the model must discover)."""
+    held = np.isin(design.groups, ["mlp", "transformer-block"])
+    m = CorrectionMLP(steps=800).fit(design.X[~held], design.y[~held])
+    err = np.abs(np.exp(m.predict(design.X[held]) - design.y[held]) - 1).mean()
+    err_analytical = np.abs(np.exp(-design.y[held]) - 1).mean()
+    bias = np.median(design.y[~held])
+    err_bias = np.abs(np.exp(bias - design.y[held]) - 1).mean()
+    assert err < 0.75 * err_analytical
+    assert err < err_bias
+
+
+def test_roofline_form_never_beats_the_roofs(design, spec):
+    m = CorrectionMLP(form="roofline", **FAST).fit(design.X, design.y)
+    fr = m.predict_fractions(design.X)
+    assert ((fr[:, :2] > 0) & (fr[:, :2] < 1)).all() and (fr[:, 2] > 0).all()
+    tc, tm = (10 ** design.X[:, FEATURE_NAMES.index(p)] for p in ("t_compute", "t_memory"))
+    predicted = design.analytical_s * np.exp(m.predict(design.X))
+    assert (predicted >= np.maximum(tc, tm) * (1 - 1e-5)).all()
+
+
+# ---- persistence ----------------------------------------------------------------------------
+def test_save_load_round_trip_without_pickle(tmp_path, fitted, design, spec):
+    meta = save_model(
+        fitted, tmp_path / "m.json", spec=spec, data_hash="abc", metrics={"x": 1.0}, command="c"
+    )
+    json_path, npz_path = paths_for(tmp_path / "m.json")
+    assert json_path.is_file() and npz_path.is_file()
+    with np.load(npz_path, allow_pickle=False) as z:  # plain arrays, nothing to unpickle
+        assert "scaler_mean" in z.files
+    loaded, meta2 = load_model(tmp_path / "m", device="h100")
+    np.testing.assert_allclose(loaded.predict(design.X), fitted.predict(design.X), rtol=1e-6)
+    assert meta2.model_id == meta.model_id and meta2.metrics == {"x": 1.0}
+    assert meta2.feature_names == FEATURE_NAMES and meta2.device == "h100"
+    again = save_model(fitted, tmp_path / "n.json", spec=spec)
+    assert again.model_id == meta.model_id  # the id names the weights, not the file
+
+
+def test_tampered_weights_are_refused(tmp_path, fitted, design, spec):
+    save_model(fitted, tmp_path / "m.json", spec=spec)
+    other = CorrectionMLP(**FAST, random_state=9).fit(design.X, design.y)
+    save_model(other, tmp_path / "o.json", spec=spec)
+    shutil.copy(tmp_path / "o.npz", tmp_path / "m.npz")
+    with pytest.raises(CostModelError, match="do not match"):
+        load_model(tmp_path / "m.json")
+
+
+def test_schema_or_device_mismatch_warns_and_falls_back(tmp_path, fitted, spec):
+    save_model(fitted, tmp_path / "m.json", spec=spec)
+    ok = load_corrected(tmp_path / "m.json", "h100")
+    assert isinstance(ok, CorrectedModel)
+    # another device
+    with pytest.warns(CostModelFallbackWarning, match="a100"):
+        m = load_corrected(tmp_path / "m.json", "a100")
+    assert isinstance(m, AnalyticalModel) and m.spec.name == "a100"
+    with pytest.raises(CostModelError, match="device"):
+        load_model(tmp_path / "m.json", device="a100")
+    # another feature schema
+    data = json.loads((tmp_path / "m.json").read_text())
+    data["feature_schema_hash"] = "000000000000"
+    (tmp_path / "m.json").write_text(json.dumps(data))
+    with pytest.warns(CostModelFallbackWarning, match="feature schema"):
+        m = load_corrected(tmp_path / "m.json", "h100")
+    assert isinstance(m, AnalyticalModel) and m.spec.name == "h100"
+    # nothing there at all
+    with pytest.warns(CostModelFallbackWarning, match="no saved model"):
+        assert isinstance(load_corrected(tmp_path / "missing.json", "h100"), AnalyticalModel)
+
+
+def test_cpu_model_from_another_machine_falls_back(tmp_path, design):
+    cpu = get_spec("cpu")
+    m = CorrectionMLP(**FAST).fit(design.X, design.y)
+    save_model(m, tmp_path / "c.json", spec=cpu, device_fingerprints=("cpu-someotherbox",))
+    with pytest.warns(CostModelFallbackWarning, match="CPU"):
+        assert isinstance(load_corrected(tmp_path / "c.json", "cpu"), AnalyticalModel)
+    save_model(m, tmp_path / "d.json", spec=cpu, device_fingerprints=(device_fingerprint("cpu"),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CostModelFallbackWarning)
+        assert isinstance(load_corrected(tmp_path / "d.json", "cpu"), CorrectedModel)
+
+
+def test_saved_figures_pin_the_analytical_base(tmp_path, fitted, spec):
+    """The base a model corrects is the one it was trained against, whatever the local
+    device-bench says later."""
+    save_model(fitted, tmp_path / "m.json", spec=spec.with_overrides(name="h100", mem_bw_Bps=1e12))
+    m = load_corrected(tmp_path / "m.json", "h100")
+    assert isinstance(m, CorrectedModel)
+    assert m.spec.bandwidth_Bps == 1e12
+    assert read_meta(tmp_path / "m.json").spec_figures["bandwidth_Bps"] == 1e12
+
+
+# ---- the CostModel ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corrected(fitted, spec):
+    return CorrectedModel(AnalyticalModel(spec), fitted, model_id="mlp-free-test")
+
+
+def test_corrected_model_is_a_cost_model(corrected, spec, fitted):
+    g = graph("zoo:transformer-block", "B=2,S=64,D=128,H=4")
+    assert isinstance(corrected, CostModel)
+    assert "mlp-free-test" in corrected.version
+    base = AnalyticalModel(spec)
+    groups = [frozenset({i}) for i in range(len(g.nodes))] + [frozenset(range(3, 9))]
+    costs = corrected.group_costs(g, groups)
+    for nodes, c in zip(groups, costs):
+        b = base.group_cost(g, nodes)
+        assert isinstance(c, GroupCost)
+        assert c.t_compute_s == b.t_compute_s and c.bytes_in == b.bytes_in
+        if b.latency_s == 0:  # views only: free, nothing to correct
+            assert c.latency_s == 0 and c.correction == 1.0
+        else:
+            assert c.latency_s == pytest.approx(b.latency_s * c.correction)
+        assert corrected.group_cost(g, nodes).latency_s == pytest.approx(c.latency_s)
+    views = [i for i, n in enumerate(g.nodes) if n.category is Category.VIEW]
+    assert views, "the block has views"
+    work = [c for nodes, c in zip(groups, costs) if c.latency_s > 0]
+    assert any(abs(math.log(c.correction)) > 0.1 for c in work)  # it does correct
+
+
+def test_corrected_model_needs_a_fitted_mlp(spec):
+    with pytest.raises(CostModelError, match="fitted"):
+        CorrectedModel(AnalyticalModel(spec), CorrectionMLP())
+
+
+# ---- online update -------------------------------------------------------------------------------
+def test_online_bias_follows_a_shifted_device(rows, fitted, spec):
+    """Measurements 1.5x slower than at training time: the EW bias moves towards ln 1.5
+    and the error on rows not used for the update falls; the version changes."""
+    model = CorrectedModel(
+        AnalyticalModel(spec), fitted, model_id="t", online=OnlineBias(alpha=0.3)
+    )
+    shifted = [{**r, "measured_median_s": r["measured_median_s"] * 1.5} for r in rows]
+    update, check = shifted[::2], shifted[1::2]
+
+    def err() -> float:
+        X, y = model._rows_design(check)
+        return float(np.median(np.abs(np.exp(model.mlp.predict(X) + model.online.bias - y) - 1)))
+
+    v0, e0 = model.version, err()
+    rep = model.update(update)
+    assert rep.used == len(update) and rep.skipped == 0
+    assert model.version != v0 and "online" in model.version
+    assert abs(model.online.bias - math.log(1.5)) < 0.15
+    assert err() < 0.6 * e0
+
+
+def test_online_update_skips_other_devices_and_failed_rows(rows, fitted, spec):
+    model = CorrectedModel(AnalyticalModel(spec), fitted)
+    bad = [{**rows[0], "device": "a100"}, {**rows[1], "ok": False}, {**rows[2], "kind": "plan"}]
+    rep = model.update(bad)
+    assert rep.used == 0 and rep.skipped == 3 and model.online.bias == 0.0
+
+
+def test_online_update_from_plan_observations(fitted, spec):
+    g = graph("zoo:mlp", "B=32,D=256,HID=512,L=2")
+    model = CorrectedModel(AnalyticalModel(spec), fitted, online=OnlineBias(alpha=0.5))
+    groups = [frozenset({i}) for i in range(len(g.nodes))]
+    predicted = model.plan_cost_s(g, groups)
+    for _ in range(8):
+        model.update([Observation.of_plan(g, groups, 2.0 * predicted)])
+    assert model.plan_cost_s(g, groups) == pytest.approx(2.0 * predicted, rel=0.02)
+
+
+def test_online_last_layer_steps_move_the_network(rows, design, spec):
+    """With last_layer_steps, the network itself (not only the bias) moves towards new
+    measurements: its own error on them falls."""
+    mlp = CorrectionMLP(**FAST).fit(design.X, design.y)
+    target = design.y + math.log(2.0)
+    before = float(np.mean((mlp.predict(design.X) - target) ** 2))
+    model = CorrectedModel(AnalyticalModel(spec), mlp, online=OnlineBias(last_layer_steps=20))
+    model.update([{**r, "measured_median_s": r["measured_median_s"] * 2} for r in rows])
+    after = float(np.mean((mlp.predict(design.X) - target) ** 2))
+    assert after < 0.95 * before
+
+
+def test_learned_cost_imports_no_optuna_or_sklearn():
+    """What a planning run imports (learned_cost's public surface) stays light."""
+    code = (
+        "import sys, learned_cost, learned_cost.corrected; "
+        "print(sorted(m for m in ('optuna', 'sklearn', 'matplotlib') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

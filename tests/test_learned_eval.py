@@ -1,0 +1,211 @@
+"""Evaluation of the learned correction: metrics, grouped splits, the cost CLI, real data.
+
+Metric and split tests use fake rows (tests/learned_fakes.py); the last tests run on the
+committed datasets under data/ and the committed models under learned_cost/models/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from learned_fakes import fake_rows, graph
+
+from learned_cost.corrected import CorrectedModel, load_corrected
+from learned_cost.data import Profiles, group_rows, load_profiles, noisy_rows
+from learned_cost.evaluate import MODEL_NAMES, MODELS, cross_validate, group_metrics, plan_metrics
+from learned_cost.persist import read_meta
+from learned_cost.plan_context import PlanContext, fit_plan_context
+from learned_cost.plan_eval import GraphCache, evaluate_plans
+from learned_cost.train import TrainConfig, train
+from planner.errors import CostModelError
+from planner.hardware import device_fingerprint, get_spec
+from search.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fake_graphs() -> GraphCache:
+    """Plan graphs from the fakes' own capture cache (they were captured on meta)."""
+    return GraphCache(lambda m, s, d, device: graph(m, s, d) if device == "meta" else None)
+
+
+FAST = {"steps": 300}
+QUICK = {"mlp-free": FAST, "mlp-roofline": FAST, "gbt": {"n_estimators": 60}}
+
+
+# ---- metrics ------------------------------------------------------------------------------
+def test_group_metrics_on_known_numbers():
+    measured = np.array([1.0, 2.0, 4.0, 8.0])
+    perfect = group_metrics(measured.copy(), measured, np.array(["g"] * 4, dtype=object))
+    assert perfect.mape == 0 and perfect.kendall_tau == pytest.approx(1.0)
+    assert perfect.kendall_tau_within == pytest.approx(1.0)
+    m = group_metrics(np.array([1.1, 1.8, 4.0, 4.0]), measured, np.array(["g"] * 4, dtype=object))
+    assert m.mape == pytest.approx((0.1 + 0.1 + 0 + 0.5) / 4)
+    assert m.median_ape == pytest.approx(0.1)
+
+
+def test_plan_regret_is_measured_cost_of_the_top_ranked_plan():
+    # graph a: the model ranks plan 1 first (pred 1.0), but plan 0 measured faster.
+    pred = np.array([2.0, 1.0, 5.0, 3.0, 3.5])
+    meas = np.array([1.0, 1.25, 4.0, 2.0, 2.2])
+    m = plan_metrics(pred, meas, ["a", "a", "a", "b", "b"])
+    assert m.n_graphs == 2
+    assert m.mean_regret == pytest.approx((0.25 + 0.0) / 2)
+    assert m.max_regret == pytest.approx(0.25)
+    assert m.plan_mape == pytest.approx(np.mean(np.abs(pred - meas) / meas))
+
+
+def test_plan_context_recovers_scale_and_per_group_cost_despite_outliers():
+    rng = np.random.default_rng(0)
+    sums = rng.uniform(1e-5, 1e-3, 60)
+    n = rng.integers(1, 40, 60).astype(float)
+    measured = (1.2 * sums + 20e-6 * n + 30e-6) * rng.normal(1.0, 0.02, 60)
+    measured[:5] *= 6.0  # plans timed while the machine was busy
+    ctx = fit_plan_context(sums, n, measured)
+    assert ctx.scale == pytest.approx(1.2, rel=0.05)
+    assert ctx.per_group_s == pytest.approx(20e-6, rel=0.15)
+    assert ctx.per_plan_s == pytest.approx(30e-6, rel=0.3)
+    assert ctx.n_plans == 60
+    assert fit_plan_context(sums[:3], n[:3], measured[:3]) == PlanContext()  # too few: identity
+    lat = np.array([1e-5, 2e-3])
+    assert ctx.apply_sum(lat) == pytest.approx(sum(ctx.apply(x) for x in lat) + ctx.per_plan_s)
+
+
+def test_rows_disturbed_while_timed_are_dropped(rows):
+    g = [r for r in rows if r["kind"] == "group"][:3]
+    quiet = {**g[0], "measured_min_s": g[0]["measured_median_s"] * 0.95}
+    busy = {**g[1], "key": "busy", "measured_min_s": g[1]["measured_median_s"] / 3}
+    failed = {**g[2], "key": "failed", "ok": False}
+    prof = Profiles((quiet, busy, failed), ("t",))
+    assert [r["key"] for r in group_rows(prof)] == [quiet["key"]]
+    assert noisy_rows(prof, "group") == 1
+
+
+# ---- grouped splits -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rows():
+    return fake_rows(15, seed=2)
+
+
+@pytest.mark.parametrize("split", ["family", "graph_key"])
+def test_cross_validation_never_splits_a_group(rows, split):
+    spec = get_spec("h100")
+    g = [r for r in rows if r["kind"] == "group"]
+    cv = cross_validate(
+        g,
+        lambda _n: spec,
+        split=split,
+        n_splits=3,
+        overrides=QUICK,
+    )
+    keys = np.array([r[split] for r in g], dtype=object)
+    for k, held in enumerate(cv.held_out):
+        train_keys = set(keys[cv.fold != k])
+        assert held and not held & train_keys
+        assert set(keys[cv.fold == k]) == held
+    assert set(cv.oof_log_ratio) == set(MODEL_NAMES)
+    np.testing.assert_array_equal(cv.oof_log_ratio["analytical"], 0.0)
+
+
+def test_plans_are_scored_by_models_that_never_saw_their_family(rows):
+    spec = get_spec("h100")
+    g = [r for r in rows if r["kind"] == "group"]
+    p = [r for r in rows if r["kind"] == "plan"]
+    cv = cross_validate(g, lambda _n: spec, n_splits=3, overrides=QUICK)
+    pe = evaluate_plans(p, cv, lambda _n: spec, fake_graphs())
+    assert pe.skipped == 0 and len(pe.measured_s) == len(p)
+    for r in p:
+        assert r["family"] in cv.held_out[cv.fold_for(r["family"])]
+    # the analytical baseline's plan prediction is the sum of its group roofs
+    an = pe.predicted_s["analytical"]
+    assert (an > 0).all() and (pe.predicted_s["mean-bias"] > an).all()
+
+
+def test_too_few_groups_for_a_grouped_split_is_a_clear_error(rows):
+    spec = get_spec("h100")
+    one = [r for r in rows if r["kind"] == "group" and r["family"] == "mlp"]
+    with pytest.raises(CostModelError, match="at least 2"):
+        cross_validate(one, lambda _n: spec, split="family")
+
+
+# ---- train end to end, and the CLI --------------------------------------------------------------
+def test_train_saves_a_model_with_its_metrics(tmp_path, rows):
+    prof = Profiles(tuple(rows), ("fake",))
+    cfg = TrainConfig(
+        device="h100",
+        splits=("family",),
+        n_splits=3,
+        mlp_params=FAST,
+        baseline_params={"gbt": QUICK["gbt"]},
+    )
+    _, _, meta, form = train(prof, cfg, tmp_path / "m.json", command="test", graphs=fake_graphs())
+    assert form in ("free", "roofline") and meta is not None
+    rec = meta.metrics["splits"]["family"]
+    assert [s["name"] for s in rec["scores"]] == list(MODEL_NAMES)
+    assert "| mlp-free |" in rec["table"] and rec["verdicts"]
+    assert meta.n_rows == len(group_rows(prof)) and meta.data_hash == prof.data_hash
+    assert isinstance(load_corrected(tmp_path / "m.json", "h100"), CorrectedModel)
+
+
+@pytest.mark.slow
+def test_cost_cli_train_eval_report(tmp_path, rows, capsys):
+    data = tmp_path / "fake.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    out, plot, doc = tmp_path / "m.json", tmp_path / "p.png", tmp_path / "doc.md"
+    args = ["--data", str(data), "--device", "h100", "--folds", "3", "--steps", "300"]
+    assert main(["cost", "train", *args, "--out", str(out), "--plot", str(plot)]) == 0
+    text = capsys.readouterr().out
+    for name in MODEL_NAMES:
+        assert f"| {name} |" in text
+    assert out.is_file() and out.with_suffix(".npz").is_file() and plot.stat().st_size > 10_000
+    assert "cost train --data" in read_meta(out).command
+    assert main(["cost", "eval", *args, "--model", str(out), "--plot", str(plot)]) == 0
+    assert "| gbt |" in capsys.readouterr().out
+    assert main(["cost", "report", "--models", str(out), "--out", str(doc)]) == 0
+    text = doc.read_text()
+    assert "| mlp-roofline |" in text and "## Features" in text
+
+
+# ---- the committed data and models ---------------------------------------------------------------
+CPU_DATA = REPO / "data" / "cpu_profiles.parquet"
+CPU_MODEL = REPO / "learned_cost" / "models" / "cpu.json"
+H100_MODEL = REPO / "learned_cost" / "models" / "h100.json"
+
+
+@pytest.mark.skipif(not CPU_DATA.is_file(), reason="no committed CPU dataset yet")
+def test_correction_improves_held_out_error_on_committed_cpu_data():
+    """On real CPU measurements, whole graphs held out, the MLP's error is lower than the
+    roofline's and than one global factor's."""
+    prof = load_profiles(CPU_DATA)
+    spec = get_spec("cpu")
+    g = group_rows(prof, device="cpu")
+    cv = cross_validate(
+        g,
+        lambda _n: spec,
+        split="graph_key",
+        n_splits=3,
+        models=[m for m in MODELS if m[0] in ("analytical", "mean-bias", "mlp-free")],
+        overrides={"mlp-free": {"steps": 1000}},
+    )
+    measured = cv.design.measured_s
+    err = {n: group_metrics(cv.predicted_s(n), measured, cv.graph_ids) for n in cv.oof_log_ratio}
+    assert err["mlp-free"].mape < err["analytical"].mape
+    assert err["mlp-free"].mape < err["mean-bias"].mape
+    assert err["mlp-free"].median_ape < err["mean-bias"].median_ape
+
+
+@pytest.mark.parametrize("path", [CPU_MODEL, H100_MODEL], ids=["cpu", "h100"])
+def test_committed_models_load_with_this_code(path):
+    if not path.is_file():
+        pytest.skip(f"{path.name} not trained yet")
+    meta = read_meta(path)
+    assert meta.command.startswith("fusion-plan cost train")
+    assert meta.metrics["splits"], "a committed model carries its held-out metrics"
+    if meta.device_kind == "cpu" and device_fingerprint("cpu") not in meta.device_fingerprints:
+        pytest.skip("CPU model of another machine: its fallback is tested in test_learned_cost")
+    model = load_corrected(path, meta.device)
+    assert isinstance(model, CorrectedModel) and meta.model_id in model.version
