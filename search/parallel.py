@@ -1,0 +1,93 @@
+"""N local worker processes searching one shared Optuna study of (graph, bucket).
+
+    results = tune_parallel(graph, objective, n_workers=4, storage_url="journal:/tmp/s.log",
+                            bucket_id="S=512", trials_per_worker=50, strategy="tpe")
+
+Each worker is a fresh process (spawn) that builds the same encoding (it is deterministic
+for a graph and cost model), opens the same study by name (search/optuna_storage.py) and
+runs the strategy with its own sampler seed (seed + worker index). The study is the
+meeting point: every worker's sampler sees every trial so far, and each worker answers
+with the study's best, whoever found it. The fleet version is the same call on many
+machines with a database URL instead of a journal file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from planner.errors import FusionPlannerError
+from planner.ir import OpGraph
+from planner.objective import Objective
+from planner.partition import Partition
+from search.optuna_storage import run_workers, storage_kind
+from search.strategy import Budget, get_strategy
+
+OPTUNA_STRATEGIES = ("tpe", "nsga2")
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """What one worker process reports back."""
+
+    worker: int
+    pid: int
+    groups: tuple[tuple[int, ...], ...]  # its answer (the study's best when it finished)
+    total_s: float
+    evals_used: int
+    seconds: float
+    notes: str
+
+    def partition(self, graph: OpGraph) -> Partition:
+        return Partition.from_groups(graph, self.groups)
+
+
+def _worker(
+    index: int,
+    graph: OpGraph,
+    objective: Objective,
+    strategy: str,
+    storage_url: str,
+    bucket_id: str,
+    trials: int,
+    budget: Budget | None,
+    seed: int,
+) -> WorkerResult:
+    """One worker process: its own strategy instance on the shared study."""
+    strat = get_strategy(
+        strategy, storage=storage_url, bucket_id=bucket_id, max_trials=trials, patience=trials
+    )
+    r = strat.plan(graph, objective, budget, seed=seed + index)
+    return WorkerResult(
+        index,
+        os.getpid(),
+        tuple(tuple(sorted(g)) for g in r.partition.groups),
+        r.total_s,
+        r.evals_used,
+        r.seconds,
+        r.notes,
+    )
+
+
+def tune_parallel(
+    graph: OpGraph,
+    objective: Objective,
+    *,
+    n_workers: int,
+    storage_url: str,
+    bucket_id: str = "adhoc",
+    trials_per_worker: int = 50,
+    strategy: str = "tpe",
+    budget: Budget | None = None,
+    seed: int = 0,
+) -> list[WorkerResult]:
+    """Run `n_workers` processes on the study of (graph, bucket) in `storage_url`; one
+    result per worker, in worker order. Pick the best with min(..., key=total_s)."""
+    if strategy not in OPTUNA_STRATEGIES:
+        raise FusionPlannerError(
+            f"--workers shares an Optuna study: use --strategy {' or '.join(OPTUNA_STRATEGIES)}, "
+            f"not {strategy!r}"
+        )
+    storage_kind(storage_url)  # a clear error for a malformed URL before any process starts
+    args = (graph, objective, strategy, storage_url, bucket_id, trials_per_worker, budget, seed)
+    return run_workers(n_workers, _worker, args, storage_url=storage_url)
