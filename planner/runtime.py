@@ -1,0 +1,455 @@
+"""The runtime: a `torch.compile` backend that runs each shape bucket's tuned plan.
+
+    model = torch.compile(model, backend=fusion_planner_backend(), dynamic=True)
+
+On each call the backend finds the bucket of the actual input shapes, looks the plan up
+in the plan cache (exact shape, then bucket, then the default plan: never an error),
+realizes it once per bucket (one compile serves every shape of the bucket) and reuses
+it. A miss runs the default plan (`planner.fuse_rules.default_partition`) and records
+the shape in the cache's tuning queue, so the next offline `fusion-plan tune` covers it.
+`compile_budget` bounds how many realizations the process pays for; past it, new
+buckets run dynamo's graph as it is (exercise 7.6: bound the recompiles).
+
+Correctness comes first: if anything on the way fails (lifting dynamo's graph, export,
+a plan that does not fit, a realization), that bucket runs dynamo's graph unchanged
+and a warning says why, once. The user's model always runs and gives the right answer.
+
+For users who drive their own execution: `lookup(structure_key, shapes, device)` and
+`plan_for(graph)`. This module imports neither optuna nor scikit-learn, even
+transitively (tests/test_runtime.py checks): a deployed model pays for torch, the
+stdlib and the cache only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.fx as fx
+
+from planner.buckets import Bucket, BucketSpec, DynamicDim, Policy, Pow2, exact_key
+from planner.cache import DEFAULT, EXACT, LookupResult, PlanCache
+from planner.capture import Captured, export_model
+from planner.capture_dynamic import export_dynamic
+from planner.errors import FusionPlannerError
+from planner.fuse_rules import default_partition as _rule_based_partition
+from planner.hardware import device_fingerprint, local_device_name
+from planner.ir import OpGraph
+from planner.partition import Partition
+from planner.plan import Plan
+from planner.realize import realize
+from planner.runtime_graph import LiftedGraph, lift_graph
+
+log = logging.getLogger(__name__)
+
+MEMO_MAX = 1 << 16  # distinct dynamic-size tuples remembered per graph
+MAX_RUN_FAILURES = 3  # shapes a realization may fail on before its bucket runs eager
+
+
+class PlannerRuntimeWarning(UserWarning):
+    """The runtime fell back to dynamo's graph, or ran past its compile budget."""
+
+
+class Realizer(Protocol):
+    """Turns a captured program and a plan for its graph into a callable over the
+    program's user inputs (positional). The plan has been fitted to `captured.graph`
+    (`plan.graph_key == captured.graph.key`), so `plan.partition(captured.graph)` and each
+    group's realization label apply as they are. May raise: the backend then runs eager."""
+
+    def __call__(self, captured: Captured, plan: Plan) -> Callable[..., Any]: ...
+
+
+class Exporter(Protocol):
+    """Exports `module` over a bucket: `dims` = {input: {axis: (lo, hi)}}."""
+
+    def __call__(
+        self,
+        module: torch.nn.Module,
+        inputs: tuple[Any, ...],
+        dims: dict[int, dict[int, tuple[int, int]]],
+    ) -> Captured: ...
+
+
+def default_partition(graph: OpGraph) -> Partition:
+    """The safe plan on a miss: the rule-based, deterministic greedy fusion of
+    planner.fuse_rules (no cost model, no search)."""
+    return _rule_based_partition(graph)
+
+
+def _default_realizer(captured: Captured, plan: Plan) -> Callable[..., Any]:
+    """planner.realize: each group one compiled unit, verified against eager."""
+    return realize(captured, plan)
+
+
+def _default_exporter(
+    module: torch.nn.Module, inputs: tuple[Any, ...], dims: dict[int, dict[int, tuple[int, int]]]
+) -> Captured:
+    """planner.capture_dynamic: one export whose symbolic sizes span the bucket."""
+    return export_dynamic(module, inputs, dims)
+
+
+# ---- the plain API ------------------------------------------------------------------------
+_shared: dict[str, PlanCache] = {}
+_shared_lock = threading.Lock()
+
+
+def open_cache(cache: PlanCache | str | None = None) -> PlanCache:
+    """A PlanCache: `cache` itself, or one shared per URL in this process (None: default)."""
+    if isinstance(cache, PlanCache):
+        return cache
+    key = cache or ""
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = PlanCache(cache)
+        return _shared[key]
+
+
+def _fingerprint(device: str | torch.device | None) -> str:
+    if isinstance(device, str) and device.startswith(("cpu-", "cuda-")):
+        return device  # already a fingerprint
+    return device_fingerprint(device)
+
+
+def lookup(
+    structure_key: str,
+    shapes: Sequence[Sequence[int]],
+    device: str | torch.device | None = None,
+    *,
+    cache: PlanCache | str | None = None,
+    spec: BucketSpec | None = None,
+) -> LookupResult:
+    """The plan for a model (its `OpGraph.structure_key`) at `shapes` on `device` (a torch
+    device or a device fingerprint; None: this machine's). Exact shape, then bucket, then
+    `source == "default"` with no plan: run `plan_for(graph)`'s default. Never raises."""
+    try:
+        c = open_cache(cache)
+    except FusionPlannerError as e:
+        _warn_once(f"cache:{cache}", f"plan cache unavailable ({e}); using default plans")
+        return LookupResult(None, DEFAULT, None)
+    return c.lookup(structure_key, shapes, _fingerprint(device), spec=spec)
+
+
+def plan_for(
+    graph: OpGraph,
+    device: str | torch.device | None = None,
+    *,
+    cache: PlanCache | str | None = None,
+    spec: BucketSpec | None = None,
+) -> tuple[Plan, str]:
+    """A plan for `graph` (and where it came from: exact / bucket / default). Never raises
+    for a cache problem; the default is built from `default_partition(graph)`."""
+    result = lookup(graph.structure_key, graph.input_shapes, device, cache=cache, spec=spec)
+    if result.plan is not None:
+        try:
+            result.plan.partition_for(graph)
+            return result.plan, result.source
+        except FusionPlannerError as e:
+            _warn_once(f"fit:{graph.structure_key}", f"cached plan does not fit ({e})")
+    return default_plan(graph, device), DEFAULT
+
+
+def default_plan(graph: OpGraph, device: str | torch.device | None = None) -> Plan:
+    """The default plan of `graph` as a Plan record (no cost model, nothing measured)."""
+    dtypes = [t.dtype for t in graph.tensors if t.kind == "input"] or ["float32"]
+    return Plan.from_partition(
+        default_partition(graph),
+        device=_spec_name(device),
+        dtype=dtypes[0],
+        strategy="default",
+        cost_model="none",
+        predicted_s=0.0,
+        device_fingerprint=_fingerprint(device),
+    )
+
+
+def _spec_name(device: str | torch.device | None) -> str:
+    if isinstance(device, str) and device.startswith(("cpu-", "cuda-")):
+        device = device.split("-")[0]  # a fingerprint names the kind of device only
+        if device == "cuda" and not torch.cuda.is_available():
+            return "cuda"
+    return local_device_name(device)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, PlannerRuntimeWarning, stacklevel=3)
+        log.warning(message)
+
+
+# ---- the backend --------------------------------------------------------------------------
+@dataclass
+class RuntimeStats:
+    """What the backend did; read it to see hits, misses and compiles."""
+
+    graphs: int = 0
+    realized: int = 0  # realizations paid for (each counts against the compile budget)
+    exact: int = 0  # new shapes served by an exact-shape plan
+    bucket: int = 0  # ... by their bucket's plan
+    default: int = 0  # ... by the default plan (a miss)
+    over_budget: int = 0  # new buckets run as dynamo's graph, the budget being spent
+    fallbacks: list[str] = field(default_factory=list)  # why a bucket ran dynamo's graph
+    queued: int = 0  # misses recorded in the tuning queue
+
+
+class FusionPlannerBackend:
+    """The `torch.compile` backend object. One instance may serve several models and
+    graphs; the compile budget and the stats are shared between them."""
+
+    def __init__(
+        self,
+        cache: PlanCache | str | None = None,
+        *,
+        device: str | torch.device | None = None,
+        bucket_policy: BucketSpec | Policy | None = None,
+        compile_budget: int = 8,
+        record_misses: bool = True,
+        realizer: Realizer | None = None,
+        exporter: Exporter | None = None,
+    ):
+        self._cache_arg = cache
+        self._cache: PlanCache | None = None
+        self._cache_failed = False
+        self.device = device
+        self.bucket_policy = bucket_policy
+        self.compile_budget = compile_budget
+        self.record_misses = record_misses
+        self.realizer: Realizer = realizer or _default_realizer
+        self.exporter: Exporter = exporter or _default_exporter
+        self.stats = RuntimeStats()
+        self._lock = threading.Lock()
+
+    @property
+    def cache(self) -> PlanCache | None:
+        if self._cache is None and not self._cache_failed:
+            try:
+                self._cache = open_cache(self._cache_arg)
+            except FusionPlannerError as e:
+                self._cache_failed = True
+                _warn_once("backend-cache", f"plan cache unavailable ({e}); default plans only")
+        return self._cache
+
+    def take_budget(self) -> bool:
+        with self._lock:
+            if self.stats.realized >= self.compile_budget:
+                return False
+            self.stats.realized += 1
+            return True
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        self.stats.graphs += 1
+        try:
+            lifted = lift_graph(gm, list(example_inputs))
+        except Exception as e:
+            reason = f"{type(e).__name__}: {e}"
+            self.stats.fallbacks.append(f"lift: {reason}")
+            _warn_once(f"lift:{reason}", f"fusion-planner runs dynamo's graph as is: {reason}")
+            return gm.forward
+        return _PlannedGraph(self, gm, lifted)
+
+
+def fusion_planner_backend(
+    cache: PlanCache | str | None = None,
+    *,
+    device: str | torch.device | None = None,
+    bucket_policy: BucketSpec | Policy | None = None,
+    compile_budget: int = 8,
+    record_misses: bool = True,
+    **kw: Any,
+) -> FusionPlannerBackend:
+    """A backend for `torch.compile(model, backend=..., dynamic=True)`; see the module doc.
+
+    `bucket_policy`: a BucketSpec over the model's inputs, or one Policy for every
+    dynamic dim; None uses the spec the tuning job stored for the model, else pow2.
+    """
+    return FusionPlannerBackend(
+        cache,
+        device=device,
+        bucket_policy=bucket_policy,
+        compile_budget=compile_budget,
+        record_misses=record_misses,
+        **kw,
+    )
+
+
+class _PlannedGraph:
+    """Dynamo's graph, served per bucket. `__call__` is the hot path: one tuple of the
+    dynamic sizes, one dict probe, then the chosen callable."""
+
+    def __init__(self, backend: FusionPlannerBackend, gm: fx.GraphModule, lifted: LiftedGraph):
+        self.backend, self.gm, self.lifted = backend, gm, lifted
+        self._dyn = tuple((lifted.user_positions[i], a) for i, a in lifted.dynamic)
+        self._memo: dict[tuple[int, ...], Callable[[tuple[Any, ...]], Any]] = {}
+        self._realized: dict[str, Callable[[tuple[Any, ...]], Any]] = {}
+        self._lock = threading.RLock()
+        self._identity: tuple[str, str, BucketSpec] | None = None
+        self._first_static: Captured | None = None  # the capture made to identify the model
+        self._default: Plan | None = None  # the model's default plan (fuse_rules)
+        self._broken = False
+
+    def __call__(self, *args: Any) -> Any:
+        sizes = tuple([args[p].shape[a] for p, a in self._dyn])
+        fn = self._memo.get(sizes)
+        if fn is None:
+            fn = self._resolve(sizes, args)
+        return fn(args)
+
+    # -- the slow path: once per new dynamic-size tuple --
+    def _eager(self, args: tuple[Any, ...]) -> Any:
+        return self.gm.forward(*args)
+
+    def _resolve(self, sizes: tuple[int, ...], args: tuple[Any, ...]) -> Callable[..., Any]:
+        with self._lock:
+            fn = self._memo.get(sizes)
+            if fn is None:
+                fn = self._choose(args)
+                if len(self._memo) >= MEMO_MAX:
+                    self._memo.clear()
+                self._memo[sizes] = fn
+            return fn
+
+    def _fallback(self, where: str, e: BaseException) -> Callable[..., Any]:
+        reason = f"{where}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        self.backend.stats.fallbacks.append(reason)
+        _warn_once(reason, f"fusion-planner runs dynamo's graph for this bucket ({reason})")
+        return self._eager
+
+    def _choose(self, args: tuple[Any, ...]) -> Callable[..., Any]:
+        stats = self.backend.stats
+        if self._broken:
+            return self._eager
+        user = tuple(args[p] for p in self.lifted.user_positions)
+        shapes = tuple(tuple(int(d) for d in t.shape) for t in user)
+        try:
+            model_key, dev, spec = self._identify(user)
+        except Exception as e:
+            self._broken = True
+            return self._fallback("capture", e)
+        bucket = spec.bucket_of(shapes)
+        cache = self.backend.cache
+        result = (
+            cache.lookup(model_key, shapes, dev, spec=spec)
+            if cache is not None
+            else LookupResult(None, DEFAULT, bucket)
+        )
+        exact = f"{result.source}:{exact_key(shapes)}"
+        if result.source == EXACT or bucket is None:
+            key, region = exact, None
+        else:
+            key, region = f"{result.source}:{bucket.key}", bucket
+        if result.source == DEFAULT and cache is not None and self.backend.record_misses:
+            try:
+                cache.record_miss(
+                    model_key, shapes, device_fp=dev, bucket=bucket, label=self._label()
+                )
+                stats.queued += 1
+            except Exception as e:  # the queue is a courtesy; never fail the call
+                _warn_once("queue", f"could not record a miss in the tuning queue: {e}")
+        setattr(stats, result.source, getattr(stats, result.source) + 1)
+        fn = self._realized.get(key) or self._realized.get(exact)
+        if fn is not None:
+            return fn
+        plan = result.plan or self._default
+        if plan is None or all(len(g.nodes) == 1 for g in plan.groups):
+            # Nothing fused (no fuse_rules, or nothing to fuse): dynamo's graph is that
+            # plan already, without paying for a realization.
+            self._realized[key] = self._eager
+            return self._eager
+        if not self.backend.take_budget():
+            stats.over_budget += 1
+            _warn_once(
+                "budget",
+                f"fusion-planner compile budget ({self.backend.compile_budget}) spent: new "
+                "buckets run dynamo's graph (raise compile_budget or tune fewer buckets)",
+            )
+            self._realized[key] = self._eager
+            return self._eager
+        fn, whole_bucket = self._realize(plan, region, user)
+        self._realized[key if whole_bucket else exact] = fn
+        return fn
+
+    def _label(self) -> str:
+        return f"runtime:{self.lifted.module.__class__.__name__}"
+
+    def _identify(self, user: tuple[Any, ...]) -> tuple[str, str, BucketSpec]:
+        """Model key, device fingerprint and bucket spec: worked out once per graph."""
+        if self._identity is None:
+            static = export_model(self.lifted.module, user, name="runtime")
+            device = self.backend.device if self.backend.device is not None else user[0].device
+            dev = _fingerprint(device)
+            model_key = static.graph.structure_key
+            self._identity = (model_key, dev, self._spec(model_key, dev))
+            self._first_static = static
+            # The default partition depends on the model's structure, not on its shapes:
+            # worked out once, applied to every bucket through Plan.partition_for.
+            self._default = default_plan(static.graph, dev)
+        return self._identity
+
+    def _spec(self, model_key: str, dev: str) -> BucketSpec:
+        policy = self.backend.bucket_policy
+        if isinstance(policy, BucketSpec):
+            return policy
+        dims = tuple(DynamicDim(f"in{i}.{a}", i, a) for i, a in self.lifted.dynamic)
+        if policy is not None:
+            return BucketSpec.uniform(dims, policy)
+        cache = self.backend.cache
+        stored = cache.bucket_spec(model_key, dev) if cache is not None else None
+        return stored or BucketSpec.uniform(dims, Pow2())
+
+    def _static(self, user: tuple[Any, ...]) -> Captured:
+        first = self._first_static
+        if first is not None and first.graph.input_shapes == tuple(tuple(t.shape) for t in user):
+            self._first_static = None  # used once; do not keep the program alive
+            return first
+        return export_model(self.lifted.module, user, name="runtime")
+
+    def _realize(
+        self, plan: Plan, bucket: Bucket | None, user: tuple[Any, ...]
+    ) -> tuple[Callable[..., Any], bool]:
+        """(callable over dynamo's args, whether it serves the whole bucket)."""
+        whole_bucket = False
+        try:
+            captured = None
+            if bucket is not None:
+                try:
+                    captured = self.backend.exporter(self.lifted.module, user, bucket.ranges())
+                    whole_bucket = True
+                except Exception as e:  # no dynamic export: this shape alone, statically
+                    log.info(
+                        "dynamic export over %s failed (%s): realizing one shape", bucket.key, e
+                    )
+            if captured is None:
+                captured = self._static(user)
+            graph = captured.graph
+            plan.partition_for(graph)  # checked against, then re-keyed to, this graph
+            fitted = dataclasses.replace(plan, graph_key=graph.key)
+            realized = self.backend.realizer(captured, fitted)
+        except Exception as e:
+            return self._fallback("realize", e), whole_bucket
+        positions = self.lifted.user_positions
+        failures: list[str] = []
+
+        def run(args: tuple[Any, ...]) -> Any:
+            if len(failures) >= MAX_RUN_FAILURES:
+                return self._eager(args)
+            try:
+                return realized(*[args[p] for p in positions])
+            except Exception as e:
+                # This shape cannot run here (e.g. size 1 in a bucket exported from 2):
+                # it runs dynamo's graph from now on; after a few such shapes, so does
+                # the whole bucket.
+                failures.append(str(e))
+                self._fallback("run", e)
+                self._memo[tuple([args[p].shape[a] for p, a in self._dyn])] = self._eager
+                return self._eager(args)
+
+        return run, whole_bucket

@@ -1,0 +1,159 @@
+"""Dynamo's graph -> a module over the user's inputs, capturable like the user's own model.
+
+A `torch.compile` backend receives dynamo's torch-level GraphModule, whose placeholders
+are a mix of: sizes (SymInts, with `dynamic=True`), the user's tensors, the model's
+parameters and buffers (lifted as inputs, in first-use order), and float attributes
+turned into 0-d tensors read with `.item()` (e.g. LayerNorm's eps under torch 2.13).
+`torch.export` cannot trace `.item()` on an input, and a plan cache keyed on the model
+needs the parameters to be parameters, not inputs.
+
+`lift_graph` rebuilds the graph so that only the user's tensors are inputs: sizes become
+`aten.sym_size` reads of the user tensors they came from, parameters and buffers are
+registered on the module (sharing storage with the model: weight updates are seen),
+and `.item()` of a 0-d attribute is baked in as a constant. Exported, the result is the
+same aten program as exporting the user's model directly (same ops, same order, same
+`OpGraph.structure_key`): that is what lets the runtime find plans tuned offline.
+
+It needs the `grapharg` metadata dynamo attaches while the backend is being called, so
+call it from inside the backend. Anything it does not recognise raises `LiftError`; the
+backend then runs dynamo's graph as it is.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from planner.errors import FusionPlannerError
+
+
+class LiftError(FusionPlannerError):
+    """Dynamo's graph has an input the runtime cannot map onto the user's tensors."""
+
+
+@dataclass(frozen=True)
+class LiftedGraph:
+    """A module over user inputs and how dynamo's call arguments map onto them.
+
+    `user_positions[i]`: the index, among dynamo's call arguments, of user input i.
+    `dynamic`: (user input, axis) pairs that dynamo left symbolic (they may vary).
+    """
+
+    module: fx.GraphModule
+    user_positions: tuple[int, ...]
+    dynamic: tuple[tuple[int, int], ...]
+    user_names: tuple[str, ...]
+
+
+def _source_name(node: fx.Node) -> str | None:
+    arg = node.meta.get("grapharg")
+    src = getattr(arg, "source", None)
+    if src is None:
+        return None
+    name = src.name  # a property in torch 2.13, a method in older releases
+    return str(name() if callable(name) else name)
+
+
+def _is_state(source: str | None, example: Any) -> bool:
+    """Model state (parameters, buffers, attributes, globals), not a user input."""
+    if isinstance(example, torch.nn.Parameter):
+        return True
+    if source is None:
+        return False
+    return source.startswith(("L['self']", "G[", "___")) or "._buffers[" in source
+
+
+def _sym_expr(v: Any) -> Any:
+    return v.node.expr if isinstance(v, torch.SymInt) else None
+
+
+def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
+    """See the module docstring. `example_inputs` are the backend's real arguments."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        raise LiftError(
+            f"dynamo's graph has {len(placeholders)} inputs but {len(example_inputs)} "
+            "example inputs came with it"
+        )
+    root = torch.nn.Module()
+    g = fx.Graph()
+    env: dict[fx.Node, Any] = {}
+    user: list[tuple[int, fx.Node, Any]] = []  # (argument index, new placeholder, fake value)
+    symbols: list[tuple[fx.Node, Any]] = []
+    for pos, (node, real) in enumerate(zip(placeholders, example_inputs)):
+        fake = node.meta.get("example_value", real)
+        if isinstance(fake, torch.SymInt) or isinstance(real, int | torch.SymInt):
+            symbols.append((node, fake))
+            continue
+        if not isinstance(real, torch.Tensor):
+            raise LiftError(f"input {node.name} is a {type(real).__name__}, not a tensor or size")
+        if _is_state(_source_name(node), real):
+            attr = f"state_{len(root._parameters) + len(root._buffers)}_{node.name}"[:120]
+            if isinstance(real, torch.nn.Parameter):
+                root.register_parameter(attr, real)
+            elif (
+                real.dim() == 0
+                and node.users
+                and all(u.op == "call_method" and u.target == "item" for u in node.users)
+            ):
+                for u in node.users:  # a float attribute: bake it as the model's constant
+                    env[u] = real.item()
+                continue
+            else:
+                root.register_buffer(attr, real)
+            env[node] = g.get_attr(attr)
+        else:
+            env[node] = g.placeholder(node.name)
+            env[node].meta = dict(node.meta)
+            user.append((pos, env[node], fake))
+    dynamic: set[tuple[int, int]] = set()
+    for node, fake in symbols:
+        expr = _sym_expr(fake)
+        hit = next(
+            (
+                (ui, axis)
+                for ui, (_, _, uf) in enumerate(user)
+                for axis, size in enumerate(getattr(uf, "shape", ()))
+                if expr is not None and _sym_expr(size) == expr
+            ),
+            None,
+        )
+        if hit is None:
+            raise LiftError(
+                f"size input {node.name} ({expr}) is not a dimension of any user tensor "
+                "(an int argument to forward?): the runtime plans tensor shapes only"
+            )
+        ui, axis = hit
+        env[node] = g.call_function(torch.ops.aten.sym_size.int, (user[ui][1], axis))
+    for ui, (_, _, uf) in enumerate(user):
+        for axis, size in enumerate(getattr(uf, "shape", ())):
+            if _sym_expr(size) is not None and not _sym_expr(size).is_number:
+                dynamic.add((ui, axis))
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" or node in env:
+            continue
+        if node.op == "get_attr":  # state dynamo kept as attributes (older torch, constants)
+            value = operator.attrgetter(str(node.target))(gm)
+            attr = "attr_" + str(node.target).replace(".", "_")
+            if isinstance(value, torch.nn.Parameter):
+                root.register_parameter(attr, value)
+            elif isinstance(value, torch.Tensor):
+                root.register_buffer(attr, value)
+            else:
+                raise LiftError(f"dynamo's graph reads a non-tensor attribute {node.target}")
+            env[node] = g.get_attr(attr)
+            continue
+        if node.op == "call_module":
+            raise LiftError(f"dynamo's graph calls a submodule ({node.target}); not supported")
+        env[node] = g.node_copy(node, lambda a: env[a])
+    module = fx.GraphModule(root, g, class_name="LiftedDynamoGraph")
+    return LiftedGraph(
+        module,
+        tuple(pos for pos, _, _ in user),
+        tuple(sorted(dynamic)),
+        tuple(p.name for _, p, _ in user),
+    )
