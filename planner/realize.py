@@ -20,14 +20,19 @@ runs and gives the right answer.
 Shapes: a program exported with symbolic dims (planner.capture_dynamic) is compiled once
 with symbolic shapes and serves every shape in its range. With static shapes on a GPU the
 whole plan is captured in one CUDA graph (static input buffers, outputs copied out), so
-per-group Python overhead does not eat the gains at small shapes.
+per-group Python overhead does not eat the gains at small shapes. A plan realized over a
+range of shapes records one CUDA graph per shape that recurs (its second call), up to a
+bound, and replays it from then on (`_ShapeGraphs`): the runtime's buckets serve streams of
+varying lengths, where launching each group from Python would cost more than fusion saves.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -215,6 +220,7 @@ class RealizedPlan:
         self._out_spec = captured.program.call_spec.out_spec
         self._whole_fallback: Callable[..., Any] | None = None
         self._graph: _GraphReplay | None = None
+        self._shape_graphs: _ShapeGraphs | None = None
         self.verified: bool | None = None
         self.top = build_top(
             parts,
@@ -256,6 +262,11 @@ class RealizedPlan:
         return self._graph is not None
 
     @property
+    def shape_graphs(self) -> int:
+        """CUDA graphs recorded so far for shapes of a dynamic plan (0 when off)."""
+        return len(self._shape_graphs.graphs) if self._shape_graphs is not None else 0
+
+    @property
     def static_shapes(self) -> bool:
         return self._guard.static
 
@@ -283,6 +294,8 @@ class RealizedPlan:
             return self._whole_fallback(*args)
         if self._graph is not None:
             flat = self._graph(args)
+        elif self._shape_graphs is not None:
+            flat = self._shape_graphs(args)
         else:
             flat = self._forward(*args)
         return pytree.tree_unflatten(list(flat), self._out_spec)
@@ -348,25 +361,43 @@ class RealizedPlan:
             self._graph = None
         return self._graph is not None
 
+    def record_shape_graphs(self, limit: int = 256, max_bytes: int = 2 << 30) -> bool:
+        """Dynamic plans on CUDA: a CUDA graph per recurring input shape (see `_ShapeGraphs`)."""
+        if self.device.type != "cuda" or self._guard.static or self._whole_fallback:
+            return False
+        self._shape_graphs = _ShapeGraphs(self._forward, limit, max_bytes)
+        return True
+
 
 class _GraphReplay:
     """One CUDA graph of the whole plan: inputs copied into static buffers, replay,
     outputs copied out (so the next call cannot overwrite what the caller holds)."""
 
-    def __init__(self, fn: Callable[..., Any], inputs: tuple[Any, ...], copy_outputs: bool):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        inputs: tuple[Any, ...],
+        copy_outputs: bool,
+        *,
+        warmup: int = 3,
+        pool: Any = None,
+    ):
         self.static_in = tuple(
             t.detach().clone() if isinstance(t, torch.Tensor) else t for t in inputs
         )
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(3):  # warm up: lazy kernel compiles and autotuning happen here
+            for _ in range(warmup):  # lazy kernel compiles, autotuning, library workspaces
                 fn(*self.static_in)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.static_out = fn(*self.static_in)
         self.copy_outputs = copy_outputs
+        self.nbytes = sum(
+            t.nbytes for t in (*self.static_in, *self.static_out) if isinstance(t, torch.Tensor)
+        )
 
     def __call__(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         for dst, src in zip(self.static_in, args):
@@ -376,6 +407,67 @@ class _GraphReplay:
         if not self.copy_outputs:
             return self.static_out
         return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.static_out)
+
+
+class _ShapeGraphs:
+    """One CUDA graph per recurring input shape of a plan realized over a shape range.
+
+    A shape's first call runs the plan as it is (a shape seen once may never come back);
+    its second call records a graph (after one warm-up run on a side stream) and every
+    later call replays it. At most `limit` graphs, holding at most `max_bytes` of static
+    inputs and outputs, are kept, the least recently used evicted (an evicted shape must
+    recur twice again to be recorded again); a shape whose capture fails runs without a
+    graph from then on, with a warning.
+
+    All graphs of the plan share one memory pool, which is safe here: calls are serialized
+    (a lock), each graph's static inputs and outputs stay referenced, so no other capture
+    is handed their memory, and outputs are copied out right after each replay, so the
+    scratch memory two graphs share is never read across replays.
+    """
+
+    def __init__(self, fn: Callable[..., Any], limit: int, max_bytes: int):
+        self.fn, self.limit, self.max_bytes = fn, limit, max_bytes
+        self.graphs: OrderedDict[tuple[Any, ...], _GraphReplay] = OrderedDict()
+        self.bytes = 0
+        self.seen: set[tuple[Any, ...]] = set()
+        self.failed: set[tuple[Any, ...]] = set()
+        self.pool: Any = None
+        self.lock = threading.Lock()
+
+    def __call__(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
+        with self.lock:
+            g = self.graphs.get(key)
+            if g is not None:
+                self.graphs.move_to_end(key)
+                return g(args)
+            if key in self.failed or key not in self.seen:
+                if len(self.seen) >= 16 * self.limit:
+                    self.seen.clear()
+                self.seen.add(key)
+                return self.fn(*args)
+            try:
+                if self.pool is None:
+                    self.pool = torch.cuda.graph_pool_handle()
+                g = _GraphReplay(self.fn, args, True, warmup=1, pool=self.pool)
+            except Exception as e:  # an optimization: never fail the call for it
+                self.failed.add(key)
+                warnings.warn(
+                    f"CUDA graph capture failed for input shapes {key} "
+                    f"({type(e).__name__}: {str(e)[:200]}); they run without one",
+                    RealizeWarning,
+                    stacklevel=3,
+                )
+                return self.fn(*args)
+            self.graphs[key] = g
+            self.bytes += g.nbytes
+            while len(self.graphs) > 1 and (
+                len(self.graphs) > self.limit or self.bytes > self.max_bytes
+            ):
+                old_key, old = self.graphs.popitem(last=False)
+                self.bytes -= old.nbytes
+                self.seen.discard(old_key)
+            return g(args)
 
 
 def realize(
@@ -394,7 +486,8 @@ def realize(
 
     `realizations`: "auto" (choose_realization per group), "plan" (the Plan's own), one
     name for every group, or one per group (sequence, or {group index: name}).
-    `cuda_graphs`: "auto" = on for static shapes on CUDA. `verify` checks against eager on
+    `cuda_graphs`: "auto" = on CUDA, one graph for static shapes, else one per recurring
+    shape (outputs must then be copied out: `copy_outputs`). `verify` checks against eager on
     `inputs` (default: the capture's example inputs). `compiler` replaces Inductor (tests
     inject failures with it).
     """
@@ -423,5 +516,8 @@ def realize(
     if verify:
         realized.verify(example)
     if cuda_graphs is True or (cuda_graphs == "auto" and dev.type == "cuda"):
-        realized.capture_cuda_graph(example, copy_outputs)
+        if realized.static_shapes:
+            realized.capture_cuda_graph(example, copy_outputs)
+        elif copy_outputs:
+            realized.record_shape_graphs()
     return realized

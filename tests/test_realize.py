@@ -8,6 +8,7 @@ logic pass `compiler=run_eagerly` (the rewritten subgraph run as FX code) to sta
 from __future__ import annotations
 
 import warnings
+from typing import ClassVar
 
 import pytest
 import torch
@@ -299,3 +300,61 @@ def test_cuda_graph_replay_matches_eager(dtype):
     y1 = r(inputs[0])
     y2 = r(torch.randn_like(inputs[0]))
     assert not torch.equal(y1, y2)  # outputs are copied out, not overwritten
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_dynamic_plan_records_a_cuda_graph_per_recurring_shape():
+    torch.manual_seed(0)
+    module, inputs = zoo.get("gpt2-block").build(
+        {"B": 2, "S": 64, "D": 256, "H": 4}, dtype=torch.bfloat16, device="cuda"
+    )
+    c = export_dynamic(module, inputs, dims={0: {1: (33, 128)}})
+    r = realize(c, Partition.whole(c.graph))
+    assert not r.static_shapes and not r.cuda_graph
+    seen = []
+    for s in (40, 40, 100, 40, 100, 100, 77):  # alternate shapes: graphs share one pool
+        x = torch.randn(2, s, 256, device="cuda", dtype=torch.bfloat16)
+        held = r(x)
+        seen.append((held, eager_out(module, (x,))))
+    assert r.shape_graphs == 2  # 40 and 100 recurred; 77 ran once
+    for got, want in seen:  # outputs held across other shapes' replays stay intact
+        assert_close(got, want, tol=5e-2)
+
+
+class _FakeReplay:
+    """Stands in for a CUDA graph on the CPU: counts captures, replays `fn`."""
+
+    captured: ClassVar[list] = []
+
+    def __init__(self, fn, inputs, copy_outputs, *, warmup, pool):
+        if inputs[0].shape[0] == 13:
+            raise RuntimeError("capture not supported")
+        self.fn, self.nbytes = fn, inputs[0].nbytes
+        _FakeReplay.captured.append(tuple(inputs[0].shape))
+
+    def __call__(self, args):
+        return ("replayed", self.fn(*args))
+
+
+def test_shape_graphs_record_on_recurrence_evict_by_count_and_bytes(monkeypatch):
+    import planner.realize as realize_mod
+
+    monkeypatch.setattr(realize_mod, "_GraphReplay", _FakeReplay)
+    monkeypatch.setattr(realize_mod.torch.cuda, "graph_pool_handle", lambda: "pool")
+    _FakeReplay.captured = []
+    sg = realize_mod._ShapeGraphs(lambda x: x.sum(), limit=2, max_bytes=8_010)
+    x = {n: torch.ones(n) for n in (4, 5, 6, 13, 2000)}
+    assert sg((x[4],)) == 4  # first sight: plain call
+    assert sg((x[4],)) == ("replayed", 4)  # recurred: recorded, then replayed
+    assert sg((x[4],)) == ("replayed", 4) and _FakeReplay.captured == [(4,)]
+    for n in (5, 5, 6, 6):
+        sg((x[n],))
+    assert list(sg.graphs) == [((5,),), ((6,),)]  # limit 2: the least recent (4) went
+    assert sg((x[4],)) == 4  # evicted: it must recur twice again to be recorded
+    with pytest.warns(RealizeWarning, match="capture failed"):
+        sg((x[13],)), sg((x[13],))
+    assert sg((x[13],)) == 13 and ((13,),) not in sg.graphs  # never retried
+    # 8000 bytes: 6 goes too, for the byte bound (the count alone allows two graphs)
+    sg((x[2000],)), sg((x[2000],))
+    assert list(sg.graphs) == [((2000,),)] and sg.bytes == 8000
