@@ -1,0 +1,542 @@
+"""A model run over a stream of varying sequence lengths: the fusion-planner backend vs
+torch.compile(dynamic=True) vs eager. Total time, compile cost and recompiles (issue 7).
+
+    python benchmarks/runtime_stream.py --quick            # CPU, a few minutes
+    PYTHONPATH=. python benchmarks/runtime_stream.py       # GPU: bf16, S=128..2048, 200 calls
+    ... --cache plans.sqlite   # plans tuned beforehand by `fusion-plan tune` on this machine
+                               # (same device, torch version, dtype and fixed shape)
+
+The stream: `--n` calls of one model whose sequence length S is drawn (seeded) from a
+log-normal distribution truncated to `--seq LO..HI` (median LO*(HI/LO)^0.35: mostly
+short requests, a tail of long ones). Every contender runs the same stream `--passes`
+times (3): pass 1 starts cold and pays every compile; the median of the later passes is
+the steady state. Contenders:
+
+- eager: the module as it is;
+- compile: `torch.compile(model, dynamic=True)` (Inductor);
+- planner: `torch.compile(model, backend=fusion_planner_backend(cache, ...), dynamic=True)`.
+  Plan cache: `--cache URL` (filled beforehand by `fusion-plan tune`), else a fresh empty
+  SQLite cache, where every shape misses: the default (rule-based) plan is realized once
+  per bucket and the misses go to the tuning queue. The report says which mode ran.
+
+Each contender runs in its own Python process (`--same-process`: one process, with
+torch._dynamo.reset() between them) with its own empty Inductor/Triton cache directory
+(`--shared-inductor-cache`: the user's), so no contender inherits another's compiles:
+pass 1 is a first deployment. Counted per contender: dynamo frame compiles (recompiles:
+those after the first call), Inductor graph compiles (FX graph cache misses + hits +
+bypasses), and for the planner backend its RuntimeStats (realizations, exact / bucket /
+default lookups, over-budget buckets, fallbacks, queued misses). Correctness: a few
+stream entries (shortest, longest, ...) against eager in the same process, with
+planner.realize_check's dtype-aware tolerance.
+
+Writes a Markdown report (`--out`, default benchmarks/results/runtime_stream_<device>.md)
+and JSON lines beside it (.jsonl); progress goes to stderr. Imports neither optuna nor
+scikit-learn (the runtime path; checked at the end of each contender).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTENDERS = ("eager", "compile", "planner")
+TITLES = {
+    "eager": "eager",
+    "compile": "torch.compile(dynamic=True)",
+    "planner": "fusion-planner backend",
+}
+
+
+def _say(msg: str) -> None:
+    print(f"[runtime_stream] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the stream -------------------------------------------------------------------------
+def make_stream(n: int, lo: int, hi: int, seed: int) -> list[int]:
+    """`n` sequence lengths in [lo, hi]: log2(S) ~ Normal(log2 lo + 0.35 span, span / 4),
+    span = log2(hi / lo), redrawn when outside [lo, hi]. Deterministic in `seed`."""
+    rng = random.Random(seed)
+    a, b = math.log2(lo), math.log2(hi)
+    mu, sigma = a + 0.35 * (b - a), max((b - a) / 4, 1e-9)
+    out = []
+    while len(out) < n:
+        s = round(2 ** rng.gauss(mu, sigma))
+        if lo <= s <= hi:
+            out.append(s)
+    return out
+
+
+def pow2_bucket(s: int) -> str:
+    """The runtime's default bucket (planner.buckets.Pow2) of a size, as text."""
+    top = 1 << (s - 1).bit_length() if s > 1 else 1
+    return f"{top // 2 + 1}-{top}"
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("..")
+    a, b = int(lo), int(hi or lo)
+    if not 1 <= a <= b:
+        raise SystemExit(f"--seq wants LO..HI with 1 <= LO <= HI, got {text!r}")
+    return a, b
+
+
+# ---- one contender ----------------------------------------------------------------------
+def _counts(be: Any) -> tuple[int, ...]:
+    """What a compile changes: dynamo frames, Inductor graphs, planner realizations."""
+    from torch._dynamo.utils import counters
+
+    ind = counters["inductor"]
+    return (
+        counters["frames"]["total"],
+        ind["fxgraph_cache_miss"] + ind["fxgraph_cache_hit"] + ind["fxgraph_cache_bypass"],
+        be.stats.realized if be is not None else 0,
+        be.stats.graphs if be is not None else 0,
+    )
+
+
+def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """Run `name` over the stream (cfg["passes"] times) in this process; a JSON-able dict."""
+    from torch._dynamo.utils import counters
+
+    from planner.cache import PlanCache
+    from planner.modelspec import parse_dtype, resolve
+    from planner.realize_check import compare_outputs, tolerance_for
+    from planner.runtime import fusion_planner_backend
+
+    if cfg.get("threads"):
+        torch.set_num_threads(cfg["threads"])
+    torch._dynamo.reset()
+    counters.clear()
+    t_setup = time.perf_counter()
+    dev = torch.device(cfg["device"])
+    cuda = dev.type == "cuda"
+    dtype = parse_dtype(cfg["dtype"])
+    lengths: list[int] = cfg["lengths"]
+    mspec = resolve(cfg["model"], cfg["shape"])
+    inp, axis = mspec.dims[cfg["dim"]]
+    module, base = mspec.with_params(**{cfg["dim"]: max(lengths)}).build(
+        dtype=dtype, device=dev, seed=cfg["seed"]
+    )
+    # One input per distinct length, cut from one seeded tensor: made before any timing,
+    # identical across contenders. Cloned, so none is a view: dynamo guards on a view's
+    # base, and a stream whose first input is a view recompiles at the first non-view.
+    inputs = {
+        s: tuple(x.narrow(axis, 0, s).clone() if i == inp else x for i, x in enumerate(base))
+        for s in sorted(set(lengths))
+    }
+    del base
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    be = None
+    cache = None
+    if name == "eager":
+        fn: Callable[..., Any] = module
+    elif name == "compile":
+        fn = torch.compile(module, dynamic=True)
+    elif name == "planner":
+        url = cfg["cache"] or os.path.join(cfg["tmp"], f"plans-{os.getpid()}.sqlite")
+        cache = PlanCache(url)
+        be = fusion_planner_backend(cache, compile_budget=cfg["compile_budget"])
+        fn = torch.compile(module, backend=be, dynamic=True)
+    else:
+        raise SystemExit(f"unknown contender {name!r}")
+    sync()
+    setup_s = time.perf_counter() - t_setup
+
+    passes = []
+    after_first: tuple[int, ...] | None = None
+    with torch.no_grad():
+        for p in range(cfg["passes"]):
+            times, compiled = [], []
+            sync()
+            t_pass = time.perf_counter()
+            for s in lengths:
+                x = inputs[s]
+                before = _counts(be)
+                t0 = time.perf_counter()
+                fn(*x)
+                sync()
+                times.append(time.perf_counter() - t0)
+                now = _counts(be)
+                compiled.append(now != before)
+                if after_first is None:
+                    after_first = now
+            total = time.perf_counter() - t_pass
+            passes.append({"total_s": total, "times_s": times, "compiled": compiled})
+            _say(
+                f"{name}: pass {p + 1}/{cfg['passes']} over {len(lengths)} calls: {total:.2f} s, "
+                f"{sum(compiled)} call(s) compiled"
+            )
+        checks = []
+        tol = tolerance_for(dtype)
+        for s in cfg["check_lengths"]:
+            x = inputs[s]
+            got, ref = fn(*x), module(*x)
+            err = float((got.float() - ref.float()).abs().max())
+            mismatch = compare_outputs(ref, got)
+            checks.append(
+                {"S": s, "max_abs_err": err, "ok": mismatch is None, "why": str(mismatch or "")}
+            )
+        sync()
+
+    end = _counts(be)
+    first = after_first or end
+    ind = counters["inductor"]
+    out: dict[str, Any] = {
+        "contender": name,
+        "setup_s": setup_s,
+        "passes": passes,
+        "checks": checks,
+        "tolerance": {"rtol": tol.rtol, "atol": tol.atol, "of": str(dtype)},
+        "dynamo_frames": end[0],
+        "dynamo_recompiles": end[0] - first[0],
+        "dynamo_graphs": counters["stats"]["unique_graphs"],
+        "inductor_graphs": end[1],
+        "inductor_graphs_after_first_call": end[1] - first[1],
+        "fxgraph_cache": {k: v for k, v in ind.items() if k.startswith("fxgraph_cache")},
+        "modules": {m: m in sys.modules for m in ("optuna", "sklearn")},
+        "threads": torch.get_num_threads(),
+    }
+    if be is not None:
+        st = asdict(be.stats)
+        st["fallbacks"] = len(be.stats.fallbacks)
+        out["runtime_stats"] = st
+        out["fallback_reasons"] = [r[:300] for r in be.stats.fallbacks[:5]]
+        out["cache_url"] = cache.url if cache is not None else ""
+        out["cache_stats"] = dict(cache.stats) if cache is not None else {}
+    if cuda:
+        out["max_memory_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
+    torch._dynamo.reset()
+    return out
+
+
+def _run_in_child(
+    cfg: dict[str, Any], name: str, tmp: Path, timeout_s: float, shared_cache: bool
+) -> dict[str, Any]:
+    """run_contender in a fresh Python process (its own Inductor cache unless shared)."""
+    cfg_path, res_path = tmp / f"{name}.cfg.json", tmp / f"{name}.result.json"
+    cfg_path.write_text(json.dumps(cfg))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    if not shared_cache:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / f"inductor-{name}")
+        env["TRITON_CACHE_DIR"] = str(tmp / f"inductor-{name}" / "triton")
+    cmd = [sys.executable, __file__, "--worker", name, str(cfg_path), str(res_path)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child and its compile workers
+        proc.wait()
+        return {"contender": name, "error": f"timed out after {timeout_s:.0f} s"}
+    wall = time.perf_counter() - t0
+    if rc != 0 or not res_path.exists():
+        return {"contender": name, "error": f"worker exited with status {rc}"}
+    res = json.loads(res_path.read_text())
+    res["process_wall_s"] = wall
+    return res
+
+
+# ---- the report -------------------------------------------------------------------------
+def summarize(res: dict[str, Any], lengths: list[int]) -> dict[str, Any]:
+    """Derived numbers of one contender's result (no timing of its own)."""
+    if "error" in res:
+        return {}
+    p1, later = res["passes"][0], res["passes"][1:]
+    # The steady state: each call's median over the passes after the first.
+    per_call = [statistics.median(ts) for ts in zip(*(q["times_s"] for q in later))]
+    steady_s = statistics.median(q["total_s"] for q in later)
+    steady: dict[str, list[float]] = {}
+    for s, t in zip(lengths, per_call):
+        steady.setdefault(pow2_bucket(s), []).append(t)
+    steady_med = {b: statistics.median(ts) for b, ts in steady.items()}
+    first_in_bucket: dict[str, float] = {}
+    for s, t in zip(lengths, p1["times_s"]):
+        first_in_bucket.setdefault(pow2_bucket(s), t)
+    comp = [
+        (t, steady_med[pow2_bucket(s)])
+        for s, t, c in zip(lengths, p1["times_s"], p1["compiled"])
+        if c
+    ]
+    return {
+        "pass1_s": p1["total_s"],
+        "steady_s": steady_s,
+        "overhead_s": p1["total_s"] - steady_s,
+        "first_call_s": p1["times_s"][0],
+        "first_in_bucket_s": sum(first_in_bucket.values()),
+        "first_in_bucket": first_in_bucket,
+        "compiling_calls": len(comp),
+        "compiling_calls_s": sum(t for t, _ in comp),
+        "compile_estimate_s": sum(t - m for t, m in comp),
+        "steady_median_ms": statistics.median(per_call) * 1e3,
+        "steady_bucket_median_ms": {b: m * 1e3 for b, m in steady_med.items()},
+        "max_abs_err": max((c["max_abs_err"] for c in res["checks"]), default=float("nan")),
+        "checks_ok": all(c["ok"] for c in res["checks"]),
+    }
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    lengths = meta["lengths"]
+    sums = {r["contender"]: summarize(r, lengths) for r in results}
+    eager_steady = sums.get("eager", {}).get("steady_s")
+    rows = []
+    for r in results:
+        name, s = r["contender"], sums[r["contender"]]
+        if not s:
+            rows.append(f"| {TITLES[name]} | {r['error']} " + "| " * 11 + "|")
+            continue
+        vs = _fmt(eager_steady / s["steady_s"], ".2f") + "x" if eager_steady else "n/a"
+        real = r.get("runtime_stats", {}).get("realized")
+        checks = (
+            "reference"
+            if name == "eager"
+            else (f"{_fmt(s['max_abs_err'], '.3g')} ({'ok' if s['checks_ok'] else '**FAIL**'})")
+        )
+        rows.append(
+            f"| {TITLES[name]} | {_fmt(s['pass1_s'])} | {_fmt(s['steady_s'])} | {vs} "
+            f"| {_fmt(s['overhead_s'])} | {_fmt(s['first_call_s'])} "
+            f"| {_fmt(s['first_in_bucket_s'])} | {s['compiling_calls']} "
+            f"({_fmt(s['compiling_calls_s'])} s) | {_fmt(s['steady_median_ms'], '.3f')} "
+            f"| {r['dynamo_frames']} ({r['dynamo_recompiles']}) | {r['inductor_graphs']} "
+            f"| {'' if real is None else real} | {checks} |"
+        )
+    buckets = sorted({pow2_bucket(s) for s in lengths}, key=lambda b: int(b.split("-")[0]))
+    ok = [r["contender"] for r in results if sums[r["contender"]]]
+    bhead = f"| {meta['dim']} bucket | calls | distinct S | " + " | ".join(
+        f"{TITLES[c]}: first call s | {TITLES[c]}: steady median ms" for c in ok
+    )
+    brows = []
+    for b in buckets:
+        in_b = [s for s in lengths if pow2_bucket(s) == b]
+        cells = [f"| {b} | {len(in_b)} | {len(set(in_b))}"]
+        for c in ok:
+            s = sums[c]
+            cells.append(
+                f"{_fmt(s['first_in_bucket'].get(b), '.3f')} "
+                f"| {_fmt(s['steady_bucket_median_ms'].get(b), '.3f')}"
+            )
+        brows.append(" | ".join(cells) + " |")
+    planner = next((r for r in results if r["contender"] == "planner" and "error" not in r), None)
+    pl_text = ""
+    if planner is not None:
+        st = planner["runtime_stats"]
+        reasons = "".join(f"\n  - `{x}`" for x in planner["fallback_reasons"])
+        pl_text = (
+            f"\nfusion-planner RuntimeStats: {st['graphs']} dynamo graph(s), "
+            f"{st['realized']} realization(s) (compile budget {meta['compile_budget']}), "
+            f"new shapes served by an exact plan {st['exact']}, by a bucket plan "
+            f"{st['bucket']}, by the default plan (miss) {st['default']}; over budget "
+            f"{st['over_budget']}, fallbacks {st['fallbacks']}, misses queued {st['queued']}."
+            f"{' Fallback reasons:' + reasons if reasons else ''}\n"
+        )
+    loaded = sorted({m for r in results if "modules" in r for m, v in r["modules"].items() if v})
+    cache_mode = (
+        f"`--cache {meta['cache']}`: plans tuned beforehand (fusion-plan tune)"
+        if meta["cache"]
+        else "a fresh, empty plan cache: every new shape misses and runs the default "
+        "(rule-based, planner.fuse_rules) plan, realized once per bucket; no tuned plans"
+    )
+    where = (
+        "its own Python process"
+        if not meta["same_process"]
+        else "this one process (torch._dynamo.reset() between them)"
+    )
+    ind_cache = (
+        "the user's Inductor/Triton caches (may be warm)"
+        if meta["shared_inductor_cache"]
+        else "an empty Inductor/Triton cache directory of its own (cold compiles)"
+    )
+    threads = meta["threads"] or "torch's default number of"
+    busy = (
+        " (above the core count: other processes competed for the CPU)"
+        if max(meta["load_start"], meta["load_end"]) > (meta["cores"] or 1)
+        else ""
+    )
+    return f"""# Runtime over a stream of sequence lengths ({meta["device_label"]})
+
+Produced by `{meta["command"]}` on {meta["date"]}.
+
+- Machine: {meta["device_name"]}, {meta["cores"]} CPU cores; torch {meta["torch"]}, Python {meta["python"]}; {threads} intra-op thread(s). Load average (1 min): {meta["load_start"]:.2f} at the start, {meta["load_end"]:.2f} at the end{busy}.
+- Model: `{meta["model"]}` with {meta["shape"]}, {meta["dtype"]}, on {meta["device"]}, under torch.no_grad().
+- Stream: {len(lengths)} calls, {meta["dim"]} in {meta["seq"][0]}..{meta["seq"][1]} (log-normal, seed {meta["seed"]}): {len(set(lengths))} distinct lengths in {len(buckets)} pow2 buckets. Each contender runs it {meta["passes"]} times: pass 1 cold, the later passes are the steady state (their median).
+- Plan cache (planner): {cache_mode}.
+- Each contender ran in {where}, with {ind_cache}.
+- optuna / scikit-learn loaded by a contender: {", ".join(loaded) if loaded else "neither"}.
+
+| contender | pass 1 s | steady pass s | steady speedup vs eager | pass 1 - steady s | first call s | first call per bucket, sum s | calls that compiled (their time) | steady median ms/call | dynamo compiles (recompiles) | Inductor graphs compiled | planner realizations | max abs err vs eager |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+{pl_text}
+Per bucket (first call of the bucket in pass 1; median call of the steady state):
+
+{bhead} |
+|---|---|---|{"---|---|" * len(ok)}
+{chr(10).join(brows)}
+
+- Buckets in these tables: pow2 over {meta["dim"]}, the runtime's default (a tuned cache's own bucket spec may clip the outer edges to the tuned range).
+- *pass 1 - steady*: what the cold pass cost over a steady one: compiles, plus, for the planner, one cache lookup (and queued miss) per new shape.
+- *calls that compiled*: calls during which dynamo compiled a frame, Inductor compiled a graph or the planner realized a plan (from torch._dynamo.utils.counters and RuntimeStats, read around each call).
+- *dynamo compiles (recompiles)*: frames dynamo compiled; in brackets, those after the first call. *Inductor graphs compiled*: FX graph cache misses + hits + bypasses (the planner compiles each fused group as its own graph).
+- *max abs err*: over {len(meta["check_lengths"])} stream entries ({meta["dim"]} = {", ".join(map(str, meta["check_lengths"]))}) against eager in the same process; ok = within planner.realize_check's tolerance for {meta["dtype"]}.
+- Every call is {"synchronized (CUDA) and " if meta["device"] != "cpu" else ""}timed with perf_counter; pass totals include the per-call bookkeeping.
+"""
+
+
+# ---- main -------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:  # a child process: one contender
+        name, cfg_path, res_path = argv[1:4]
+        res = run_contender(json.loads(Path(cfg_path).read_text()), name)
+        Path(res_path).write_text(json.dumps(res))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a small CPU-sized run (minutes)")
+    p.add_argument("--model", default="zoo:gpt2-block")
+    p.add_argument("--shape", default=None, help="fixed shape parameters, e.g. B=8,D=768,H=12")
+    p.add_argument("--dim", default="S", help="the model's shape parameter that varies")
+    p.add_argument("--seq", default=None, help="LO..HI range of the varying length")
+    p.add_argument("--n", type=int, default=None, help="calls in the stream")
+    p.add_argument("--passes", type=int, default=3, help="passes over the stream (>= 2)")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (--quick: 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on CUDA)")
+    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--cache", default=None, help="plan cache URL filled by fusion-plan tune")
+    p.add_argument("--compile-budget", type=int, default=8)
+    p.add_argument("--check", type=int, default=4, help="stream entries checked against eager")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per contender")
+    p.add_argument("--same-process", action="store_true")
+    p.add_argument("--shared-inductor-cache", action="store_true")
+    p.add_argument("--out", default=None, help="Markdown report; .jsonl beside it")
+    args = p.parse_args(argv)
+
+    from planner.hardware import local_device_name
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    if cuda and not args.quick:
+        shape, seq, n, timeout = "B=8,D=768,H=12", "128..2048", 200, 240.0
+    elif args.quick:
+        shape, seq, n, timeout = "B=2,D=64,H=4", "16..256", 48, 150.0
+    else:
+        shape, seq, n, timeout = "B=4,D=256,H=4", "32..512", 100, 600.0
+    shape = args.shape if args.shape is not None else shape
+    lo, hi = parse_range(args.seq or seq)
+    n = args.n or n
+    if args.passes < 2:
+        raise SystemExit("--passes must be at least 2 (pass 1 cold, then the steady state)")
+    dtype = args.dtype or ("bf16" if cuda else "fp32")
+    names = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    if bad := [c for c in names if c not in CONTENDERS]:
+        raise SystemExit(f"unknown contender(s) {bad}; known: {', '.join(CONTENDERS)}")
+    lengths = make_stream(n, lo, hi, args.seed)
+    order = sorted(set(lengths))
+    picks = [lengths[0], order[0], order[-1], order[len(order) // 2]]
+    check = list(dict.fromkeys(picks))[: max(0, args.check)]
+    dev_name = local_device_name(device)
+    out_md = Path(args.out or ROOT / f"benchmarks/results/runtime_stream_{dev_name}.md")
+    cfg = {
+        "device": device,
+        "dtype": dtype,
+        "model": args.model,
+        "shape": shape,
+        "dim": args.dim,
+        "lengths": lengths,
+        "check_lengths": check,
+        "passes": args.passes,
+        "seed": args.seed,
+        "cache": args.cache,
+        "compile_budget": args.compile_budget,
+        "threads": args.threads or (1 if args.quick else None),
+    }
+    meta = {
+        **cfg,
+        "kind": "meta",
+        "command": "python benchmarks/runtime_stream.py " + shlex.join(argv),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "device_name": torch.cuda.get_device_name() if cuda else _cpu_name(),
+        "device_label": dev_name,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cores": os.cpu_count(),
+        "seq": [lo, hi],
+        "same_process": args.same_process,
+        "shared_inductor_cache": args.shared_inductor_cache,
+        "load_start": os.getloadavg()[0],
+    }
+    _say(
+        f"{args.model} {shape} {dtype} on {dev_name}: {n} calls, {args.dim} in {lo}..{hi} "
+        f"({len(order)} distinct); contenders {', '.join(names)}; "
+        f"cache {args.cache or 'fresh and empty'}"
+    )
+    results = []
+    with tempfile.TemporaryDirectory(prefix="fp-runtime-stream-") as tmp:
+        run_cfg = {**cfg, "tmp": tmp}  # the empty plan cache lives here when no --cache
+        for name in names:
+            _say(f"{name}: starting")
+            t0 = time.perf_counter()
+            if args.same_process:
+                try:
+                    res = run_contender(run_cfg, name)
+                except Exception as e:
+                    res = {"contender": name, "error": f"{type(e).__name__}: {e}"[:500]}
+            else:
+                res = _run_in_child(
+                    run_cfg, name, Path(tmp), args.timeout or timeout, args.shared_inductor_cache
+                )
+            res.setdefault("process_wall_s", time.perf_counter() - t0)
+            _say(f"{name}: done in {res['process_wall_s']:.1f} s{' - ' + res.get('error', '')}")
+            results.append(res)
+    meta["load_end"] = os.getloadavg()[0]
+    text = report(meta, results)
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md.write_text(text)
+    with out_md.with_suffix(".jsonl").open("w") as f:
+        f.write(json.dumps(meta) + "\n")
+        for r in results:
+            row = {"kind": "contender", **r, "summary": summarize(r, lengths)}
+            f.write(json.dumps(row) + "\n")
+    print(text)
+    _say(f"wrote {out_md} and {out_md.with_suffix('.jsonl')}")
+    return 0 if all("error" not in r for r in results) else 1
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
