@@ -3,41 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 import warnings
 
 from planner.errors import FusionPlannerError
-from search.commands import (
-    analyze,
-    cache,
-    collect,
-    cost,
-    devicebench,
-    measure,
-    plan,
-    train_policy,
-    tune,
-)
 
-# One line per subcommand module; each registers its own parser.
-COMMANDS = (analyze, devicebench, cost, cache, plan, train_policy, measure, collect, tune)
+# Command name -> its module in search/commands/, which registers its own parser. Only the
+# module of the command being run is imported: the others pull in Inductor, Optuna or
+# scikit-learn, which cost seconds at start-up and which a GPU box may not have.
+COMMANDS = {
+    "analyze": "analyze",
+    "device-bench": "devicebench",
+    "cost": "cost",
+    "cache": "cache",
+    "plan": "plan",
+    "train-policy": "train_policy",
+    "measure": "measure",
+    "collect": "collect",
+    "tune": "tune",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of `only` (the one on the command line)."""
     p = argparse.ArgumentParser(
         prog="fusion-plan",
         description="Search-based operator-fusion planner and autotuner for PyTorch.",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
-    for cmd in COMMANDS:
-        cmd.add_parser(sub)
+    for name, module in COMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(f"search.commands.{module}").add_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    first = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(first if first in COMMANDS else None).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",

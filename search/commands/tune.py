@@ -155,9 +155,10 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult])
             lines.append(f"{r.bucket.key:<28} {'(none)':<10}  {r.stored}")
             continue
         t = best.measured.median_s
+        comp_us = f"{comp * 1e6:10.1f}" if comp else f"{'-':>10}"
+        vs_comp = f"{comp / t:9.2f}x" if comp else f"{'-':>10}"
         lines.append(
             f"{r.bucket.key:<28} {best.strategy:<10} {len(best.partition):>6} {t * 1e6:9.1f} "
-            f"{r.eager.median_s * 1e6:9.1f} {(comp or 0) * 1e6:10.1f} "
-            f"{r.eager.median_s / t:7.2f}x {(comp / t if comp else float('nan')):9.2f}x"
+            f"{r.eager.median_s * 1e6:9.1f} {comp_us} {r.eager.median_s / t:7.2f}x {vs_comp}"
         )
     return "\n".join(lines)
