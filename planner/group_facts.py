@@ -154,6 +154,28 @@ def siblings_ok(f: GroupFacts) -> bool:
     return bool(f.anchor_inputs) and not f.anchor_reach & f.anchors
 
 
+def never_legal_grown(graph: OpGraph, f: GroupFacts, regs_cap: int | None) -> bool:
+    """The monotone part of legality: no group holding `f`'s ops can ever be legal,
+    whatever else joins it. Opaque ops, the register cap, reductions over different
+    spaces, chained anchors and a reduction or prologue in an anchor group only get worse
+    as a group grows, unless the group may still become a known fused kernel (attention).
+    Exact search prunes its enumeration with it; the Optuna encoding drops such links."""
+    if f.n_work < 2:
+        return False
+    if f.opaque or (regs_cap is not None and f.regs > regs_cap) or len(f.red_spaces) > 1:
+        return True
+    if not f.anchors:
+        return False
+    multi = f.anchors & (f.anchors - 1)
+    bad = (multi and not siblings_ok(f)) or f.reduces or f.work_reach & f.anchors
+    if not bad:
+        return False
+    work = f.mask & ~free_mask(graph)
+    return not any(
+        work & ~r.work == 0 and f.anchors & ~r.anchors == 0 for r in fused_regions(graph)
+    )
+
+
 _ANC: dict[str, tuple[int, ...]] = {}
 
 

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from planner.errors import FusionPlannerError
+from planner.group_facts import never_legal_grown
 from planner.ir import OpGraph
-from planner.legality import free_mask, fused_regions, group_reasons, siblings_ok
+from planner.legality import group_reasons
 from planner.objective import Objective
 from planner.opkinds import Kind, kinds
 from planner.partition import Partition, bits
@@ -241,27 +242,10 @@ def _live_links(graph: OpGraph, env: MergeEnv) -> set[Link]:
 
 
 def _dead(env: MergeEnv, u: int, v: int) -> bool:
-    """The monotone part of legality, as search/strategies/exact.py prunes with it: opaque
-    ops, the register cap, reductions over different spaces, chained anchors and a
-    reduction or prologue in an anchor group only get worse as a group grows, unless the
-    group may still become a known fused kernel (attention)."""
+    """No legal group can ever hold both u and v (planner.group_facts.never_legal_grown)."""
     st = env.base_state
     f = st.facts[u].combine(st.facts[v])
-    if f.n_work < 2:
-        return False
-    cap = st.limits.regs_per_thread
-    if f.opaque or (cap is not None and f.regs > cap) or len(f.red_spaces) > 1:
-        return True
-    if not f.anchors:
-        return False
-    multi = f.anchors & (f.anchors - 1)
-    bad = (multi and not siblings_ok(f)) or f.reduces or f.work_reach & f.anchors
-    if not bad:
-        return False
-    work = f.mask & ~free_mask(env.graph)
-    return not any(
-        work & ~r.work == 0 and f.anchors & ~r.anchors == 0 for r in fused_regions(env.graph)
-    )
+    return never_legal_grown(env.graph, f, st.limits.regs_per_thread)
 
 
 def pattern_matches(

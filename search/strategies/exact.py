@@ -34,6 +34,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from planner.group_facts import never_legal_grown
 from planner.ir import OpGraph
 from planner.legality import (
     GROUP_RULES,
@@ -41,11 +42,8 @@ from planner.legality import (
     GroupFacts,
     GroupView,
     ancestors,
-    free_mask,
     fused_region_of,
-    fused_regions,
     node_facts,
-    siblings_ok,
 )
 from planner.objective import Objective
 from planner.partition import Partition, bits
@@ -152,25 +150,11 @@ def legal_groups(
     nbr = _neighbors(graph)
     one = [node_facts(graph, i) for i in range(n)]
     anc = ancestors(graph)
-    free = free_mask(graph)
-    regions = fused_regions(graph)
     cap = limits.regs_per_thread
     rules = [r for r in GROUP_RULES if r.name not in ("convex", "connected")]
 
-    def could_be_region(f: GroupFacts) -> bool:
-        work = f.mask & ~free
-        return any(work & ~r.work == 0 and f.anchors & ~r.anchors == 0 for r in regions)
-
     def dead(f: GroupFacts) -> bool:
-        if f.n_work < 2:
-            return False
-        if f.opaque or (cap is not None and f.regs > cap) or len(f.red_spaces) > 1:
-            return True
-        if not f.anchors:
-            return False
-        multi = f.anchors & (f.anchors - 1)
-        bad = (multi and not siblings_ok(f)) or f.reduces or f.work_reach & f.anchors
-        return bool(bad) and not could_be_region(f)
+        return never_legal_grown(graph, f, cap)
 
     def legal(f: GroupFacts, down: int, up: int) -> bool:
         if down & up & ~f.mask:
