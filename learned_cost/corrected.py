@@ -32,6 +32,7 @@ from learned_cost.features import analytical_parts, feature_vector, normalize_dt
 from learned_cost.mlp import CorrectionMLP
 from learned_cost.online import Observation, OnlineBias, UpdateReport
 from learned_cost.persist import ModelMeta, load_model, save_model, spec_from_figures
+from learned_cost.plan_context import FLOOR as PLAN_FLOOR
 from learned_cost.plan_context import PlanContext
 from planner.cost import CostModel, GroupCost
 from planner.errors import CostModelError
@@ -141,7 +142,9 @@ class CorrectedModel:
         """Predicted latency of the realized plan `groups`: its group costs (in plan
         context) plus the executor's fixed cost per call (plan_context.py)."""
         total = sum(c.latency_s for c in self.group_costs(graph, groups))
-        return total + self.plan_context.per_plan_s if total > 0 else total
+        # per_plan_s is a fitted intercept and may be negative: floored like apply_sum,
+        # so a small plan is never predicted to take no time (or less than none).
+        return max(total + self.plan_context.per_plan_s, PLAN_FLOOR * total)
 
     # ---- online refinement ---------------------------------------------------------------------
     def update(self, rows: Iterable[Mapping[str, Any] | Observation]) -> UpdateReport:

@@ -275,6 +275,22 @@ def test_online_update_from_plan_observations(fitted, spec):
     assert model.plan_cost_s(g, groups) == pytest.approx(2.0 * predicted, rel=0.02)
 
 
+def test_plan_prediction_stays_positive_with_a_negative_fitted_intercept(fitted, spec):
+    """per_plan_s is a regression intercept and came out negative on real CPU plan rows;
+    a small plan must still be predicted to take time, or the online update skips it."""
+    from learned_cost.plan_context import FLOOR, PlanContext
+
+    g = graph("zoo:mlp", "B=2,D=16,HID=32,L=1")
+    groups = [frozenset({i}) for i in range(len(g.nodes))]
+    plain = CorrectedModel(AnalyticalModel(spec), fitted)
+    total = plain.plan_cost_s(g, groups)
+    model = CorrectedModel(
+        AnalyticalModel(spec), fitted, plan_context=PlanContext(per_plan_s=-10 * total)
+    )
+    assert model.plan_cost_s(g, groups) == pytest.approx(FLOOR * total)
+    assert model.update([Observation.of_plan(g, groups, total)]).used == 1
+
+
 def test_online_last_layer_steps_move_the_network(rows, design, spec):
     """With last_layer_steps, the network itself (not only the bias) moves towards new
     measurements: its own error on them falls."""

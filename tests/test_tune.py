@@ -65,3 +65,32 @@ def test_tune_with_tpe_in_a_sqlite_study(tmp_path):
         results = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, progress=lambda m: None)
     assert all(r.plan is not None for r in results)
     assert (tmp_path / "study.db").exists()
+
+
+def test_tune_updates_the_learned_model_online_and_saves_it(tmp_path):
+    """The loop's measurements refine a learned correction (7.4.3), and --cost-model-out
+    writes the refined state, which loads back."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from learned_cost.corrected import load_corrected
+    from planner.hardware import device_fingerprint
+
+    # The committed CPU model, adopted by this CPU (CPU models are refused elsewhere).
+    models = Path(__file__).resolve().parent.parent / "learned_cost" / "models"
+    shutil.copy(models / "cpu.npz", tmp_path / "cpu.npz")
+    meta = json.loads((models / "cpu.json").read_text())
+    meta["device_fingerprints"] = [device_fingerprint("cpu")]
+    (tmp_path / "cpu.json").write_text(json.dumps(meta))
+    out = tmp_path / "refined.json"
+    args = ["tune", "--model", "zoo:mlp", "--shape", "D=16,HID=32,L=1", "--dynamic",
+            "B=2..4", "--strategy", "greedy", "--top-k", "1", "--no-compile-baseline",
+            "--cache", str(tmp_path / "plans.sqlite"), "--cost-model",
+            str(tmp_path / "cpu.json"), "--cost-model-out", str(out)]
+    assert main(args) == 0
+    online = json.loads(out.read_text())["online"]
+    assert meta["online"].get("n_observations", 0) == 0
+    assert online["n_observations"] == 2  # one measured plan per bucket
+    assert online["bias"] != 0.0
+    assert load_corrected(str(out), "cpu").online.state() == online
