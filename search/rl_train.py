@@ -316,6 +316,11 @@ def finetune(
             iters += 1
             eps = []
             for _ in range(rollouts):
+                # rollout checks the clock only when it scores an unseen group: once every
+                # group of a small graph is memoized, only this check ends the search
+                if clock is not None and clock.exhausted():
+                    complete = False
+                    break
                 ep = rollout(
                     graph, objective, net, greedy=False, generator=gen, temperature=temperature,
                     clock=clock, memo=memo, record=True,

@@ -162,6 +162,18 @@ def test_finetuning_never_loses_to_zero_shot_and_respects_the_budget():
     assert r1.partition == r2.partition
 
 
+def test_finetuning_stops_on_seconds_once_every_group_is_memoized():
+    """A small graph's groups are all scored after a few episodes; from then on no rollout
+    consults the clock, so the loop itself must (the budget contract of search/strategy.py)."""
+    import time
+
+    g = zoo_graph("resnet-bottleneck")
+    strat = get_strategy("rl-ft", max_iters=100_000, patience=100_000)
+    t0 = time.perf_counter()
+    r = strat.plan(g, h100_objective(), Budget(max_seconds=0.5), seed=0)
+    assert time.perf_counter() - t0 < 5.0 and not r.complete
+
+
 @pytest.mark.slow
 def test_training_runs_end_to_end_and_keeps_the_best_checkpoint(tmp_path):
     cfg = TrainConfig(
