@@ -260,11 +260,13 @@ entry), filled through the public API in {lk["fill_s"]:.1f} s. Spec: S=128..4096
 - *new shape in a cached bucket*: the shape was never looked up, its bucket's entry is in
   the per-key L1: the model's (cached, empty) set of exact-shape keys, bucket_of, the
   bucket-key probe, and remembering the result.
-- The tail of that row is Python's garbage collector: each new shape allocates a few
-  objects (the bucket, the remembered result), a generation-0 collection (~10-20 us) runs
-  every few hundred allocations and lands inside 1-2% of these lookups; the diagnostic
-  row shows the same lookups with the collector off. The runtime backend meets each new
-  shape once (it remembers the shape's callable), so its per-call path never sees this.
+- The tail of that row is Python's garbage collector: each remembered new shape keeps a
+  few objects alive, and a generation-0 collection (~10-20 us) runs every few hundred of
+  them, inside some of these lookups; the diagnostic row shows the same lookups with the
+  collector off. Every shape of a bucket shares one result object (the cache keeps one
+  per bucket entry), so a new shape keeps only its memo key alive and collections land
+  in fewer than 1% of lookups. The runtime backend meets each new shape once (it
+  remembers the shape's callable), so its per-call path never sees this.
 - *L2*: L1 disabled (time-to-live 0), so every lookup reads SQLite and parses the plan JSON.
 
 ## Runtime backend per-call overhead

@@ -169,6 +169,7 @@ class PlanCache(CacheAdmin):
         # Whole lookups by (model, device, shapes, spec): a repeated shape costs one dict
         # probe. Same bounds and time-to-live as the per-key L1; cleared on every write.
         self._memo: OrderedDict[tuple[Any, ...], tuple[float, LookupResult]] = OrderedDict()
+        self._bucket_results: dict[tuple[str, str, str], LookupResult] = {}
         self._lock = threading.Lock()
         self._device_fp: str | None = None
         self._warned: set[str] = set()
@@ -419,7 +420,7 @@ class PlanCache(CacheAdmin):
             if bucket is not None:
                 entry = self.get(model_key, dev, f"{BUCKET}:{bucket.key}")
                 if entry is not None:
-                    return LookupResult(entry.plan, BUCKET, bucket, entry)
+                    return self._bucket_result(model_key, dev, bucket, entry)
         except Exception as e:  # a lookup must never take the model down
             self.stats["errors"] += 1
             self._warn_once(
@@ -427,6 +428,23 @@ class PlanCache(CacheAdmin):
             )
         self.stats["misses"] += 1
         return LookupResult(None, DEFAULT, bucket, None)
+
+    def _bucket_result(
+        self, model_key: str, dev: str, bucket: Bucket, entry: CacheEntry
+    ) -> LookupResult:
+        """One (immutable) result per cached bucket entry, shared by every shape of the
+        bucket: remembering a new shape then keeps only its memo key alive. Fewer objects
+        kept per lookup means fewer garbage collections landing inside lookups (the
+        new-shape tail in benchmarks/lookup_latency.py)."""
+        k = (model_key, dev, bucket.key)
+        with self._lock:
+            got = self._bucket_results.get(k)
+            if got is not None and got.entry is entry:
+                return got
+            if len(self._bucket_results) >= self.l1_size:
+                self._bucket_results.clear()
+            self._bucket_results[k] = got = LookupResult(entry.plan, BUCKET, bucket, entry)
+            return got
 
     def entries(
         self,
@@ -519,6 +537,7 @@ class PlanCache(CacheAdmin):
             self._specs.clear()
             self._exacts.clear()
             self._memo.clear()
+            self._bucket_results.clear()
 
     # -- internals --
     def _current_params(self) -> dict[str, Any]:

@@ -170,6 +170,21 @@ def test_lookup_order_exact_then_bucket_then_default(graph, url):
     assert r.source == "default"
 
 
+def test_shapes_of_one_bucket_share_a_result_until_its_entry_changes(graph, url):
+    """A new shape in a cached bucket remembers one shared result (fewer objects kept per
+    lookup: benchmarks/lookup_latency.py); a better plan stored later replaces it."""
+    cache = PlanCache(url)
+    spec = parse_dynamic("B=1..64", DIMS)
+    key = graph.structure_key
+    cache.store(make_plan(graph, predicted=2e-3), spec.bucket_of([(12, 16)]))
+    a = cache.lookup(key, [(9, 16)], DEV, spec=spec)
+    b = cache.lookup(key, [(13, 16)], DEV, spec=spec)
+    assert a is b and a.plan.predicted_s == 2e-3
+    cache.store(make_plan(graph, predicted=1e-3, singletons=False), spec.bucket_of([(12, 16)]))
+    c = cache.lookup(key, [(15, 16)], DEV, spec=spec)
+    assert c is not a and c.plan.predicted_s == 1e-3 and c.plan.n_groups == 1
+
+
 def test_the_stored_spec_buckets_lookups_without_an_explicit_one(graph, url):
     cache = PlanCache(url)
     spec = BucketSpec.uniform(parse_dynamic("B=1..64", DIMS).dims, Edges((8, 64)))
