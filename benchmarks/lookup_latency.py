@@ -30,6 +30,7 @@ from planner.buckets import parse_dynamic
 from planner.cache import PlanCache
 from planner.capture import Captured, export_model
 from planner.errors import FusionPlannerError
+from planner.hardware import cpu_model_name
 from planner.partition import Partition
 from planner.plan import Plan
 from planner.runtime import fusion_planner_backend
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         "| what | samples | p50 us | p99 us | p99 us, quietest 1/5 | mean us | target p99 us "
         "| met |\n|---|---|---|---|---|---|---|---|"
     )
-    cpu = _cpu_name()
+    cpu = cpu_model_name()
     text = f"""# Plan-cache lookup latency and runtime backend overhead (CPU)
 
 Produced by `python benchmarks/lookup_latency.py` on {time.strftime("%Y-%m-%d")}:
@@ -289,16 +290,6 @@ kernels.
     Path(args.out).write_text(text)
     print(text)
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -410,6 +410,8 @@ Per bucket (first call of the bucket in pass 1; median call of the steady state)
 
 # ---- main -------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
+    from planner.hardware import cpu_model_name
+
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:  # a child process: one contender
         name, cfg_path, res_path = argv[1:4]
@@ -481,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         "kind": "meta",
         "command": "python benchmarks/runtime_stream.py " + shlex.join(argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "device_name": torch.cuda.get_device_name() if cuda else _cpu_name(),
+        "device_name": torch.cuda.get_device_name() if cuda else cpu_model_name(),
         "device_label": dev_name,
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -526,16 +528,6 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     _say(f"wrote {out_md} and {out_md.with_suffix('.jsonl')}")
     return 0 if all("error" not in r for r in results) else 1
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":

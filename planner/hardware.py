@@ -237,15 +237,23 @@ SPECS: dict[str, DeviceSpec] = {
 }
 
 
+def cpu_model_name() -> str:
+    """This machine's CPU model, e.g. "AMD EPYC" (from /proc/cpuinfo where there is one)."""
+    try:
+        if m := re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text()):
+            return m.group(1).strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 @lru_cache(maxsize=1)
 def _cpu_spec() -> DeviceSpec:
     """The local CPU, estimated from /proc/cpuinfo: cores x clock x FLOP/cycle."""
     cores = os.cpu_count() or 1
-    model, mhz, flags = platform.processor() or "cpu", 2500.0, ""
+    model, mhz, flags = cpu_model_name(), 2500.0, ""
     try:
         info = Path("/proc/cpuinfo").read_text()
-        if m := re.search(r"model name\s*:\s*(.+)", info):
-            model = m.group(1).strip()
         if m := re.search(r"cpu MHz\s*:\s*([\d.]+)", info):
             mhz = float(m.group(1))
         if m := re.search(r"flags\s*:\s*(.+)", info):
