@@ -121,9 +121,9 @@ def pg_server():
 )
 def url(request, tmp_path) -> str:
     if request.param == "postgresql":
+        template = request.getfixturevalue("pg_server")  # skips without server or driver
         import psycopg
 
-        template = request.getfixturevalue("pg_server")
         name = f"t_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(template.format(db="postgres").replace("+psycopg", "")) as con:
             con.autocommit = True
