@@ -71,6 +71,18 @@ def block():
     return zoo.get("transformer-block").build(BLOCK)[0]
 
 
+def attention_at_representative(module, spec):
+    """The block captured at the representative shape of its S=40 bucket, and a
+    partition with its attention (q@k^T -> /sqrt(dh) -> softmax -> @v) as one group."""
+    (rep,) = spec.bucket_of([(2, 40, 32)]).representative()
+    graph = export_model(module, (torch.randn(*rep),)).graph
+    assert [n.op for n in graph.nodes[11:15]] == ["matmul", "div", "softmax", "matmul"]
+    part = Partition.singletons(graph)
+    for a, b in ((11, 12), (12, 13), (13, 14)):
+        part = part.merge_nodes(a, b)
+    return graph, part
+
+
 class Counting:
     """Wraps a realizer and an exporter, recording what the backend asked for."""
 
@@ -185,12 +197,7 @@ def test_a_tuned_plan_is_found_and_realized_once_per_bucket(cache):
     module = block()
     spec = parse_dynamic("S=8..64", {"B": (0, 0), "S": (0, 1)})
     rep_bucket = spec.bucket_of([(2, 40, 32)])
-    (rep,) = rep_bucket.representative()
-    graph = export_model(module, (torch.randn(*rep),)).graph
-    whole_attention = Partition.singletons(graph)
-    for a, b in ((11, 12), (12, 13), (13, 14)):  # q@k^T -> /sqrt(dh) -> softmax -> @v
-        whole_attention = whole_attention.merge_nodes(a, b)
-    assert [n.op for n in graph.nodes[11:15]] == ["matmul", "div", "softmax", "matmul"]
+    graph, whole_attention = attention_at_representative(module, spec)
     plan = Plan.from_partition(
         whole_attention,
         device="cpu",
@@ -380,11 +387,7 @@ def test_backend_with_real_realization_matches_eager(cache):
     module = block()
     spec = parse_dynamic("S=8..64", {"B": (0, 0), "S": (0, 1)})
     bucket = spec.bucket_of([(2, 40, 32)])
-    (rep,) = bucket.representative()
-    graph = export_model(module, (torch.randn(*rep),)).graph
-    part = Partition.singletons(graph)
-    for a, b in ((11, 12), (12, 13), (13, 14)):  # q@k^T -> /sqrt(dh) -> softmax -> @v
-        part = part.merge_nodes(a, b)
+    graph, part = attention_at_representative(module, spec)
     plan = Plan.from_partition(
         part,
         device="cpu",
