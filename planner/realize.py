@@ -28,6 +28,7 @@ varying lengths, where launching each group from Python would cost more than fus
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from planner import realize_layout as layout
 from planner import realize_patterns as patterns
 from planner.capture import Captured
 from planner.errors import PlanError
@@ -59,6 +61,7 @@ from planner.realize_graph import (
 from planner.realize_units import (
     GroupReport,
     GroupUnit,
+    _clone,
     fake_mode_of,
     prepare_unit,
     reference_values,
@@ -77,11 +80,14 @@ class RealizeWarning(UserWarning):
 
 
 def inductor_compiler(options: Mapping[str, Any] | None = None) -> GroupCompiler:
-    """Compile a group with TorchInductor, shapes (static or symbolic) as export left them."""
+    """Compile a group with TorchInductor for inference, shapes (static or symbolic) as
+    export left them."""
 
     def compile_group(gm: fx.GraphModule, fakes: tuple[Any, ...], fake_mode: Any) -> Any:
         context = torch._guards.TracingContext(fake_mode)
-        with torch._guards.tracing(context):
+        # an inference graph: with grad on, parameters would make AOT autograd trace a
+        # training graph (saving activations, and failing on ops without a derivative)
+        with torch._guards.tracing(context), torch.no_grad():
             return torch._inductor.standalone_compile(
                 gm,
                 list(fakes),
@@ -206,6 +212,7 @@ class RealizedPlan:
         units: list[GroupUnit],
         order: tuple[int, ...],
         device: torch.device,
+        out_orders: Mapping[int, Sequence[int]] | None = None,
     ):
         self.captured = captured
         self.partition = partition
@@ -230,6 +237,18 @@ class RealizedPlan:
             {k: v for u in units for k, v in u.extra_state.items()},
         )
         self._forward = self.top.forward
+        # user outputs whose layout a fused kernel changed: given eager's order back
+        self._out_orders = dict(out_orders or {})
+        if self._out_orders:
+            top, fix = self.top.forward, self._out_orders
+
+            def forward(*args: Any) -> tuple[Any, ...]:
+                outs = list(top(*args))
+                for i, order in fix.items():
+                    outs[i] = layout.to_order(outs[i], order)
+                return tuple(outs)
+
+            self._forward = forward
 
     def _runner(self, g: int) -> Callable[..., Any]:
         impls = self._impls
@@ -311,15 +330,29 @@ class RealizedPlan:
             stacklevel=3,
         )
 
-    def check_groups(self, ref: dict[str, Any]) -> None:
-        """Each non-eager group on the reference inputs vs the reference outputs."""
+    def check_groups(self, ref: dict[str, Any], bound: dict[Any, int] | None = None) -> None:
+        """Each non-eager group on the reference inputs (in the layouts the unit was made
+        for) vs the reference outputs, values and, where layouts propagate, strides."""
+        bound = bound or {}
         for unit in self._units:
             if unit.is_eager:
                 continue
-            args = [unit.extra_state.get(n, ref.get(n)) for n in unit.inputs]
+            fakes = unit.group.fakes
             try:
-                got = self._impls[unit.group.index](*args)
-                bad = compare_outputs([ref[n] for n in unit.group.outputs], list(got), self._dtype)
+                args = [
+                    unit.extra_state[n]
+                    if n in unit.extra_state
+                    else layout.as_layout(ref.get(n), fakes[i], bound)
+                    for i, n in enumerate(unit.inputs)
+                ]
+                got = list(self._impls[unit.group.index](*args))
+                bad = compare_outputs([ref[n] for n in unit.group.outputs], got, self._dtype)
+                if bad is None and unit.out_fakes:
+                    for j, (o, f) in enumerate(zip(got, unit.out_fakes)):
+                        want = layout.concrete_layout(f, bound)[1]
+                        if o.numel() > 1 and list(o.stride()) != want:
+                            bad = Mismatch(j, f"strides {tuple(o.stride())}, planned {tuple(want)}")
+                            break
             except Exception as e:  # a kernel that cannot run is a failed realization
                 bad = Mismatch(0, f"run: {type(e).__name__}: {str(e)[:200]}")
             if bad is not None:
@@ -328,13 +361,13 @@ class RealizedPlan:
     def verify(self, inputs: Sequence[Any]) -> None:
         """Check the plan against eager on `inputs`; repair by falling back (see module doc)."""
         ref, expected = reference_values(self._parts, inputs)
-        self.check_groups(ref)
-        bad = compare_outputs(expected, list(self._forward(*inputs)), self._dtype)
+        self.check_groups(ref, layout.bindings(user_input_fakes(self._parts), inputs))
+        bad = self._compare_whole(expected, inputs)
         if bad is not None:
             for unit in self._units:
                 if not unit.is_eager:
                     self._fall_back(unit.group.index, f"whole plan mismatched eager: {bad}")
-            bad = compare_outputs(expected, list(self._forward(*inputs)), self._dtype)
+            bad = self._compare_whole(expected, inputs)
         if bad is not None:  # the cut itself is wrong: run the program as exported
             self._whole_fallback = self.captured.program.module()
             warnings.warn(
@@ -344,6 +377,12 @@ class RealizedPlan:
                 stacklevel=2,
             )
         self.verified = bad is None
+
+    def _compare_whole(self, expected: list[Any], inputs: Sequence[Any]) -> Mismatch | None:
+        try:
+            return compare_outputs(expected, list(self._forward(*inputs)), self._dtype)
+        except Exception as e:  # a plan that cannot run is a failed realization too
+            return Mismatch(0, f"run: {type(e).__name__}: {str(e)[:200]}")
 
     def capture_cuda_graph(self, inputs: Sequence[Any], copy_outputs: bool = True) -> bool:
         """Record the whole plan in one CUDA graph (static shapes); False if it cannot."""
@@ -470,6 +509,61 @@ class _ShapeGraphs:
             return g(args)
 
 
+def _mutates(gm: fx.GraphModule) -> bool:
+    """Whether the program holds an in-place op (export's programs normally hold none)."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            name = str(n.target).split(".")
+            if len(name) >= 2 and name[-2].endswith("_") and not name[-2].startswith("_"):
+                return True
+    return False
+
+
+def _prepare_propagating(
+    graph: OpGraph,
+    parts: ProgramParts,
+    groups: list[GroupGraph],
+    order: tuple[int, ...],
+    wanted: list[str],
+    compile_group: GroupCompiler,
+    fake_mode: Any,
+) -> tuple[list[GroupUnit], dict[int, list[int]]]:
+    """Prepare the groups in execution order, each traced with the layouts its producers
+    hand it (planner.realize_layout). Returns the units and, for user outputs whose
+    layout changed, eager's dimension order to give them back."""
+    actual: dict[str, Any] = {}
+    user_outs = [v.name for v in parts.outputs if isinstance(v, fx.Node)]
+    may_drop = not _mutates(parts.gm)
+    units: list[GroupUnit | None] = [None] * len(groups)
+    for gi in order:
+        gg = groups[gi]
+        fakes = tuple(actual.get(n, f) for n, f in zip(gg.inputs, gg.fakes))
+        module = _clone(gg.module)
+        layout.adapt_inputs(module, fakes, gg.fakes, fake_mode)
+        if may_drop and wanted[gi] == "eager" and layout.clones_to_contiguous(module, user_outs):
+            layout.propagate(module, fakes, fake_mode)
+        adapted = dataclasses.replace(gg, module=module, fakes=fakes)
+        unit = prepare_unit(
+            graph,
+            parts,
+            adapted,
+            wanted[gi],
+            compile_group,
+            fake_mode,
+            RealizeWarning,
+            keep_layout=False,
+        )
+        actual.update(zip(gg.outputs, unit.out_fakes))
+        units[gi] = unit
+    out_orders = {}
+    for i, v in enumerate(parts.outputs):
+        if isinstance(v, fx.Node) and v.name in actual:
+            eager = parts.by_name[v.name].meta["val"]
+            if not layout.same_strides(actual[v.name], eager):
+                out_orders[i] = layout.stride_order(eager)
+    return [u for u in units if u is not None], out_orders
+
+
 def realize(
     captured: Captured,
     plan_or_partition: Plan | Partition,
@@ -481,6 +575,7 @@ def realize(
     compiler: GroupCompiler | None = None,
     copy_outputs: bool = True,
     inputs: Sequence[Any] | None = None,
+    propagate_layouts: bool = True,
 ) -> RealizedPlan:
     """Realize `plan_or_partition` of `captured` (see the module docstring).
 
@@ -489,7 +584,9 @@ def realize(
     `cuda_graphs`: "auto" = on CUDA, one graph for static shapes, else one per recurring
     shape (outputs must then be copied out: `copy_outputs`). `verify` checks against eager on
     `inputs` (default: the capture's example inputs). `compiler` replaces Inductor (tests
-    inject failures with it).
+    inject failures with it). `propagate_layouts`: groups hand on the layouts their kernels
+    compute (planner.realize_layout); False copies every boundary value back to eager's
+    layout (also the fallback when propagation cannot be done).
     """
     graph = captured.graph
     partition = _partition_of(graph, plan_or_partition)
@@ -501,17 +598,34 @@ def realize(
     compile_group = compiler or inductor_compiler()
     t0 = time.perf_counter()
     fake_mode = fake_mode_of(parts)
-    units = [
-        prepare_unit(graph, parts, gg, wanted[gg.index], compile_group, fake_mode, RealizeWarning)
-        for gg in groups
-    ]
+    out_orders: dict[int, list[int]] = {}
+    units: list[GroupUnit] | None = None
+    if propagate_layouts:
+        try:
+            units, out_orders = _prepare_propagating(
+                graph, parts, groups, order, wanted, compile_group, fake_mode
+            )
+        except PlanError as e:
+            warnings.warn(
+                f"layouts cannot propagate through this plan ({e}); boundary values keep "
+                "eager's layout",
+                RealizeWarning,
+                stacklevel=2,
+            )
+    if units is None:
+        units = [
+            prepare_unit(
+                graph, parts, gg, wanted[gg.index], compile_group, fake_mode, RealizeWarning
+            )
+            for gg in groups
+        ]
     log.info(
         "realized %d groups in %.2f s (%d compiled)",
         len(units),
         time.perf_counter() - t0,
         sum(u.compiled for u in units),
     )
-    realized = RealizedPlan(captured, partition, parts, units, order, dev)
+    realized = RealizedPlan(captured, partition, parts, units, order, dev, out_orders)
     example = tuple(inputs) if inputs is not None else tuple(captured.example_inputs)
     if verify:
         realized.verify(example)

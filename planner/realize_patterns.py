@@ -369,3 +369,74 @@ def rewrite_concat_gemm(
     g.eliminate_dead_code()
     gm.recompile()
     return replaced
+
+
+# ---- GEMM + bias + GELU as one cuBLASLt call ------------------------------------------------
+# Inductor runs a GEMM as an extern (cuBLAS) kernel and fuses what follows into a separate
+# Triton kernel, which reads the GEMM's output back: for linear -> GELU that is a whole
+# pass over the widest activation of a transformer block. cuBLASLt applies bias and GELU
+# in the GEMM's epilogue (`aten._addmm_activation(..., use_gelu=True)`). Its GELU is the
+# tanh form, at most 4.7e-4 from the exact (erf) GELU: below half an ulp of bf16 / fp16
+# at the magnitudes where it differs, so only half-precision programs on CUDA use it
+# (benchmarks/epilogue_probe.py measures speed and error against an fp32 reference).
+GELU_EPILOGUE_DTYPES = frozenset({torch.bfloat16, torch.float16})
+GELU_EPILOGUE_DEVICES: tuple[str, ...] = ("cuda",)
+
+
+def _static_shape(node: fx.Node) -> list[int] | None:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not all(isinstance(s, int) for s in val.shape):
+        return None
+    return list(val.shape)
+
+
+def gelu_epilogue_sites(
+    gm: fx.GraphModule, devices: tuple[str, ...] | None = None
+) -> list[tuple[fx.Node, fx.Node]]:
+    """(linear, gelu) pairs of `gm` the epilogue rewrite applies to: a biased linear on
+    CUDA (`devices`) in half precision, static shapes, whose only user is a GELU."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not aten.gelu.default:
+            continue
+        lin = node.args[0]
+        if not isinstance(lin, fx.Node) or lin.target is not aten.linear.default:
+            continue
+        if len(lin.users) != 1 or len(lin.args) < 3 or lin.args[2] is None:
+            continue
+        val = lin.meta.get("val")
+        w = lin.args[1].meta.get("val") if isinstance(lin.args[1], fx.Node) else None
+        if (
+            not isinstance(val, torch.Tensor)
+            or val.device.type not in (devices or GELU_EPILOGUE_DEVICES)
+            or val.dtype not in GELU_EPILOGUE_DTYPES
+            or w is None
+            or w.dim() != 2
+            or _static_shape(lin.args[0]) is None
+            or _static_shape(lin) is None
+        ):
+            continue
+        out.append((lin, node))
+    return out
+
+
+def rewrite_gelu_epilogue(gm: fx.GraphModule, devices: tuple[str, ...] | None = None) -> int:
+    """Replace each site of `gelu_epilogue_sites` by one `_addmm_activation`; returns how
+    many were replaced."""
+    sites = gelu_epilogue_sites(gm, devices)
+    g = gm.graph
+    for lin, gelu in sites:
+        x, w, b = lin.args[0], lin.args[1], lin.args[2]
+        in_shape, out_shape = _static_shape(x), _static_shape(lin)
+        with g.inserting_before(gelu):
+            x2 = g.call_function(aten.reshape.default, (x, [-1, in_shape[-1]]))
+            wt = g.call_function(aten.t.default, (w,))
+            y2 = g.call_function(aten._addmm_activation.default, (b, x2, wt), {"use_gelu": True})
+            y = g.call_function(aten.view.default, (y2, out_shape))
+        gelu.replace_all_uses_with(y)
+        g.erase_node(gelu)
+        g.erase_node(lin)
+    if sites:
+        g.eliminate_dead_code()
+        gm.recompile()
+    return len(sites)

@@ -25,6 +25,7 @@ from planner import taxonomy
 from planner.errors import PlanError
 from planner.ir import Category, OpGraph
 from planner.realize_graph import GroupGraph, ProgramParts
+from planner.realize_layout import as_layout, bindings, propagate, same_strides
 
 aten = torch.ops.aten
 
@@ -57,8 +58,7 @@ def _clone(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(torch.nn.Module(), g, class_name=type(gm).__name__)
 
 
-def _same_strides(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return [str(s) for s in a.stride()] == [str(s) for s in b.stride()]
+_same_strides = same_strides
 
 
 def _settle_layout(
@@ -140,6 +140,15 @@ class GroupUnit:
         self.note = ""
         self.is_eager = True
         self.run = _pick(group.module.forward, tuple(range(len(group.inputs))), len(self.inputs))
+        # the layouts the unit's outputs have at run time (set by prepare_unit); consumers
+        # prepared after it are traced and compiled for them
+        self.out_fakes: tuple[Any, ...] = ()
+        self.module: fx.GraphModule = group.module  # what runs (compiled or not) ...
+        self.module_fakes: tuple[Any, ...] = tuple(group.fakes)  # ... and its inputs
+
+    def predicted_outputs(self, fake_mode: Any) -> list[Any]:
+        """The layouts of the outputs as the unit now runs (fake values)."""
+        return propagate(self.module, self.module_fakes, fake_mode)
 
     def use(self, realization: str, fn: Callable[..., Any], names: Sequence[str], compiled: bool):
         index = tuple(self.inputs.index(n) for n in names)
@@ -147,9 +156,26 @@ class GroupUnit:
         self.realization, self.compiled, self.is_eager = realization, compiled, False
 
     def to_eager(self, reason: str) -> None:
-        self.run = _pick(
-            self.group.module.forward, tuple(range(len(self.group.inputs))), len(self.inputs)
-        )
+        """Run the group's aten ops as they are. Consumers may have been compiled for the
+        layouts the unit promised (out_fakes): eager's results are laid out so first."""
+        eager_fwd = fwd = self.group.module.forward
+        promised = self.out_fakes
+        if promised:
+            try:
+                eager = propagate(self.group.module, self.group.fakes, _fake_mode(promised))
+            except Exception:
+                eager = []
+            if len(eager) != len(promised) or not all(
+                same_strides(a, b) for a, b in zip(eager, promised)
+            ):
+                fakes_in = self.group.fakes
+
+                def relaid(*args: Any) -> Any:
+                    bound = bindings(fakes_in, args)
+                    return tuple(as_layout(o, f, bound) for o, f in zip(eager_fwd(*args), promised))
+
+                fwd = relaid
+        self.run = _pick(fwd, tuple(range(len(self.group.inputs))), len(self.inputs))
         self.realization, self.compiled, self.is_eager = "eager", False, True
         self.fallback = reason
 
@@ -166,12 +192,17 @@ class GroupUnit:
         )
 
 
+def _fake_mode(fakes: Sequence[Any]) -> Any:
+    return next(f.fake_mode for f in fakes if hasattr(f, "fake_mode"))
+
+
 def _rewrite(
     graph: OpGraph,
     parts: ProgramParts,
     gg: GroupGraph,
     realization: str,
     fake_mode: Any,
+    keep_layout: bool = True,
 ) -> tuple[fx.GraphModule, list[str], list[Any], dict[str, torch.Tensor]] | None:
     """The group's subgraph with its pattern rewritten, or None when there is none."""
     names, fakes = list(gg.inputs), list(gg.fakes)
@@ -213,10 +244,13 @@ def _rewrite(
             del names[i], fakes[i]
             gm.graph.erase_node(node)
     gm.recompile()
-    want = [parts.by_name[n].meta["val"] for n in gg.outputs]
-    _settle_layout(
-        gm, fakes, fake_mode, want, [(n, parts.by_name[o].meta["val"]) for n, o in replaced]
-    )
+    if keep_layout:
+        want = [parts.by_name[n].meta["val"] for n in gg.outputs]
+        _settle_layout(
+            gm, fakes, fake_mode, want, [(n, parts.by_name[o].meta["val"]) for n, o in replaced]
+        )
+    else:  # layouts propagate: the consumers are traced with whatever this computes
+        propagate(gm, fakes, fake_mode)
     return gm, names, fakes, extra
 
 
@@ -228,9 +262,32 @@ def prepare_unit(
     compile_group: Callable[[fx.GraphModule, tuple[Any, ...], Any], Callable[..., Any]],
     fake_mode: Any,
     warning: type[Warning] = UserWarning,
+    keep_layout: bool = True,
 ) -> GroupUnit:
     """Make group `gg` runnable as `requested` (see the module doc); never raises for a
-    group that fails to rewrite or compile: it runs eagerly instead, with a warning."""
+    group that fails to rewrite or compile: it runs eagerly instead, with a warning.
+
+    `keep_layout`: every boundary output keeps eager's strides (a rewrite's results are
+    copied back where they differ); False when realize propagates layouts
+    (planner.realize_layout): outputs keep the layout their kernel computes, recorded in
+    the unit's `out_fakes`.
+    """
+    unit = _prepare(graph, parts, gg, requested, compile_group, fake_mode, warning, keep_layout)
+    if not keep_layout:
+        unit.out_fakes = tuple(unit.predicted_outputs(fake_mode))
+    return unit
+
+
+def _prepare(
+    graph: OpGraph,
+    parts: ProgramParts,
+    gg: GroupGraph,
+    requested: str,
+    compile_group: Callable[[fx.GraphModule, tuple[Any, ...], Any], Callable[..., Any]],
+    fake_mode: Any,
+    warning: type[Warning],
+    keep_layout: bool,
+) -> GroupUnit:
     if requested == "eager" or work_ops(gg.module) == 0:
         return GroupUnit(gg, requested, {})
     realization, module, names, fakes = requested, gg.module, list(gg.inputs), list(gg.fakes)
@@ -238,7 +295,7 @@ def prepare_unit(
     note = ""
     if requested in ("sdpa", "concat_gemm"):
         try:
-            rewritten = _rewrite(graph, parts, gg, requested, fake_mode)
+            rewritten = _rewrite(graph, parts, gg, requested, fake_mode, keep_layout)
         except Exception as e:  # a rewrite that does not trace: compile the group as is
             rewritten = None
             note = f"{requested} rewrite failed ({type(e).__name__}: {str(e)[:160]})"
@@ -247,9 +304,20 @@ def prepare_unit(
             note = note or f"no {requested} pattern in the group"
         else:
             module, names, fakes, extra = rewritten
+    alone = realization != "inductor"
+    if realization in ("inductor", "sdpa", "concat_gemm") and patterns.gelu_epilogue_sites(module):
+        try:
+            fused = _clone(module)
+            n = patterns.rewrite_gelu_epilogue(fused)
+            propagate(fused, fakes, fake_mode)
+            module, alone = fused, True
+            note = "; ".join(filter(None, [note, f"{n} GEMM+bias+GELU as one cuBLASLt call"]))
+        except Exception as e:  # keep the group as it was
+            note = f"GELU epilogue rewrite failed ({type(e).__name__}: {str(e)[:160]})"
     unit = GroupUnit(gg, requested, extra)
     unit.note = note
-    if realization != "inductor" and work_ops(module) <= 1:
+    unit.module, unit.module_fakes = module, tuple(fakes)
+    if alone and work_ops(module) <= 1:
         unit.use(realization, module.forward, names, compiled=False)  # the kernel alone
         return unit
     t0 = time.perf_counter()
@@ -258,6 +326,7 @@ def prepare_unit(
     except Exception as e:
         unit.compile_s = time.perf_counter() - t0
         reason = f"compile failed: {type(e).__name__}: {str(e).strip()[:300]}"
+        unit.module, unit.module_fakes = gg.module, tuple(gg.fakes)
         unit.to_eager(reason)
         warnings.warn(f"group {gg.index} runs eagerly: {reason}", warning, stacklevel=3)
         return unit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from planner.ir import Category
 from planner.opkinds import Kind
@@ -209,3 +210,33 @@ def test_resolve_drops_matches_that_do_not_pay_or_are_illegal():
     shadow = Match("shadow", one.nodes, "inductor", 0.01, (), g)
     chosen = resolve([one, shadow], obj.cost_model)
     assert [m.pattern for m in chosen] == [one.pattern]
+
+
+def test_gelu_epilogue_rewrite_matches_linear_gelu_and_only_where_it_may():
+    """linear -> GELU becomes one _addmm_activation (on the CPU it computes the exact GELU,
+    so the rewrite itself must match eager to rounding); fp32 and a linear with another
+    user are left alone."""
+    from planner.realize_patterns import gelu_epilogue_sites, rewrite_gelu_epilogue
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.f1, self.f2 = torch.nn.Linear(16, 32), torch.nn.Linear(16, 32)
+
+        def forward(self, x):
+            h = self.f2(x)
+            return torch.nn.functional.gelu(self.f1(x)), torch.nn.functional.gelu(h) + h
+
+    torch.manual_seed(0)
+    for dtype, expect in ((torch.bfloat16, 1), (torch.float32, 0)):
+        m, x = M().to(dtype), torch.randn(2, 5, 16, dtype=dtype)
+        gm = torch.export.export(m, (x,)).run_decompositions({}).module()
+        gm = torch.fx.GraphModule(gm, gm.graph)  # a plain GraphModule, as realize cuts
+        assert len(gelu_epilogue_sites(gm, ("cuda",))) == 0  # CPU tensors: not on CUDA
+        assert rewrite_gelu_epilogue(gm, ("cpu",)) == expect
+        ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        assert ops.count("aten._addmm_activation.default") == expect
+        with torch.no_grad():
+            for a, b in zip(gm(x), m(x)):
+                assert a.shape == b.shape
+                assert torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2)
