@@ -162,6 +162,7 @@ def run_one(
                     n_groups=len(made.partition),
                     realizations={k: r.realizations.count(k) for k in set(r.realizations)},
                     fallbacks=len(r.fallbacks),
+                    gelu_epilogues=sum("cuBLASLt" in g.note for g in r.groups),
                     verified=bool(r.verified),
                     cuda_graph=r.cuda_graph,
                     predicted_us=made.plan.predicted_s * 1e6,

@@ -41,6 +41,12 @@ def main() -> None:
     model = sys.argv[1] if len(sys.argv) > 1 else "transformer-block"
     b, s, d, h = map(int, (sys.argv[2] if len(sys.argv) > 2 else "32,512,1024,16").split(","))
     strategies = sys.argv[3].split(",") if len(sys.argv) > 3 else ["priority"]
+    breakdown(model, (b, s, d, h), strategies)
+
+
+def breakdown(model: str, shape: tuple[int, int, int, int], strategies: list[str]) -> None:
+    b, s, d, h = shape
+    print(f"##### {model} B,S,D,H={b},{s},{d},{h}")
     dev = "cuda"
     m = zoo.get(model)
     module, inputs = m.build({"B": b, "S": s, "D": d, "H": h}, dtype=torch.bfloat16, device=dev)
