@@ -509,6 +509,13 @@ class _ShapeGraphs:
             return g(args)
 
 
+def _symbolic(parts: ProgramParts) -> bool:
+    """Whether any user input has a symbolic size (a program realized over a range)."""
+    return any(
+        not isinstance(d, int) for f in user_input_fakes(parts) for d in getattr(f, "shape", ())
+    )
+
+
 def _mutates(gm: fx.GraphModule) -> bool:
     """Whether the program holds an in-place op (export's programs normally hold none)."""
     for n in gm.graph.nodes:
@@ -585,8 +592,8 @@ def realize(
     shape (outputs must then be copied out: `copy_outputs`). `verify` checks against eager on
     `inputs` (default: the capture's example inputs). `compiler` replaces Inductor (tests
     inject failures with it). `propagate_layouts`: groups hand on the layouts their kernels
-    compute (planner.realize_layout); False copies every boundary value back to eager's
-    layout (also the fallback when propagation cannot be done).
+    compute (planner.realize_layout; static shapes only); False copies every boundary value
+    back to eager's layout (also the fallback when propagation cannot be done).
     """
     graph = captured.graph
     partition = _partition_of(graph, plan_or_partition)
@@ -600,7 +607,11 @@ def realize(
     fake_mode = fake_mode_of(parts)
     out_orders: dict[int, list[int]] = {}
     units: list[GroupUnit] | None = None
-    if propagate_layouts:
+    # Symbolic programs keep eager's layouts: on the H100 a bucket realized with propagated
+    # layouts compiled a consumer for the realization shape's strides (Inductor's size
+    # asserts failed at other lengths: benchmarks/results/runtime_stream_h100.md, run of
+    # 2026-11-23), which static programs cannot meet.
+    if propagate_layouts and not _symbolic(parts):
         try:
             units, out_orders = _prepare_propagating(
                 graph, parts, groups, order, wanted, compile_group, fake_mode
