@@ -252,6 +252,7 @@ def test_dynamic_realization_compiled_by_inductor_serves_the_range():
     c = export_dynamic(module, inputs, dims={0: {1: (8, 64)}})
     r = realize(c, Partition.whole(c.graph))
     assert r.realizations == ("sdpa",) and r.groups[0].compiled
+    assert not any(u.out_fakes for u in r._units)  # symbolic: eager's layouts are kept
     for s in (8, 33, 64):
         x = torch.randn(2, s, TINY["D"])
         assert_close(r(x), eager_out(module, (x,)))
