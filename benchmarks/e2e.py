@@ -146,14 +146,16 @@ def run_one(
                 rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             emit(rec)
         captured = export_model(module, inputs)
-        cost = AnalyticalModel(spec)
         lb = roofline_lb_s(captured.graph, spec, dname)
         for strategy in strategies:
             t0 = time.perf_counter()
             rec = {**base, "mode": f"plan-{strategy}", "roofline_lb_us": lb * 1e6}
+            name, _, scorer = strategy.partition("@")
             try:
+                cost = cost_model(scorer, spec)
+                rec["cost_model"] = getattr(cost, "model_id", None) or cost.name
                 made = make_plan(
-                    captured.graph, strategy, cost, device=spec.name, dtype=dname, budget_s=20.0
+                    captured.graph, name, cost, device=spec.name, dtype=dname, budget_s=20.0
                 )
                 r = realize(captured, made.partition)
                 rec.update(
@@ -180,6 +182,20 @@ def run_one(
         torch.cuda.empty_cache()
 
 
+def cost_model(scorer: str, spec: Any) -> Any:
+    """The cost model a plan strategy is scored with: "" = the analytical roofline,
+    "learned" = this device's committed correction (learned_cost/models/<device>.json;
+    the analytical model, with a warning, where it does not fit)."""
+    if not scorer:
+        return AnalyticalModel(spec)
+    if scorer != "learned":
+        raise ValueError(f"unknown scorer {scorer!r} (use STRATEGY or STRATEGY@learned)")
+    from learned_cost.corrected import load_corrected
+
+    path = Path(__file__).resolve().parent.parent / "learned_cost" / "models" / f"{spec.name}.json"
+    return load_corrected(path, device=spec.name)
+
+
 def _warm(job: tuple[str, tuple[int, ...], list[str], list[str], str, str]) -> str:
     model, shape, modes, strategies, dtype, device = job
     warnings.simplefilter("ignore")
@@ -200,7 +216,10 @@ def table(records: list[dict[str, Any]], device: str) -> str:
     by: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
     for r in records:
         by.setdefault((r["model"], r["shape"], r["dtype"]), {})[r["mode"]] = r
-    modes = [*BASELINES, *(f"plan-{s}" for s in STRATEGIES)]
+    strategies = list(
+        dict.fromkeys(r["mode"][5:] for r in records if r["mode"].startswith("plan-"))
+    )
+    modes = [*BASELINES, *(f"plan-{s}" for s in strategies)]
     head = [
         "model",
         "B,S,D,H",
@@ -233,7 +252,7 @@ def table(records: list[dict[str, Any]], device: str) -> str:
             cells.append(
                 f"{v:.0f}" if v is not None else ("err" if "error" in recs.get(m, {}) else "—")
             )
-        plans = [(med(f"plan-{s}"), s) for s in STRATEGIES if med(f"plan-{s}") is not None]
+        plans = [(med(f"plan-{s}"), s) for s in strategies if med(f"plan-{s}") is not None]
         alts = [med(m) for m in BASELINES if med(m) is not None]
         tuned = min(plans) if plans else None
         best_alt = min(alts) if alts else None
@@ -259,7 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         default=MAX_AUTOTUNE,
         help="shapes that also run compile-max ('' for none)",
     )
-    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument(
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help="plan strategies, each scored by the analytical model, or STRATEGY@learned "
+        "for this device's committed learned correction",
+    )
     p.add_argument("--dtype", default=None, help="bf16 (GPU default) or fp32 (CPU default)")
     p.add_argument("--out-dir", default="benchmarks/results")
     p.add_argument("--warm-workers", type=int, default=0)
