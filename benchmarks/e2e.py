@@ -184,12 +184,17 @@ def run_one(
 
 def cost_model(scorer: str, spec: Any) -> Any:
     """The cost model a plan strategy is scored with: "" = the analytical roofline,
+    "realized" = the roofline per kernel the realizer launches (learned_cost.realized),
     "learned" = this device's committed correction (learned_cost/models/<device>.json;
     the analytical model, with a warning, where it does not fit)."""
     if not scorer:
         return AnalyticalModel(spec)
+    if scorer == "realized":
+        from learned_cost.realized import RealizedRoofline
+
+        return RealizedRoofline(spec)
     if scorer != "learned":
-        raise ValueError(f"unknown scorer {scorer!r} (use STRATEGY or STRATEGY@learned)")
+        raise ValueError(f"unknown scorer {scorer!r} (use STRATEGY[@learned|@realized])")
     from learned_cost.corrected import load_corrected
 
     path = Path(__file__).resolve().parent.parent / "learned_cost" / "models" / f"{spec.name}.json"
@@ -281,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--strategies",
         default=",".join(STRATEGIES),
-        help="plan strategies, each scored by the analytical model, or STRATEGY@learned "
-        "for this device's committed learned correction",
+        help="plan strategies, each scored by the analytical model, STRATEGY@realized by "
+        "the roofline per realized kernel, STRATEGY@learned by this device's committed "
+        "learned correction",
     )
     p.add_argument("--dtype", default=None, help="bf16 (GPU default) or fp32 (CPU default)")
     p.add_argument("--out-dir", default="benchmarks/results")

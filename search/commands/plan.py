@@ -34,7 +34,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-evals", type=int, default=None, help="objective evaluations")
     p.add_argument("--budget-seconds", type=float, default=None, help="wall-clock seconds")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cost-model", default=None, help="saved learned correction (JSON)")
+    p.add_argument(
+        "--cost-model",
+        default=None,
+        help="saved learned correction (JSON), or 'realized' for the roofline per kernel "
+        "the realizer launches (default: the analytical roofline)",
+    )
     p.add_argument("--latency-bound-us", type=float, default=None, help="L_max, seed 7.1.4")
     p.add_argument("--memory-bound-mb", type=float, default=None, help="peak boundary memory")
     p.add_argument("--html", default=None, help="write the coloured graph as an HTML page")
@@ -45,6 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cost_model(args: argparse.Namespace, device: str) -> CostModel:
+    if args.cost_model == "realized":
+        from learned_cost.realized import RealizedRoofline
+
+        return RealizedRoofline(get_spec(device))
     if args.cost_model:
         return load_corrected(args.cost_model, device, realization_of=realization_of)
     return AnalyticalModel(get_spec(device))

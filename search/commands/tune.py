@@ -37,7 +37,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="Optuna storage: sqlite[:path] | journal[:path] | a database URL",
     )
     p.add_argument("--workers", type=int, default=1, help="local worker processes per study")
-    p.add_argument("--cost-model", default=None, help="a trained learned_cost model (.json)")
+    p.add_argument(
+        "--cost-model",
+        default=None,
+        help="a trained learned_cost model (.json), or 'realized' for the roofline per "
+        "kernel the realizer launches (default: the analytical roofline)",
+    )
     p.add_argument(
         "--cost-model-out", default=None, help="save the online-updated learned model here"
     )
@@ -57,11 +62,14 @@ def run(args: argparse.Namespace) -> int:
     gpu = device != "cpu"
     dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
     spec = resolve(args.model, args.shape)
-    cost_model = (
-        load_corrected(args.cost_model, device)
-        if args.cost_model
-        else AnalyticalModel(get_spec(device))
-    )
+    if args.cost_model == "realized":
+        from learned_cost.realized import RealizedRoofline
+
+        cost_model = RealizedRoofline(get_spec(device))
+    elif args.cost_model:
+        cost_model = load_corrected(args.cost_model, device)
+    else:
+        cost_model = AnalyticalModel(get_spec(device))
     cfg = TuneConfig(
         spec=spec,
         dynamic=args.dynamic,
