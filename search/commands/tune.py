@@ -40,8 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cost-model",
         default=None,
-        help="a trained learned_cost model (.json), or 'realized' for the roofline per "
-        "kernel the realizer launches (default: the analytical roofline)",
+        help="a trained learned_cost model (.json), 'realized' (the default: the roofline "
+        "per kernel the realizer launches) or 'analytical' (the ideal fused roofline)",
     )
     p.add_argument(
         "--cost-model-out", default=None, help="save the online-updated learned model here"
@@ -62,14 +62,14 @@ def run(args: argparse.Namespace) -> int:
     gpu = device != "cpu"
     dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
     spec = resolve(args.model, args.shape)
-    if args.cost_model == "realized":
+    if args.cost_model in (None, "realized"):
         from learned_cost.realized import RealizedRoofline
 
         cost_model = RealizedRoofline(get_spec(device))
-    elif args.cost_model:
-        cost_model = load_corrected(args.cost_model, device)
-    else:
+    elif args.cost_model == "analytical":
         cost_model = AnalyticalModel(get_spec(device))
+    else:
+        cost_model = load_corrected(args.cost_model, device)
     cfg = TuneConfig(
         spec=spec,
         dynamic=args.dynamic,
