@@ -58,9 +58,6 @@ def _clone(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(torch.nn.Module(), g, class_name=type(gm).__name__)
 
 
-_same_strides = same_strides
-
-
 def _settle_layout(
     gm: fx.GraphModule,
     fakes: Sequence[Any],
@@ -78,14 +75,14 @@ def _settle_layout(
 
     def outputs_ok() -> bool:
         outs = FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
-        return all(_same_strides(a, b) for a, b in zip(outs, want))
+        return all(same_strides(a, b) for a, b in zip(outs, want))
 
     if outputs_ok():
         return
     fixed = False
     for node, orig in replaced:
         val = node.meta.get("val")
-        if val is None or _same_strides(val, orig) or not orig.is_contiguous():
+        if val is None or same_strides(val, orig) or not orig.is_contiguous():
             continue
         users = list(node.users)
         with gm.graph.inserting_after(node):
@@ -313,7 +310,8 @@ def _prepare(
             module, alone = fused, True
             note = "; ".join(filter(None, [note, f"{n} GEMM+bias+GELU as one cuBLASLt call"]))
         except Exception as e:  # keep the group as it was
-            note = f"GELU epilogue rewrite failed ({type(e).__name__}: {str(e)[:160]})"
+            why = f"GELU epilogue rewrite failed ({type(e).__name__}: {str(e)[:160]})"
+            note = "; ".join(filter(None, [note, why]))
     unit = GroupUnit(gg, requested, extra)
     unit.note = note
     unit.module, unit.module_fakes = module, tuple(fakes)
