@@ -608,9 +608,8 @@ def realize(
     out_orders: dict[int, list[int]] = {}
     units: list[GroupUnit] | None = None
     # Symbolic programs keep eager's layouts: on the H100 a bucket realized with propagated
-    # layouts compiled a consumer for the realization shape's strides (Inductor's size
-    # asserts failed at other lengths: benchmarks/results/runtime_stream_h100.md, run of
-    # 2026-11-23), which static programs cannot meet.
+    # layouts compiled a consumer for the realization shape's strides, and Inductor's size
+    # asserts failed at other lengths (docs/runtime.md). A static program runs at one shape.
     if propagate_layouts and not _symbolic(parts):
         try:
             units, out_orders = _prepare_propagating(
