@@ -33,7 +33,9 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+from planner import taxonomy
 from planner.errors import PlanError
+from planner.ir import Category
 
 aten = torch.ops.aten
 
@@ -175,9 +177,6 @@ def clones_to_contiguous(gm: fx.GraphModule, protected: Iterable[str]) -> list[s
 
 def _viewed_into(node: fx.Node, names: set[str]) -> bool:
     """Whether a value named in `names` is `node` seen through views or getitem."""
-    from planner import taxonomy
-    from planner.ir import Category
-
     todo, seen = [node], set()
     while todo:
         n = todo.pop()
