@@ -11,6 +11,10 @@ Metrics (on held-out rows):
   all held-out groups, and tau within each graph (mean over graphs: does the model order
   the candidate groups of one graph right? The pooled tau is flattered by scale: a 1 ms
   GEMM and a 5 us add are easy to order);
+- repeatability (the noise floor): groups measured more than once with identical
+  descriptors (the same ops on the same shapes, in another graph or plan), each predicted
+  by the median of its twins. No model that sees only the descriptor can do much better
+  on those rows, so it bounds what MAPE and tau can reach on this data;
 - plan level (kind="plan" rows, the graph recaptured on the meta device): whole-plan
   latency error, predicted = sum of the plan's corrected group costs; plan-choice regret
   per graph = measured latency of the plan the model ranks first / best measured - 1.
@@ -28,6 +32,7 @@ from scipy.stats import kendalltau
 from sklearn.model_selection import GroupKFold
 
 from learned_cost.baselines import AnalyticalOnly, GBTCorrection, MeanBias, RidgeCorrection
+from learned_cost.data import descriptor_of
 from learned_cost.features import Design, design_matrix
 from learned_cost.mlp import CorrectionMLP
 from planner.errors import CostModelError
@@ -98,6 +103,52 @@ def group_metrics(
         kendall_tau=_tau(pred_s, measured_s),
         kendall_tau_within=float(np.mean(taus)) if taus else float("nan"),
     )
+
+
+@dataclass(frozen=True)
+class Repeatability:
+    """The noise floor of a dataset, from groups it measured more than once.
+
+    `rows` are the indices (into the rows given) of groups with at least one identical twin
+    (same descriptor, dtype, realization and device); `metrics` scores predicting each by
+    the median of its twins' latencies (leave-one-out), as a perfect descriptor-only model
+    with few samples would."""
+
+    n_sets: int
+    rows: np.ndarray
+    metrics: GroupMetrics | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_sets": self.n_sets,
+            "n_rows": len(self.rows),
+            "twin_median": asdict(self.metrics) if self.metrics else None,
+        }
+
+
+def repeatability(rows: Sequence[Mapping[str, Any]]) -> Repeatability:
+    """Identical groups measured more than once, each predicted by its twins' median."""
+    sets: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        desc = descriptor_of(r)
+        key = (
+            tuple(sorted((k, str(v)) for k, v in desc.items())),
+            str(r.get("dtype")),
+            str(r.get("realization")),
+            str(r.get("device")),
+        )
+        sets.setdefault(key, []).append(i)
+    twins = [v for v in sets.values() if len(v) > 1]
+    idx = np.array(sorted(i for v in twins for i in v), dtype=int)
+    if not len(idx):
+        return Repeatability(0, idx, None)
+    measured = np.array([float(rows[i]["measured_median_s"]) for i in range(len(rows))])
+    pred = np.zeros(len(rows))
+    for v in twins:
+        for i in v:
+            pred[i] = np.median(measured[[j for j in v if j != i]])
+    graphs = np.array([str(rows[i].get("graph_key")) for i in idx], dtype=object)
+    return Repeatability(len(twins), idx, group_metrics(pred[idx], measured[idx], graphs))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import numpy as np
 from planner.hardware import DeviceSpec
 from planner.ir import Category
 
-FEATURE_SCHEMA_VERSION = 1
+FEATURE_SCHEMA_VERSION = 2
 _TINY = 1e-12  # floor for logs of seconds, FLOPs and bytes: log10(0) would be -inf
 
 # Ops that cost more than one FMA per element (exp/erf/tanh inside): they dominate
@@ -139,6 +139,10 @@ def _intensity(c: FeatureContext) -> float:
     return (c.num("flops_matmul") + c.num("flops_vector")) / moved if moved else 0.0
 
 
+def _boundary_bytes(c: FeatureContext) -> float:
+    return c.num("bytes_in") + c.num("bytes_out")
+
+
 def _ridge(c: FeatureContext) -> float:
     return c.spec.peak_matmul_flops(group_dtype(c.desc, c.dtype)) / c.spec.bandwidth_Bps
 
@@ -209,6 +213,38 @@ FEATURES: tuple[Feature, ...] = (
         "n_reductions",
         lambda c: _lg1p(c.num("n_reduction") + c.num("n_norm") + c.num("n_softmax")),
         "reductions force a two-pass or a block-wide reduce inside the kernel",
+    ),
+    (
+        "anchor_flops_per_out",
+        lambda c: _lg1p(c.num("anchor_max_flops") / max(c.num("max_out_numel"), 1.0)),
+        "FLOPs per output element of the largest anchor: 2K of a GEMM, 2*C_in*k*k of a "
+        "convolution; a short reduction dimension keeps tensor cores from their peak",
+    ),
+    (
+        "elems_in_per_out",
+        lambda c: math.log10(
+            max(
+                c.num("bytes_in") / max(c.num("itemsize"), 1.0) / max(c.num("max_out_numel"), 1.0),
+                1e-3,
+            )
+        ),
+        "elements read per element written (log10, floored at 1e-3 for groups that read "
+        "nothing): reductions and gathers read many, broadcasts few",
+    ),
+    (
+        "internal_share",
+        lambda c: (
+            c.num("bytes_internal") / (_boundary_bytes(c) + c.num("bytes_internal"))
+            if _boundary_bytes(c) + c.num("bytes_internal")
+            else 0.0
+        ),
+        "fraction of the group's traffic kept on chip: the fusion's own saving",
+    ),
+    (
+        "working_set_over_l2",
+        lambda c: _lg(_boundary_bytes(c) / max(c.spec.l2_bytes, 1.0)),
+        "boundary bytes against the L2 size: a group replayed back to back whose tensors fit "
+        "in L2 runs faster than the DRAM roof says",
     ),
     (
         "intensity",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from learned_cost.evaluate import (
     cross_validate,
     format_scores,
     group_metrics,
+    repeatability,
     score_models,
     target_verdicts,
 )
@@ -179,6 +180,20 @@ def metrics_record(run: EvalRun, form: str, final: CorrectionMLP, profiles: Prof
         "in_sample_final_fit": {"mape": in_sample.mape, "median_ape": in_sample.median_ape},
         "splits": {},
     }
+    # The noise floor, and the chosen model on the same rows (held out) to compare with it.
+    rep = repeatability(rows)
+    out["repeatability"] = rep.to_dict()
+    if len(rep.rows):
+        out["repeatability"]["held_out_model_on_same_rows"] = {
+            sr.split: asdict(
+                group_metrics(
+                    sr.cv.predicted_s(f"mlp-{form}")[rep.rows],
+                    sr.cv.design.measured_s[rep.rows],
+                    sr.cv.graph_ids[rep.rows],
+                )
+            )
+            for sr in run.splits
+        }
     for sr in run.splits:
         chosen = sr.score(f"mlp-{form}")
         out["splits"][sr.split] = {

@@ -22,16 +22,17 @@ from sklearn.base import clone
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import CorrectedModel, CostModelFallbackWarning, load_corrected
 from learned_cost.evaluate import MODELS
-from learned_cost.features import FEATURE_NAMES, design_matrix
+from learned_cost.features import FEATURE_NAMES, design_matrix, feature_vector
 from learned_cost.mlp import CorrectionMLP
 from learned_cost.online import Observation, OnlineBias
 from learned_cost.persist import load_model, paths_for, read_meta, save_model
 from planner.cost import CostModel, GroupCost
 from planner.errors import CostModelError
+from planner.features import group_descriptor
 from planner.hardware import device_fingerprint, get_spec
 from planner.ir import Category
 
-FAST = {"steps": 400}
+FAST = {"steps": 400, "n_members": 1}  # one network: the ensemble has its own tests
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,16 @@ def design(rows, spec):
 @pytest.fixture(scope="module")
 def fitted(design):
     return CorrectionMLP(**FAST).fit(design.X, design.y)
+
+
+def test_anchor_feature_reads_the_gemm_reduction_dimension(spec):
+    """anchor_flops_per_out is 2K (+1 for the bias add) for a linear layer of K inputs:
+    what tells a skinny GEMM, far from the tensor-core peak, from a square one."""
+    g = graph("zoo:mlp", "B=32,D=256,HID=512,L=2")
+    first = next(i for i, n in enumerate(g.nodes) if n.op == "linear")
+    x = feature_vector(group_descriptor(g, frozenset({first})), dtype="float32", spec=spec)
+    per_out = 10 ** x[FEATURE_NAMES.index("anchor_flops_per_out")] - 1
+    assert 2 * 256 <= per_out <= 2 * 256 + 2
 
 
 # ---- estimator contract ------------------------------------------------------------------------
@@ -115,7 +126,7 @@ def test_mlp_learns_the_correction_it_was_not_told(design):
     """Trained on 5 of 7 graphs, the MLP beats the roofline and one global factor on the
     other 2 (fake latencies: a feature-dependent factor the model must discover)."""
     held = np.isin(design.groups, ["mlp", "transformer-block"])
-    m = CorrectionMLP(steps=800).fit(design.X[~held], design.y[~held])
+    m = CorrectionMLP(steps=800, n_members=1).fit(design.X[~held], design.y[~held])
     err = np.abs(np.exp(m.predict(design.X[held]) - design.y[held]) - 1).mean()
     err_analytical = np.abs(np.exp(-design.y[held]) - 1).mean()
     bias = np.median(design.y[~held])
@@ -133,6 +144,41 @@ def test_roofline_form_never_beats_the_roofs(design, spec):
     assert (predicted >= np.maximum(tc, tm) * (1 - 1e-5)).all()
 
 
+def test_ensemble_predicts_the_mean_of_its_members(design):
+    """n_members networks, each with its own seed: the prediction is their mean log-ratio,
+    and member 0 is exactly the single network of the same random_state."""
+    ens = CorrectionMLP(**{**FAST, "n_members": 3}, random_state=2).fit(design.X, design.y)
+    single = CorrectionMLP(**FAST, random_state=2).fit(design.X, design.y)
+    assert len(ens.nets_) == 3
+    members = []
+    for net in ens.nets_:
+        one = CorrectionMLP(**FAST, random_state=2)
+        one.__dict__.update({k: v for k, v in vars(ens).items() if k.endswith("_")})
+        one.nets_, one._weights = [net], None
+        members.append(one.predict(design.X))
+    np.testing.assert_allclose(members[0], single.predict(design.X), atol=1e-12)
+    assert not np.allclose(members[0], members[1])  # the members differ
+    lo, hi = ens.y_min_ - ens.clip_margin, ens.y_max_ + ens.clip_margin
+    np.testing.assert_allclose(
+        ens.predict(design.X), np.clip(np.mean(members, axis=0), lo, hi), atol=1e-12
+    )
+    with pytest.raises(CostModelError, match="n_members"):
+        CorrectionMLP(**{**FAST, "n_members": 0}).fit(design.X, design.y)
+
+
+def test_ape_loss_settles_on_the_lower_mode_of_scattered_timings():
+    """One group timed at 1x and 3x the roofline, half the time each (the H100 data has such
+    pairs): the percentage-error loss predicts near the low mode (error 0% and 67%, not
+    42% and 52% for the geometric mean that the log-space Huber loss picks)."""
+    X = np.zeros((200, len(FEATURE_NAMES)))  # one group: nothing to tell the rows apart
+    y = np.where(np.arange(200) % 2 == 0, 0.0, math.log(3.0))
+    ape = CorrectionMLP(steps=300, n_members=1, loss="ape", dropout=0.0).fit(X, y).predict(X)
+    huber = CorrectionMLP(steps=300, n_members=1, dropout=0.0).fit(X, y).predict(X)
+    assert np.median(ape) < 0.25 * math.log(3.0) < 0.5 * math.log(3.0) - 0.1 < np.median(huber)
+    with pytest.raises(CostModelError, match="loss"):
+        CorrectionMLP(loss="mse").fit(X, y)
+
+
 # ---- persistence ----------------------------------------------------------------------------
 def test_save_load_round_trip_without_pickle(tmp_path, fitted, design, spec):
     meta = save_model(
@@ -148,6 +194,25 @@ def test_save_load_round_trip_without_pickle(tmp_path, fitted, design, spec):
     assert meta2.feature_names == FEATURE_NAMES and meta2.device == "h100"
     again = save_model(fitted, tmp_path / "n.json", spec=spec)
     assert again.model_id == meta.model_id  # the id names the weights, not the file
+
+
+def test_ensemble_round_trip_and_single_network_key_names(tmp_path, design, spec):
+    """An ensemble saves every member; member 0 keeps the pre-ensemble array names, so a
+    single-network model saved before ensembles existed still loads."""
+    ens = CorrectionMLP(**{**FAST, "n_members": 2}).fit(design.X, design.y)
+    save_model(ens, tmp_path / "e.json", spec=spec)
+    with np.load(tmp_path / "e.npz", allow_pickle=False) as z:
+        assert any(k.startswith("net.") for k in z.files)
+        assert any(k.startswith("net1.") for k in z.files)
+    loaded, meta = load_model(tmp_path / "e.json", device="h100")
+    assert meta.params["n_members"] == 2 and len(loaded.nets_) == 2
+    np.testing.assert_allclose(loaded.predict(design.X), ens.predict(design.X), rtol=1e-6)
+    # saved before ensembles: no n_members (nor loss) in the params, one "net." network
+    single = CorrectionMLP(**FAST).fit(design.X, design.y)
+    old = {k: v for k, v in single.get_params().items() if k not in ("n_members", "loss")}
+    again = CorrectionMLP.from_state(old, single.state_arrays())
+    assert len(again.nets_) == 1
+    np.testing.assert_allclose(again.predict(design.X), single.predict(design.X), rtol=1e-6)
 
 
 def test_tampered_weights_are_refused(tmp_path, fitted, design, spec):

@@ -16,7 +16,14 @@ from learned_fakes import fake_rows, graph
 
 from learned_cost.corrected import CorrectedModel, load_corrected
 from learned_cost.data import Profiles, group_rows, load_profiles, noisy_rows
-from learned_cost.evaluate import MODEL_NAMES, MODELS, cross_validate, group_metrics, plan_metrics
+from learned_cost.evaluate import (
+    MODEL_NAMES,
+    MODELS,
+    cross_validate,
+    group_metrics,
+    plan_metrics,
+    repeatability,
+)
 from learned_cost.persist import read_meta
 from learned_cost.plan_context import PlanContext, fit_plan_context
 from learned_cost.plan_eval import GraphCache, evaluate_plans
@@ -33,7 +40,7 @@ def fake_graphs() -> GraphCache:
     return GraphCache(lambda m, s, d, device: graph(m, s, d) if device == "meta" else None)
 
 
-FAST = {"steps": 300}
+FAST = {"steps": 300, "n_members": 1}
 QUICK = {"mlp-free": FAST, "mlp-roofline": FAST, "gbt": {"n_estimators": 60}}
 
 
@@ -73,6 +80,31 @@ def test_plan_context_recovers_scale_and_per_group_cost_despite_outliers():
     assert fit_plan_context(sums[:3], n[:3], measured[:3]) == PlanContext()  # too few: identity
     lat = np.array([1e-5, 2e-3])
     assert ctx.apply_sum(lat) == pytest.approx(sum(ctx.apply(x) for x in lat) + ctx.per_plan_s)
+
+
+def test_repeatability_predicts_each_twin_by_the_others(rows):
+    """Identical groups measured again (another graph, another time) are the noise floor:
+    each is predicted by the median of its twins; groups without a twin are left out."""
+    g, seen = [], set()
+    for r in rows:  # three groups that differ from each other
+        desc = tuple(sorted((k, str(v)) for k, v in r.items() if k.startswith("desc_")))
+        if r["kind"] == "group" and desc not in seen and len(g) < 3:
+            g.append(r)
+            seen.add(desc)
+    lat = g[0]["measured_median_s"]
+    twins = [
+        {**g[0], "key": "a", "graph_key": "x", "measured_median_s": lat},
+        {**g[0], "key": "b", "graph_key": "x", "measured_median_s": 2 * lat},
+        {**g[0], "key": "c", "graph_key": "x", "measured_median_s": 4 * lat},
+        {**g[0], "key": "d", "graph_key": "y", "measured_median_s": lat, "dtype": "bfloat16"},
+    ]
+    rep = repeatability([*twins, g[1], g[2]])
+    assert rep.n_sets == 1 and list(rep.rows) == [0, 1, 2]  # another dtype is no twin
+    # a: median(2, 4) = 3 -> APE 2; b: median(1, 4) = 2.5 -> 0.25; c: median(1, 2) = 1.5 -> 0.625
+    assert rep.metrics is not None
+    assert rep.metrics.mape == pytest.approx((2 + 0.25 + 0.625) / 3)
+    assert rep.to_dict()["n_rows"] == 3
+    assert repeatability([g[1], g[2]]).metrics is None
 
 
 def test_rows_disturbed_while_timed_are_dropped(rows):
@@ -148,6 +180,7 @@ def test_train_saves_a_model_with_its_metrics(tmp_path, rows):
     assert [s["name"] for s in rec["scores"]] == list(MODEL_NAMES)
     assert "| mlp-free |" in rec["table"] and rec["verdicts"]
     assert meta.n_rows == len(group_rows(prof)) and meta.data_hash == prof.data_hash
+    assert "n_rows" in meta.metrics["repeatability"]  # the noise floor travels with the model
     assert isinstance(load_corrected(tmp_path / "m.json", "h100"), CorrectedModel)
 
 
@@ -196,7 +229,7 @@ def test_correction_improves_held_out_error_on_committed_data(data, device):
         split="graph_key",
         n_splits=3,
         models=[m for m in MODELS if m[0] in ("analytical", "mean-bias", "mlp-free")],
-        overrides={"mlp-free": {"steps": 1000}},
+        overrides={"mlp-free": {"steps": 1000, "n_members": 1}},
     )
     measured = cv.design.measured_s
     assert len(measured) > 500  # the committed datasets' group rows, not a sliver

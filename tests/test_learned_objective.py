@@ -20,7 +20,7 @@ def corrected():
     spec = get_spec("h100")
     rows = fake_rows(30, seed=3, with_plans=False, graphs=(GRAPHS[0], GRAPHS[4]))
     d = design_matrix(rows, lambda _n: spec)
-    mlp = CorrectionMLP(steps=300).fit(d.X, d.y)
+    mlp = CorrectionMLP(steps=300, n_members=1).fit(d.X, d.y)
     return CorrectedModel(AnalyticalModel(spec), mlp, model_id="mlp-free-objtest")
 
 
