@@ -250,3 +250,24 @@ def test_committed_models_load_with_this_code(path):
         pytest.skip("CPU model of another machine: its fallback is tested in test_learned_cost")
     model = load_corrected(path, meta.device)
     assert isinstance(model, CorrectedModel) and meta.model_id in model.version
+
+
+def test_the_report_shows_the_noise_floor_of_each_committed_model():
+    """docs/learned_cost.md is rendered from the saved models; each one's noise floor
+    (identical groups' repeat timings) is reported beside the model on the same rows."""
+    import json
+
+    from learned_cost.persist import load_model
+    from search.commands.cost import render_report
+
+    metas = []
+    for name in ("h100", "cpu"):
+        path = f"learned_cost/models/{name}.json"
+        metas.append((path, load_model(path, device=None)[1]))
+    text = render_report(metas)
+    for path, _ in metas:
+        rep = json.load(open(path))["metrics"]["repeatability"]
+        assert (
+            f"| twins' median | {rep['n_rows']} | {100 * rep['twin_median']['mape']:.1f}% |" in text
+        )
+    assert text.count("### noise floor") == len(metas)

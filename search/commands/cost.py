@@ -222,6 +222,7 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
             if rec.get("held_out"):
                 folds = ", ".join("{" + ", ".join(h) + "}" for h in rec["held_out"])
                 lines += [f"Folds (families held out together): {folds}", ""]
+        lines += _repeatability(met.get("repeatability"))
         if met.get("plot"):
             rel = Path(met["plot"]).relative_to("docs") if met["plot"].startswith("docs/") else None
             lines += [f"![predicted vs measured, {m.device}]({rel or met['plot']})", ""]
@@ -234,6 +235,37 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _repeatability(rep: dict | None) -> list[str]:
+    """The data's noise floor next to the model on the same rows (learned_cost.evaluate)."""
+    if not rep or not rep.get("twin_median"):
+        return []
+
+    def row(name: str, g: dict) -> str:
+        return (
+            f"| {name} | {g['n']} | {100 * g['mape']:.1f}% | {100 * g['median_ape']:.1f}% | "
+            f"{g['kendall_tau']:.3f} | {g['kendall_tau_within']:.3f} |"
+        )
+
+    return [
+        "### noise floor: identical groups measured more than once",
+        "",
+        f"{rep['n_rows']} group rows fall into {rep['n_sets']} sets of identical groups "
+        "(same descriptor, dtype, realization and device) measured in different graphs or "
+        "plans. Each row predicted by the median of its twins (leave-one-out) is roughly "
+        "the best any model that sees only the group can do; the chosen model, held out, on "
+        "the same rows:",
+        "",
+        "| predictor | rows | MAPE | median APE | tau (all) | tau (within graph) |",
+        "|---|---|---|---|---|---|",
+        row("twins' median", rep["twin_median"]),
+        *(
+            row(f"model, held out by {split}", g)
+            for split, g in rep.get("held_out_model_on_same_rows", {}).items()
+        ),
+        "",
+    ]
 
 
 def _leaders(scores: list[dict]) -> str:
