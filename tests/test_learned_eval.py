@@ -266,7 +266,7 @@ def test_the_report_shows_the_noise_floor_of_each_committed_model():
         metas.append((path, load_model(path, device=None)[1]))
     text = render_report(metas)
     for path, _ in metas:
-        rep = json.load(open(path))["metrics"]["repeatability"]
+        rep = json.loads(Path(path).read_text())["metrics"]["repeatability"]
         assert (
             f"| twins' median | {rep['n_rows']} | {100 * rep['twin_median']['mape']:.1f}% |" in text
         )
