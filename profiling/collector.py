@@ -9,7 +9,11 @@ each unit (profiling.units), writing one dataset-v1 row per unit (profiling.data
 
 Parallel compilation: with `workers > 0` a process pool compiles each job's groups ahead
 of the measuring process (profiling.warm), which then finds them in Inductor's cache;
-measurement stays strictly sequential on the one device. `max_seconds` stops it cleanly
+measurement stays strictly sequential on the one device. By default (`warm_first`) every
+job is compiled, and the pool shut down, before the first unit is timed: workers export
+and compile on the device being measured, and timings taken beside them scattered (on
+the H100, identical groups timed in different graphs: twins' median MAPE 24% with 14
+workers alongside, 2.8% with none; benchmarks/timing_noise.py, data/README.md). `max_seconds` stops it cleanly
 (rows so far flushed), so a device session of fixed length can be resumed by the next.
 
 profiling imports neither learned_cost nor search: the analytical prediction comes from
@@ -115,6 +119,9 @@ class Unit:
     key: str
 
 
+WARM_SHARE = 0.6  # of max_seconds, at most, spent compiling before timing starts
+
+
 @dataclass
 class CollectConfig:
     models: Sequence[str]
@@ -132,6 +139,7 @@ class CollectConfig:
     flush_every_s: float = 60.0
     max_jobs: int | None = None
     threads: int | None = None  # torch intra-op threads while measuring (CPU: 1 is steadier)
+    warm_first: bool = True  # with workers: compile everything before timing anything
 
 
 @dataclass
@@ -402,6 +410,10 @@ class Collector:
                 ahead[job] = pool.submit(
                     plan_and_warm, job, str(self.device), self.plan_makers, cfg, known
                 )
+        if pool is not None and cfg.warm_first:
+            self._warm_all(ahead, t0)
+            pool.close()  # nothing runs beside the timer from here on
+            pool = None
         last_flush = time.perf_counter()
         try:
             for n, job in enumerate(jobs):
@@ -432,6 +444,25 @@ class Collector:
             )
         )
         return summary
+
+    def _warm_all(self, ahead: dict[Job, Future], t0: float) -> None:
+        """Wait until the workers have planned and compiled every job, or until
+        WARM_SHARE of `max_seconds` is used: jobs not warmed by then are planned and
+        compiled by the measuring process itself, between its timings."""
+        limit = self.config.max_seconds
+        deadline = None if limit is None else t0 + WARM_SHARE * limit
+        self.progress(f"collect: compiling {len(ahead)} graphs in the workers before timing")
+        for k, future in enumerate(ahead.values()):
+            wait = None if deadline is None else deadline - time.perf_counter()
+            if wait is not None and wait <= 0:
+                self.progress(f"  warm-up stopped at {k}/{len(ahead)} (time share used)")
+                return
+            with contextlib.suppress(Exception):  # failed or late: the job is planned here
+                future.result(timeout=wait)
+            if (k + 1) % 10 == 0 or k + 1 == len(ahead):
+                self.progress(
+                    f"  compiled {k + 1}/{len(ahead)} in {time.perf_counter() - t0:.0f} s"
+                )
 
     def _planned_ahead(
         self, future: Future | None, t0: float

@@ -174,9 +174,14 @@ def test_compile_workers_plan_and_warm_jobs_for_the_measuring_process(tmp_path):
         threads=1,
     )
     makers = {"greedy": plan_maker("greedy", AnalyticalModel(SPEC))}
-    summary = Collector(cfg, AnalyticalModel(SPEC), makers, lambda _: None).run()
+    lines: list[str] = []
+    summary = Collector(cfg, AnalyticalModel(SPEC), makers, lines.append).run()
     rows = pq.read_table(out).to_pylist()
     assert summary.measured == len(rows) > 0 and all(r["ok"] for r in rows)
+    # every graph is compiled before the first unit is timed (warm_first)
+    warmed = next(i for i, line in enumerate(lines) if "compiled 1/1" in line)
+    first_job = next(i for i, line in enumerate(lines) if line.startswith("job 1/1"))
+    assert warmed < first_job
     compiled = [r for r in rows if r["kind"] == "group" and r["realization"] != "eager"]
     assert compiled and max(r["compile_s"] for r in compiled) < 2.0  # cache hits
 
@@ -226,3 +231,23 @@ def test_measure_and_collect_commands_end_to_end(tmp_path, capsys):
     )
     rows = pq.read_table(out).to_pylist()
     assert rc == 0 and rows and {r["kind"] for r in rows} == {"group", "plan"}
+
+
+def test_warm_up_before_timing_stops_at_its_share_of_the_time_limit():
+    """Workers that are late do not eat the session: after WARM_SHARE of max_seconds the
+    measuring process starts, and plans the jobs not warmed yet itself."""
+    import time
+    from concurrent.futures import Future
+
+    from profiling.collector import WARM_SHARE
+
+    cfg = CollectConfig(models=["zoo:mlp"], out="unused.parquet", max_seconds=1.0, workers=1)
+    lines: list[str] = []
+    collector = Collector(cfg, AnalyticalModel(SPEC), {}, lines.append)
+    done, never = Future(), Future()
+    done.set_result(("key", [], []))
+    t0 = time.perf_counter()
+    collector._warm_all({"a": done, "b": never, "c": Future()}, t0)
+    waited = time.perf_counter() - t0
+    assert WARM_SHARE * 1.0 - 0.05 <= waited < 1.0
+    assert any("warm-up stopped at 2/3" in line for line in lines)

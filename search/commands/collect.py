@@ -39,6 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="add to --out, skipping known keys")
     p.add_argument("--max-seconds", type=float, default=None, help="stop (cleanly) after this")
     p.add_argument("--workers", type=int, default=0, help="compile-warming processes")
+    p.add_argument(
+        "--time-beside-compiles",
+        action="store_true",
+        help="with --workers: start timing while workers still compile (faster, noisier; "
+        "by default every graph is compiled first)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads while measuring")
     p.add_argument("--max-jobs", type=int, default=None, help="at most this many graphs")
     p.add_argument("--no-singles", action="store_true", help="skip single-op groups")
@@ -71,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         resume=args.resume,
         max_seconds=args.max_seconds,
         workers=args.workers,
+        warm_first=not args.time_beside_compiles,
         threads=args.threads,
         max_jobs=args.max_jobs,
         seed=args.seed,
