@@ -44,7 +44,12 @@ def probe(m: int, k: int, n: int, dtype: torch.dtype = torch.bfloat16) -> None:
 
 
 def main() -> None:
-    shapes = sys.argv[1:] or ["16384,1024,4096", "8192,1024,4096", "4096,4096,16384", "512,768,3072"]
+    shapes = sys.argv[1:] or [
+        "16384,1024,4096",
+        "8192,1024,4096",
+        "4096,4096,16384",
+        "512,768,3072",
+    ]
     for s in shapes:
         probe(*map(int, s.split(",")))
 

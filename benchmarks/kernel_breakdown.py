@@ -51,15 +51,17 @@ def breakdown(model: str, shape: tuple[int, int, int, int], strategies: list[str
     m = zoo.get(model)
     module, inputs = m.build({"B": b, "S": s, "D": d, "H": h}, dtype=torch.bfloat16, device=dev)
     if model == "transformer-block":
-        sm, _ = zoo.get("transformer-block-sdpa").build({"B": b, "S": s, "D": d, "H": h},
-                                                         dtype=torch.bfloat16, device=dev)
+        sm, _ = zoo.get("transformer-block-sdpa").build(
+            {"B": b, "S": s, "D": d, "H": h}, dtype=torch.bfloat16, device=dev
+        )
         profile_fn("eager+sdpa", sm, inputs)
     profile_fn("compile", torch.compile(module), inputs)
     captured = export_model(module, inputs)
     spec = get_spec(local_device_name())
     for strat in strategies:
-        made = make_plan(captured.graph, strat, AnalyticalModel(spec), device=spec.name,
-                         dtype="bfloat16")
+        made = make_plan(
+            captured.graph, strat, AnalyticalModel(spec), device=spec.name, dtype="bfloat16"
+        )
         r = realize(captured, made.partition, cuda_graphs=False)
         print(r.describe())
         profile_fn(f"plan-{strat}", r, inputs)
