@@ -21,10 +21,8 @@ fit; learned state ends in `_`; `predict` before `fit` raises CostModelError;
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -34,22 +32,11 @@ from torch import nn
 
 from learned_cost.features import FEATURE_NAMES, PART_FEATURES
 from planner.errors import CostModelError
+from planner.hardware import one_thread
 
 FORMS = ("free", "roofline")
 LOSSES = ("huber", "ape")
 _LN10 = math.log(10.0)
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Train on one intra-op thread: for a network this small, torch's thread pool costs
-    more than it gives (7x slower on 2 busy cores, measured). Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _network(n_in: int, hidden: tuple[int, ...], n_out: int, dropout: float) -> nn.Sequential:
@@ -179,7 +166,7 @@ class CorrectionMLP:
         self.nets_: list[nn.Sequential] = []
         self._weights = None
         losses = []
-        with torch.random.fork_rng(devices=[]), _one_thread():
+        with torch.random.fork_rng(devices=[]), one_thread():
             for k in range(self.n_members):
                 seed = self.random_state + 1000 * k  # member 0 is the single-network model
                 torch.manual_seed(seed)
@@ -258,7 +245,7 @@ class CorrectionMLP:
         X, y = self._check_X(X), np.asarray(y, dtype=np.float64).reshape(-1)
         if len(y) == 0 or steps <= 0:
             return self
-        with torch.random.fork_rng(devices=[]), _one_thread():
+        with torch.random.fork_rng(devices=[]), one_thread():
             torch.manual_seed(self.random_state)
             for net in self.nets_:
                 self._train(

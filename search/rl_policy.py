@@ -25,10 +25,8 @@ fine-tuning: search/rl_train.py.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +36,7 @@ import torch
 from torch import nn
 
 from planner.errors import FusionPlannerError
+from planner.hardware import one_thread
 from planner.ir import OpGraph
 from planner.objective import Objective
 from planner.opkinds import Kind, kinds
@@ -319,18 +318,6 @@ class Episode:
     complete: bool
     merge_steps: list[tuple[np.ndarray, int]] = field(default_factory=list)
     pattern_steps: list[tuple[np.ndarray, int]] = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Run torch on one intra-op thread: the policy's matrices are tiny (a few hundred
-    rows), and thread hand-offs cost 5x the arithmetic (1.3 ms vs 0.25 ms a step)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def masked_logits(logits: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:

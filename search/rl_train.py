@@ -37,12 +37,12 @@ from learned_cost.analytical import AnalyticalModel
 from planner import zoo
 from planner.capture import capture
 from planner.fuse_rules import default_partition
-from planner.hardware import get_spec
+from planner.hardware import get_spec, one_thread
 from planner.ir import OpGraph
 from planner.objective import Objective
 from planner.partition import Partition
 from planner.randgraph import random_graph
-from search.rl_policy import Episode, Policy, PolicyNet, log_probs, one_thread, rollout
+from search.rl_policy import Episode, Policy, PolicyNet, log_probs, rollout
 
 if TYPE_CHECKING:  # annotations only (search.strategy imports the strategies using this)
     from search.strategy import Clock
