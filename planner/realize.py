@@ -560,6 +560,7 @@ def _prepare_propagating(
             RealizeWarning,
             keep_layout=False,
         )
+        unit.out_fakes = tuple(unit.predicted_outputs(fake_mode))
         actual.update(zip(gg.outputs, unit.out_fakes))
         units[gi] = unit
     out_orders = {}

@@ -266,25 +266,9 @@ def prepare_unit(
 
     `keep_layout`: every boundary output keeps eager's strides (a rewrite's results are
     copied back where they differ); False when realize propagates layouts
-    (planner.realize_layout): outputs keep the layout their kernel computes, recorded in
-    the unit's `out_fakes`.
+    (planner.realize_layout): outputs keep the layout their kernel computes, and the
+    caller records them in the unit's `out_fakes` (`predicted_outputs`).
     """
-    unit = _prepare(graph, parts, gg, requested, compile_group, fake_mode, warning, keep_layout)
-    if not keep_layout:
-        unit.out_fakes = tuple(unit.predicted_outputs(fake_mode))
-    return unit
-
-
-def _prepare(
-    graph: OpGraph,
-    parts: ProgramParts,
-    gg: GroupGraph,
-    requested: str,
-    compile_group: Callable[[fx.GraphModule, tuple[Any, ...], Any], Callable[..., Any]],
-    fake_mode: Any,
-    warning: type[Warning],
-    keep_layout: bool,
-) -> GroupUnit:
     if requested == "eager" or work_ops(gg.module) == 0:
         return GroupUnit(gg, requested, {})
     realization, module, names, fakes = requested, gg.module, list(gg.inputs), list(gg.fakes)
