@@ -83,6 +83,19 @@ def attention_at_representative(module, spec):
     return graph, part
 
 
+def cpu_plan(part, cache):
+    """A plan record of `part` for this CPU, as a test stores it (predicted 100 us)."""
+    return Plan.from_partition(
+        part,
+        device="cpu",
+        dtype="float32",
+        strategy="test",
+        cost_model="analytical/1",
+        predicted_s=1e-4,
+        device_fingerprint=cache.device_fp,
+    )
+
+
 class Counting:
     """Wraps a realizer and an exporter, recording what the backend asked for."""
 
@@ -198,15 +211,7 @@ def test_a_tuned_plan_is_found_and_realized_once_per_bucket(cache):
     spec = parse_dynamic("S=8..64", {"B": (0, 0), "S": (0, 1)})
     rep_bucket = spec.bucket_of([(2, 40, 32)])
     graph, whole_attention = attention_at_representative(module, spec)
-    plan = Plan.from_partition(
-        whole_attention,
-        device="cpu",
-        dtype="float32",
-        strategy="test",
-        cost_model="analytical/1",
-        predicted_s=1e-4,
-        device_fingerprint=cache.device_fp,
-    ).with_measurement(9e-5)
+    plan = cpu_plan(whole_attention, cache).with_measurement(9e-5)
     cache.store(plan, rep_bucket)
     cache.set_bucket_spec(graph.structure_key, spec, cache.device_fp)
 
@@ -388,15 +393,7 @@ def test_backend_with_real_realization_matches_eager(cache):
     spec = parse_dynamic("S=8..64", {"B": (0, 0), "S": (0, 1)})
     bucket = spec.bucket_of([(2, 40, 32)])
     graph, part = attention_at_representative(module, spec)
-    plan = Plan.from_partition(
-        part,
-        device="cpu",
-        dtype="float32",
-        strategy="test",
-        cost_model="analytical/1",
-        predicted_s=1e-4,
-        device_fingerprint=cache.device_fp,
-    )
+    plan = cpu_plan(part, cache)
     cache.store(plan, bucket)
     cache.set_bucket_spec(graph.structure_key, spec, cache.device_fp)
     made = []
