@@ -80,17 +80,21 @@ def stride_order(fake: Any) -> list[int]:
     return sorted(range(fake.dim()), key=lambda d: (-strides[d], d))
 
 
-def _dense_in_order(x: Any, order: Sequence[int]) -> Any:
-    """x made dense with dimensions laid out outermost-to-innermost as `order` says."""
+def _call(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return op(*args, **kwargs)
+
+
+def _dense_in_order(x: Any, order: Sequence[int], call: Any = _call) -> Any:
+    """x made dense with dimensions laid out outermost-to-innermost as `order` says: run
+    on a tensor, or, with `call=graph.call_function`, written into an FX graph."""
+    contiguous = {"memory_format": torch.contiguous_format}
     if list(order) == list(range(len(order))):
-        return aten.clone.default(x, memory_format=torch.contiguous_format)
+        return call(aten.clone.default, (x,), contiguous)
     inverse = [0] * len(order)
     for i, d in enumerate(order):
         inverse[d] = i
-    y = aten.clone.default(
-        aten.permute.default(x, list(order)), memory_format=torch.contiguous_format
-    )
-    return aten.permute.default(y, inverse)
+    y = call(aten.clone.default, (call(aten.permute.default, (x, list(order)), {}),), contiguous)
+    return call(aten.permute.default, (y, inverse), {})
 
 
 def _insert_to_layout(gm: fx.GraphModule, ph: fx.Node, order: list[int]) -> None:
@@ -99,19 +103,7 @@ def _insert_to_layout(gm: fx.GraphModule, ph: fx.Node, order: list[int]) -> None
     users = list(ph.users)
     last = next(n for n in reversed(g.nodes) if n.op == "placeholder")
     with g.inserting_after(last):
-        if order == list(range(len(order))):
-            new = g.call_function(
-                aten.clone.default, (ph,), {"memory_format": torch.contiguous_format}
-            )
-        else:
-            inverse = [0] * len(order)
-            for i, d in enumerate(order):
-                inverse[d] = i
-            p = g.call_function(aten.permute.default, (ph, order))
-            c = g.call_function(
-                aten.clone.default, (p,), {"memory_format": torch.contiguous_format}
-            )
-            new = g.call_function(aten.permute.default, (c, inverse))
+        new = _dense_in_order(ph, order, g.call_function)
     for u in users:
         u.replace_input_with(ph, new)
 
