@@ -547,8 +547,8 @@ def _prepare_propagating(
         fakes = tuple(actual.get(n, f) for n, f in zip(gg.inputs, gg.fakes))
         module = _clone(gg.module)
         layout.adapt_inputs(module, fakes, gg.fakes, fake_mode)
-        if may_drop and wanted[gi] == "eager" and layout.clones_to_contiguous(module, user_outs):
-            layout.propagate(module, fakes, fake_mode)
+        if may_drop and wanted[gi] == "eager":  # its outputs are traced again below
+            layout.clones_to_contiguous(module, user_outs)
         adapted = dataclasses.replace(gg, module=module, fakes=fakes)
         unit = prepare_unit(
             graph,
