@@ -279,6 +279,7 @@ def _row(
         "created_at": now_iso(),
         "collector_version": COLLECTOR_VERSION,
         "cuda_graph": outcome.cuda_graph,
+        "graph_copies": t.copies if t else 0,
         "n_fallbacks": outcome.n_fallbacks,
         "realizations": json.dumps(
             [choose_realization(graph, g) for g in unit.groups] if unit.kind == "plan" else []

@@ -24,7 +24,9 @@ import pyarrow.parquet as pq
 
 from planner.errors import FusionPlannerError
 
-COLLECTOR_VERSION = "1"
+# 2: GPU groups are timed as copies back to back in one CUDA graph (profiling.timer.
+# measure_in_graph; column graph_copies); 1 timed one replay of a graph per sample.
+COLLECTOR_VERSION = "2"
 
 # Columns every row carries, with why (desc_* columns come on top, one per descriptor field).
 COLUMNS: tuple[tuple[str, str], ...] = (

@@ -26,7 +26,7 @@ from planner.realize_check import compare_outputs
 from planner.realize_graph import ProgramParts, group_graphs, take_apart
 from planner.realize_patterns import choose_realization
 from planner.realize_units import GroupUnit, fake_mode_of, prepare_unit, reference_values
-from profiling.timer import Timing, cuda_graphed, measure
+from profiling.timer import Timing, measure, measure_in_graph
 
 # Timer settings for one unit: enough reps for a stable median, bounded so that a
 # collection covers many units in a device session.
@@ -88,14 +88,12 @@ def group_unit(
 
 
 def _timed(fn: Any, device: torch.device, dtype: str, graphs: bool) -> tuple[Timing, bool]:
-    used = False
     if graphs and device.type == "cuda":
         try:
-            fn = cuda_graphed(fn)
-            used = True
+            return measure_in_graph(fn, device=device, dtype=dtype, **UNIT_TIMER), True
         except Exception:  # not capturable: time it as it is
             torch.cuda.synchronize()
-    return measure(fn, device=device, dtype=dtype, **UNIT_TIMER), used
+    return measure(fn, device=device, dtype=dtype, **UNIT_TIMER), False
 
 
 def measure_group(

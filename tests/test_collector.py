@@ -20,7 +20,7 @@ from planner.hardware import get_spec
 from planner.legality import check, group_reasons
 from planner.partition import Partition, is_convex, mask_of
 from profiling.collector import CollectConfig, Collector, Job, jobs_for, plan_units
-from profiling.dataset import COLUMNS, ProfileStore, row_key
+from profiling.dataset import COLLECTOR_VERSION, COLUMNS, ProfileStore, row_key
 from profiling.sampling import random_groups, random_partition
 
 SPEC = get_spec("cpu")
@@ -131,7 +131,7 @@ def test_collect_writes_dataset_v1_rows_learned_cost_can_read_and_resumes(tmp_pa
     assert any("[1/" in line for line in lines)
     for r in rows:
         assert all(c in r for c, _ in COLUMNS)
-        assert r["device"] == "cpu" and r["torch_version"] and r["collector_version"] == "1"
+        assert r["device"] == "cpu" and r["torch_version"] and r["collector_version"] == COLLECTOR_VERSION
         assert r["ok"], r["error"]
         assert r["measured_median_s"] > 0 and r["measured_p99_s"] >= r["measured_median_s"]
         assert r["analytical_s"] > 0 and r["family"] in ("mlp", "pointwise-chain")

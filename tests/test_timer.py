@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from profiling.timer import cuda_graphed, measure, summarize
+from profiling.timer import cuda_graphed, measure, measure_in_graph, summarize
 
 
 def spin(seconds: float):
@@ -80,3 +80,35 @@ def test_cuda_events_time_a_gpu_kernel():
     assert t.device_fingerprint.startswith("cuda-") and 0 < t.median_s < 1e-2
     g = measure(cuda_graphed(lambda: x.mul_(1.0)), device="cuda")
     assert g.median_s < 2 * t.median_s
+
+
+def test_per_copy_divides_every_statistic_and_keeps_the_samples():
+    t = summarize([4e-3, 6e-3, 8e-3, 1e-2], device="cpu")
+    p = t.per_copy(4)
+    assert p.copies == 4 and p.reps == t.reps
+    for field in ("median_s", "p99_s", "min_s", "mean_s", "iqr_s"):
+        assert getattr(p, field) == pytest.approx(getattr(t, field) / 4)
+    assert p.per_copy(2).copies == 8
+    with pytest.raises(ValueError, match="copies"):
+        t.per_copy(0)
+
+
+def test_measure_in_graph_refuses_the_cpu():
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        measure_in_graph(spin(1e-4), device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_measure_in_graph_takes_the_launch_out_of_a_small_kernel():
+    """One replay of a graph holding one tiny kernel is mostly launch; copies back to
+    back in one graph are not, and a large kernel gets one copy and the same time."""
+    x = torch.randn(1 << 12, device="cuda")
+    alone = measure(cuda_graphed(lambda: x.mul_(1.0)), device="cuda")
+    inside = measure_in_graph(lambda: x.mul_(1.0), device="cuda")
+    assert inside.copies > 1 and inside.median_s < alone.median_s
+    y = torch.randn(1 << 28, device="cuda")
+    big_alone = measure(cuda_graphed(lambda: y.mul_(1.0)), device="cuda")
+    big = measure_in_graph(lambda: y.mul_(1.0), device="cuda")
+    assert big.copies == 1
+    assert big.median_s == pytest.approx(big_alone.median_s, rel=0.1)
