@@ -280,6 +280,7 @@ def _row(
         "collector_version": COLLECTOR_VERSION,
         "cuda_graph": outcome.cuda_graph,
         "graph_copies": t.copies if t else 0,
+        "call_median_s": outcome.call_s,
         "n_fallbacks": outcome.n_fallbacks,
         "realizations": json.dumps(
             [choose_realization(graph, g) for g in unit.groups] if unit.kind == "plan" else []

@@ -24,9 +24,11 @@ import pyarrow.parquet as pq
 
 from planner.errors import FusionPlannerError
 
+# 3: GPU plans too are timed as their kernels' copies in one CUDA graph; a whole call from
+#    the host (guards, input and output copies) is column call_median_s.
 # 2: GPU groups are timed as copies back to back in one CUDA graph (profiling.timer.
-# measure_in_graph; column graph_copies); 1 timed one replay of a graph per sample.
-COLLECTOR_VERSION = "2"
+#    measure_in_graph; column graph_copies); 1 timed one replay of a graph per sample.
+COLLECTOR_VERSION = "3"
 
 # Columns every row carries, with why (desc_* columns come on top, one per descriptor field).
 COLUMNS: tuple[tuple[str, str], ...] = (
