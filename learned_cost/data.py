@@ -147,15 +147,32 @@ def group_rows(
     ]
 
 
+def plan_timing(row: Mapping[str, Any]) -> str:
+    """How a plan row was timed: "kernels" (collector version 3 on GPU: the plan's kernels
+    as copies in one CUDA graph, with whole calls kept in `call_median_s`) or "call" (whole
+    calls from the host: CPU rows, older GPU rows, a plan whose kernels would not capture)."""
+    call = row.get("call_median_s")
+    if isinstance(call, float) and math.isfinite(call) and call != row.get("measured_median_s"):
+        return "kernels"
+    return "call"
+
+
 def plan_rows(
     profiles: Profiles, device: str | None = None, max_noise: float = MAX_NOISE
 ) -> list[dict[str, Any]]:
-    """Usable kind="plan" rows (of `device` when given)."""
-    return [
+    """Usable kind="plan" rows (of `device` when given).
+
+    Plans of one device are compared with each other (error, regret), so they must be
+    timed one way: where a device has plan rows timed as kernels, its rows timed as whole
+    calls (from an older dataset beside it) are left out. A whole call adds the host's
+    share, which jitters (data/README.md)."""
+    usable = [
         r
         for r in profiles.rows
         if is_usable(r, "plan", max_noise) and (device is None or r.get("device") == device)
     ]
+    as_kernels = {r.get("device") for r in usable if plan_timing(r) == "kernels"}
+    return [r for r in usable if r.get("device") not in as_kernels or plan_timing(r) == "kernels"]
 
 
 def plan_groups(row: Mapping[str, Any]) -> list[list[int]]:

@@ -2,10 +2,8 @@
 
 Group rows time one group compiled and run alone; a plan runs its groups back to back, with
 the executor's glue between them (boundary tensors handed on, input guards) and, on GPU, a
-CUDA graph that removes most launch overhead. So measured plans are not the plain sum of
-their groups' alone-latencies. On the first CPU dataset, with the groups' *measured*
-latencies, the plan was 1.18x their sum (median error of the plain sum 21%, of the fitted
-form 14%). The calibration learned from plan rows is
+CUDA graph that removes most launch overhead. So a measured plan need not be the plain sum
+of its groups' alone-latencies. The calibration learned from plan rows is
 
     C_in_plan(G) = scale * C(G) + per_group_s          (floored at FLOOR * C(G))
     plan latency = sum over work groups of C_in_plan(G) + per_plan_s
@@ -14,11 +12,14 @@ fitted by iteratively reweighted least squares on relative error (Huber weights,
 few plans timed while the machine was busy do not drag it). `per_group_s` is what one
 more group costs in a plan beyond its own time (negative where CUDA graphs hide launches):
 it is the part that changes which plan ranks first. `per_plan_s` is the executor's fixed
-cost per call (on the H100 rows: ~35 us of input/output copies around the CUDA graph); it
-is the same for every plan of a graph, so it is left out of group costs (and of the
-planner's objective) and added only where a whole plan's latency is predicted.
-On the H100 rows, with measured group latencies, the fitted form errs 9.5% (median) on
-plans against 11.8% for the plain sum; on the CPU rows 13% against 21%.
+cost per call; it is the same for every plan of a graph, so it is left out of group costs
+(and of the planner's objective) and added only where a whole plan's latency is predicted.
+
+How far from additive the data are, with the groups' *measured* latencies, is printed by
+`python benchmarks/plan_additivity.py DATA`. On the H100 (collector version 3: groups and
+plans both timed as kernels in one CUDA graph) the plain sum is already within 5% on
+average and the form changes little; where plan rows time whole calls from the host (the
+CPU data, the `call_median_s` column) the form takes out the host's per-call cost.
 """
 
 from __future__ import annotations

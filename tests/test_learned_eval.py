@@ -15,7 +15,14 @@ import pytest
 from learned_fakes import fake_rows, graph
 
 from learned_cost.corrected import CorrectedModel, load_corrected
-from learned_cost.data import Profiles, group_rows, load_profiles, noisy_rows
+from learned_cost.data import (
+    Profiles,
+    group_rows,
+    load_profiles,
+    noisy_rows,
+    plan_rows,
+    plan_timing,
+)
 from learned_cost.evaluate import (
     MODEL_NAMES,
     MODELS,
@@ -115,6 +122,28 @@ def test_rows_disturbed_while_timed_are_dropped(rows):
     prof = Profiles((quiet, busy, failed), ("t",))
     assert [r["key"] for r in group_rows(prof)] == [quiet["key"]]
     assert noisy_rows(prof, "group") == 1
+
+
+def test_plans_of_a_device_are_compared_only_when_timed_the_same_way(rows):
+    """A device whose plan rows are timed as kernels drops its whole-call plan rows (an
+    older dataset beside it); a device with whole calls only keeps them."""
+    p = [r for r in rows if r["kind"] == "plan"][:3]
+    m = p[0]["measured_median_s"]
+    kernels = {**p[0], "key": "kernels", "call_median_s": m * 1.4}
+    old_gpu = {**p[1], "key": "old"}  # no call_median_s: collector version 1 or 2
+    could_not_capture = {**p[2], "key": "fell", "call_median_s": p[2]["measured_median_s"]}
+    cpu = {**p[1], "key": "cpu", "device": "cpu", "call_median_s": p[1]["measured_median_s"]}
+    assert [plan_timing(r) for r in (kernels, old_gpu, could_not_capture, cpu)] == [
+        "kernels",
+        "call",
+        "call",
+        "call",
+    ]
+    prof = Profiles((kernels, old_gpu, could_not_capture, cpu), ("t",))
+    assert {r["key"] for r in plan_rows(prof)} == {"kernels", "cpu"}
+    assert [r["key"] for r in plan_rows(prof, device="cpu")] == ["cpu"]
+    only_calls = Profiles((old_gpu, could_not_capture), ("t",))
+    assert [r["key"] for r in plan_rows(only_calls)] == ["old", "fell"]
 
 
 # ---- grouped splits -----------------------------------------------------------------------------

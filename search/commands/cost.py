@@ -181,8 +181,10 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
         "is the uncalibrated sum. Regret = measured latency of the plan the model ranks first "
         "over the best measured candidate of that graph, minus 1 (mean over graphs with 2+ "
         "measured plans). Rows timed while the machine was disturbed (median > 1.5x min) are "
-        "left out. Groups are timed alone; `tau (within graph)` is the mean Kendall tau over "
-        "the groups of one graph, which the pooled tau flatters less.",
+        "left out. Groups are timed alone (on GPU since collector version 3, groups and "
+        "plans alike as copies of their kernels in one CUDA graph: data/README.md); "
+        "`tau (within graph)` is the mean Kendall tau over the groups of one graph, which "
+        "the pooled tau flatters less.",
         "",
         "Models compared: " + "; ".join(f"**{n}**: {why}" for n, _, why in MODELS) + ".",
         "",

@@ -1,0 +1,78 @@
+"""Is a plan's latency the sum of its groups' latencies? On a profile dataset:
+
+    python benchmarks/plan_additivity.py data/h100_profiles.parquet [--column call_median_s]
+
+For every plan row all of whose groups were also timed alone (group rows of the same
+graph), the plan's measured latency against the plain sum of its groups' measured
+latencies, and against the plan-context form (learned_cost.plan_context) fitted on those
+plans; and the oracle regret: per graph with two or more such plans, the measured latency
+of the plan whose measured group sum is least, over the best measured. This is the error
+the planner's additive objective would make with perfect group costs: the floor under the
+learned model's plan error and regret. `--column call_median_s` judges whole calls from
+the host instead (collector version 3 rows keep both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from learned_cost.plan_context import fit_plan_context
+
+
+def covered_plans(rows: list[dict], column: str) -> list[tuple[str, float, list[float]]]:
+    """(graph_key, measured plan latency, its groups' measured latencies) per covered plan."""
+    alone = {
+        (r["graph_key"], tuple(sorted(json.loads(r["nodes"])))): r["measured_median_s"]
+        for r in rows
+        if r["kind"] == "group" and r["ok"]
+    }
+    out = []
+    for r in rows:
+        if r["kind"] != "plan" or not r["ok"] or not np.isfinite(r.get(column) or np.nan):
+            continue
+        ts = [alone.get((r["graph_key"], tuple(sorted(g)))) for g in json.loads(r["nodes"])]
+        if None not in ts:
+            out.append((r["graph_key"], float(r[column]), [float(t) for t in ts]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("data")
+    ap.add_argument("--column", default="measured_median_s")
+    args = ap.parse_args(argv)
+    rows = pq.read_table(args.data).to_pylist()
+    plans = covered_plans(rows, args.column)
+    n_plans = sum(r["kind"] == "plan" and r["ok"] for r in rows)
+    print(f"{args.data}: {len(plans)} of {n_plans} plans have every group timed alone")
+    if not plans:
+        return
+    measured = np.array([m for _, m, _ in plans])
+    sums = np.array([sum(ts) for _, _, ts in plans])
+    ctx = fit_plan_context(sums, np.array([len(ts) for _, _, ts in plans]), measured)
+    fitted = np.array([ctx.apply_sum(np.array(ts)) for _, _, ts in plans])
+    for label, pred in (("plain sum", sums), ("plan-context form", fitted)):
+        e = np.abs(pred / measured - 1)
+        print(f"  {label:18s} error: mean {100 * e.mean():.1f}%, median {100 * np.median(e):.1f}%")
+    print(
+        f"  fitted form: scale {ctx.scale:.3f}, per group {ctx.per_group_s * 1e6:+.2f} us, "
+        f"per plan {ctx.per_plan_s * 1e6:+.2f} us"
+    )
+    by_graph: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for (graph, m, _), s in zip(plans, sums):
+        by_graph[graph].append((s, m))
+    regret = [min(c)[1] / min(m for _, m in c) - 1 for c in by_graph.values() if len(c) >= 2]
+    if regret:
+        print(
+            f"  oracle regret over {len(regret)} graphs: mean {100 * np.mean(regret):.1f}%, "
+            f"max {100 * np.max(regret):.1f}%"
+        )
+
+
+if __name__ == "__main__":
+    main()
