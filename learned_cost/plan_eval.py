@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from learned_cost.corrected import default_realization
-from learned_cost.data import plan_groups
+from learned_cost.data import DESC_PREFIX, plan_groups
 from learned_cost.evaluate import CVResult, PlanMetrics, ape, plan_metrics
 from learned_cost.features import analytical_parts, feature_vector, normalize_dtype
 from learned_cost.plan_context import PlanContext, fit_plan_context
@@ -51,6 +51,27 @@ class GraphCache:
             if g is not None and (not want or g.key == want):
                 return g
         return None  # captured differently than when measured (code changed): skip
+
+
+def current_descriptors(
+    rows: Sequence[Mapping[str, Any]], graphs: GraphCache
+) -> list[dict[str, Any]]:
+    """Group rows with their `desc_*` columns recomputed on today's capture of their graph,
+    the descriptors the planner scores groups with, so the model learns from what it
+    will be asked about. A row whose graph no longer captures to its `graph_key` keeps
+    what was stored; a row whose group the capture now knows launches nothing (a cast to
+    the dtype its input already has is a view) is left out."""
+    out = []
+    for r in rows:
+        graph = graphs.get(r)
+        if graph is None:
+            out.append(dict(r))
+            continue
+        desc = group_descriptor(graph, json.loads(r["nodes"]))
+        if not desc.get("n_kernels"):
+            continue
+        out.append({**r, **{f"{DESC_PREFIX}{k}": v for k, v in desc.items()}})
+    return out
 
 
 def _capture(model: str, shape: str, dtype: str, device: str = "meta") -> OpGraph | None:

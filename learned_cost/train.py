@@ -39,7 +39,13 @@ from learned_cost.features import design_matrix, normalize_dtype
 from learned_cost.mlp import FORMS, CorrectionMLP
 from learned_cost.persist import ModelMeta, save_model
 from learned_cost.plan_context import PlanContext, fit_plan_context
-from learned_cost.plan_eval import GraphCache, PlanEval, evaluate_plans, plan_group_design
+from learned_cost.plan_eval import (
+    GraphCache,
+    PlanEval,
+    current_descriptors,
+    evaluate_plans,
+    plan_group_design,
+)
 from planner.errors import CostModelError
 from planner.hardware import DeviceSpec, get_spec
 
@@ -81,6 +87,7 @@ class EvalRun:
     n_noisy: tuple[int, int]  # group and plan rows dropped as disturbed (data.MAX_NOISE)
     families: tuple[str, ...]
     splits: list[SplitResult]
+    rows: list[dict[str, Any]] = field(default_factory=list)  # the group rows evaluated
 
 
 def evaluate_all(
@@ -92,7 +99,8 @@ def evaluate_all(
     """Grouped CV of every model on `profiles` rows of `cfg.device`, per split.
     `graphs` recaptures the graphs of plan rows (a fresh GraphCache by default)."""
     spec = spec or get_spec(cfg.device)
-    rows = group_rows(profiles, device=spec.name)
+    graphs = graphs or GraphCache()
+    rows = current_descriptors(group_rows(profiles, device=spec.name), graphs)
     plans = plan_rows(profiles, device=spec.name)
     if len(rows) < 10:
         raise CostModelError(
@@ -106,7 +114,6 @@ def evaluate_all(
         "mlp-free": dict(cfg.mlp_params),
         "mlp-roofline": dict(cfg.mlp_params),
     }
-    graphs = graphs or GraphCache()
     results = []
     for split in cfg.splits:
         cv = cross_validate(
@@ -121,7 +128,7 @@ def evaluate_all(
         results.append(SplitResult(split, cv, pe, score_models(cv, pe)))
     families = tuple(sorted({str(r.get("family")) for r in rows}))
     noisy = (noisy_rows(profiles, "group", spec.name), noisy_rows(profiles, "plan", spec.name))
-    return EvalRun(spec.name, spec, len(rows), len(plans), noisy, families, results)
+    return EvalRun(spec.name, spec, len(rows), len(plans), noisy, families, results, rows)
 
 
 def choose_form(run: EvalRun, form: str) -> str:
@@ -133,8 +140,9 @@ def choose_form(run: EvalRun, form: str) -> str:
     return min(FORMS, key=lambda f: first.score(f"mlp-{f}").groups.mape)
 
 
-def fit_final(profiles: Profiles, cfg: TrainConfig, form: str, spec: DeviceSpec) -> CorrectionMLP:
-    rows = group_rows(profiles, device=spec.name)
+def fit_final(
+    rows: Sequence[Mapping[str, Any]], cfg: TrainConfig, form: str, spec: DeviceSpec
+) -> CorrectionMLP:
     d = design_matrix(rows, lambda _name: spec)
     model = CorrectionMLP(form=form, random_state=cfg.seed).set_params(**cfg.mlp_params)
     return model.fit(d.X, d.y)
@@ -158,9 +166,9 @@ def fit_final_context(
     return fit_plan_context(np.array(sums), np.array(counts), np.array(measured))
 
 
-def metrics_record(run: EvalRun, form: str, final: CorrectionMLP, profiles: Profiles) -> dict:
+def metrics_record(run: EvalRun, form: str, final: CorrectionMLP) -> dict:
     """What the saved model's JSON keeps about its evaluation."""
-    rows = group_rows(profiles, device=run.spec.name)
+    rows = run.rows
     d = design_matrix(rows, lambda _name: run.spec)
     in_sample = group_metrics(
         d.analytical_s * np.exp(final.predict(d.X)),
@@ -222,14 +230,14 @@ def train(
     graphs = graphs or GraphCache()
     run = evaluate_all(profiles, cfg, spec, graphs)
     form = choose_form(run, cfg.form)
-    final = fit_final(profiles, cfg, form, spec)
+    final = fit_final(run.rows, cfg, form, spec)
     context = fit_final_context(profiles, final, spec, graphs)
-    metrics = metrics_record(run, form, final, profiles)
+    metrics = metrics_record(run, form, final)
     if plot:
         metrics["plot"] = str(plot_predictions(run.splits[0], plot, title=f"{spec.name}"))
     meta = None
     if out:
-        rows = group_rows(profiles, device=spec.name)
+        rows = run.rows
         meta = save_model(
             final,
             out,

@@ -179,6 +179,21 @@ def _needs_copy(op: str, src: torch.Tensor, out_shape: tuple[int, ...]) -> bool:
     return False
 
 
+def _returns_input(src: torch.Tensor, out: Any, attrs: dict[str, Any]) -> bool:
+    """Whether a cast hands back its input itself: the dtype and strides it already has,
+    and neither `copy=True` nor another memory format asked for."""
+    if not isinstance(out, torch.Tensor) or attrs.get("copy"):
+        return False
+    fmt = attrs.get("memory_format")
+    if fmt is not None and "preserve" not in str(fmt):
+        return False
+    return (
+        out.dtype == src.dtype
+        and tuple(out.shape) == tuple(src.shape)
+        and tuple(out.stride()) == tuple(src.stride())
+    )
+
+
 class _Reader:
     """Walks an FX graph once, building tensors and nodes."""
 
@@ -274,6 +289,10 @@ class _Reader:
             src = self._input_val(node)
             if src is not None and _needs_copy(op, src, _static_shape(vals[0], node.name)):
                 category = Category.COPY
+        if op in taxonomy.MAYBE_ALIAS_CASTS and first is not None:
+            src = self._input_val(node)
+            if src is not None and _returns_input(src, vals[0], attrs):
+                category = Category.VIEW
         index = len(self.nodes)
         alias = None
         if category is Category.VIEW and first is not None:

@@ -214,6 +214,9 @@ for _rule in RULES:
 
 # Ops that copy when their input cannot be viewed with the new shape.
 MAYBE_COPY_VIEWS = frozenset({"reshape", "contiguous", "flatten", "unflatten"})
+# Casts that return their input itself when it already has the dtype (and layout) asked
+# for: `x.float().type_as(x)` in an fp32 model launches nothing (`_to_copy` always copies).
+MAYBE_ALIAS_CASTS = frozenset({"to", "type_as", "float", "half", "bfloat16", "double"})
 
 
 def packet_of(target: str) -> str:

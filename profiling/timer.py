@@ -137,8 +137,8 @@ def cuda_graphed(fn: Callable[[], Any], warmup: int = 3, copies: int = 1) -> Cal
 
 # measure_in_graph: each sample runs at least this long (or MAX_COPIES copies), so the
 # graph launch and the events are a small share of it; and the timed samples come after
-# at least WARM_S of replays, so the clocks have left the idle state the collector's
-# host work between units leaves them in.
+# at least WARM_S of replays, not straight after the host work between two units (an
+# idle device may run slower clocks; not measured separately here).
 GRAPH_SAMPLE_S = 5e-4
 MAX_COPIES = 128
 WARM_S = 5e-3

@@ -6,6 +6,7 @@ committed datasets under data/ and the committed models under learned_cost/model
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +145,24 @@ def test_plans_of_a_device_are_compared_only_when_timed_the_same_way(rows):
     assert [r["key"] for r in plan_rows(prof, device="cpu")] == ["cpu"]
     only_calls = Profiles((old_gpu, could_not_capture), ("t",))
     assert [r["key"] for r in plan_rows(only_calls)] == ["old", "fell"]
+
+
+def test_group_rows_are_described_as_the_planner_describes_them_today(rows):
+    """Training recomputes each group's descriptor on today's capture of its graph: a
+    stale stored descriptor is replaced, a group that now launches nothing (a cast that
+    became a view) is left out, and a graph that no longer captures keeps what was stored."""
+    from learned_cost.plan_eval import current_descriptors
+
+    g = [r for r in rows if r["kind"] == "group"][:3]
+    stale = {**g[0], "desc_bytes_in": g[0]["desc_bytes_in"] * 10 + 1}
+    llama = graph("zoo:llama-block", "B=1,S=64,D=128,H=4,MAXS=128")
+    free = next(n.index for n in llama.nodes if n.op == "type_as")  # a view in fp32
+    cast = {**g[1], "key": "cast", "model": "zoo:llama-block", "graph_key": llama.key}
+    cast.update(shape="B=1,S=64,D=128,H=4,MAXS=128", nodes=json.dumps([free]))
+    gone = {**g[2], "key": "gone", "graph_key": "captured differently once"}
+    got = current_descriptors([stale, cast, gone], fake_graphs())
+    assert [r["key"] for r in got] == [stale["key"], "gone"]
+    assert got[0]["desc_bytes_in"] == g[0]["desc_bytes_in"] and got[1] == gone
 
 
 # ---- grouped splits -----------------------------------------------------------------------------
