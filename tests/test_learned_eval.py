@@ -251,6 +251,16 @@ def test_cost_cli_train_eval_report(tmp_path, rows, capsys):
     assert "| mlp-roofline |" in text and "## Features" in text
 
 
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [("--dropout", "1.5", "in [0, 1)"), ("--hidden", "64,x", "positive layer widths")],
+)
+def test_cost_cli_refuses_bad_mlp_settings(flag, value, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["cost", "train", "--data", "unused.parquet", flag, value])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
 # ---- the committed data and models ---------------------------------------------------------------
 CPU_DATA = REPO / "data" / "cpu_profiles.parquet"
 CPU_MODEL = REPO / "learned_cost" / "models" / "cpu.json"

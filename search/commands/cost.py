@@ -64,6 +64,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         v.add_argument("--seed", type=int, default=0)
         v.add_argument("--steps", type=int, default=None, help="MLP gradient steps")
         v.add_argument(
+            "--dropout",
+            type=_dropout,
+            default=None,
+            help="MLP dropout in [0, 1) (default 0.3: noisy data wants more)",
+        )
+        v.add_argument(
+            "--hidden",
+            type=_hidden,
+            default=None,
+            help="MLP hidden layer widths, comma-separated (default 64,64)",
+        )
+        v.add_argument(
             "--form",
             choices=("auto", "free", "roofline"),
             default="auto",
@@ -97,11 +109,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(run=run_report)
 
 
+def _dropout(text: str) -> float:
+    try:
+        p = float(text)
+    except ValueError:
+        p = -1.0
+    if not 0.0 <= p < 1.0:
+        raise argparse.ArgumentTypeError(f"--dropout must be a number in [0, 1), got {text!r}")
+    return p
+
+
+def _hidden(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--hidden takes positive layer widths like 128,128; got {text!r}"
+        )
+    return widths
+
+
 def _config(args: argparse.Namespace, params: dict | None = None) -> TrainConfig:
     device = (args.device or hardware.local_device_name()).lower()
     mlp_params = dict(params or {})
     if args.steps is not None:
         mlp_params["steps"] = args.steps
+    if args.dropout is not None:
+        mlp_params["dropout"] = args.dropout
+    if args.hidden is not None:
+        mlp_params["hidden"] = args.hidden
     return TrainConfig(
         device=device,
         form=args.form,
@@ -120,6 +158,10 @@ def _command(args: argparse.Namespace, cfg: TrainConfig, out: str) -> str:
     parts += ["--seed", str(args.seed), "--form", args.form]
     if args.steps is not None:
         parts += ["--steps", str(args.steps)]
+    if args.dropout is not None:
+        parts += ["--dropout", f"{args.dropout:g}"]
+    if args.hidden is not None:
+        parts += ["--hidden", ",".join(map(str, args.hidden))]
     parts += ["--out", out]
     return shlex.join(parts)
 
