@@ -82,12 +82,15 @@ class SplitResult:
 class EvalRun:
     device: str
     spec: DeviceSpec
-    n_group_rows: int
     n_plan_rows: int
     n_noisy: tuple[int, int]  # group and plan rows dropped as disturbed (data.MAX_NOISE)
     families: tuple[str, ...]
     splits: list[SplitResult]
     rows: list[dict[str, Any]] = field(default_factory=list)  # the group rows evaluated
+
+    @property
+    def n_group_rows(self) -> int:
+        return len(self.rows)
 
 
 def evaluate_all(
@@ -128,7 +131,7 @@ def evaluate_all(
         results.append(SplitResult(split, cv, pe, score_models(cv, pe)))
     families = tuple(sorted({str(r.get("family")) for r in rows}))
     noisy = (noisy_rows(profiles, "group", spec.name), noisy_rows(profiles, "plan", spec.name))
-    return EvalRun(spec.name, spec, len(rows), len(plans), noisy, families, results, rows)
+    return EvalRun(spec.name, spec, len(plans), noisy, families, results, rows)
 
 
 def choose_form(run: EvalRun, form: str) -> str:
@@ -237,15 +240,14 @@ def train(
         metrics["plot"] = str(plot_predictions(run.splits[0], plot, title=f"{spec.name}"))
     meta = None
     if out:
-        rows = run.rows
         meta = save_model(
             final,
             out,
             spec=spec,
-            device_fingerprints=tuple({str(r.get("device_fingerprint")) for r in rows}),
+            device_fingerprints=tuple({str(r.get("device_fingerprint")) for r in run.rows}),
             data_hash=profiles.data_hash,
             data_files=profiles.sources,
-            n_rows=len(rows),
+            n_rows=run.n_group_rows,
             metrics=metrics,
             plan_context=context.to_json(),
             command=command,
