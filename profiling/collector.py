@@ -130,6 +130,9 @@ class CollectConfig:
     groups_per_graph: int = 12
     random_plans: int = 2
     singles: bool = True  # every op that does work, alone
+    # every group of every random plan, alone too: each plan's groups are then all timed
+    # alone, so a plan can be compared with the sum of its groups (plan_additivity.py)
+    plan_groups: bool = True
     out: str | Path = "data/profiles.parquet"
     resume: bool = False
     max_seconds: float | None = None
@@ -228,6 +231,11 @@ def plan_units(
             add("group", [[i]], "")
     for _ in range(config.random_plans):
         plans.append(("random", random_partition(graph, rng, spec=device_spec)))
+    if config.plan_groups:  # after every draw, so the random groups above stay the same
+        for name, p in plans:
+            if name == "random":
+                for g in p.groups:
+                    add("group", [g], "random")
     for name, p in plans:
         add("plan", p.groups, name)
     return list(units.values())

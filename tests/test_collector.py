@@ -19,7 +19,7 @@ from planner.features import group_descriptor
 from planner.hardware import get_spec
 from planner.legality import check, group_reasons
 from planner.partition import Partition, is_convex, mask_of
-from profiling.collector import CollectConfig, Collector, Job, jobs_for, plan_units
+from profiling.collector import CollectConfig, Collector, Job, _work, jobs_for, plan_units
 from profiling.dataset import COLLECTOR_VERSION, COLUMNS, ProfileStore, row_key
 from profiling.sampling import random_groups, random_partition
 
@@ -108,6 +108,32 @@ def test_units_cover_singles_strategy_groups_random_groups_and_plans_once():
     singles = [u for u in units if u.kind == "group" and len(u.groups[0]) == 1]
     assert len(singles) == len(g)  # every op of the MLP does work
     assert any(u.strategy == "whole" and u.kind == "group" for u in units)
+
+
+def test_every_plan_has_its_groups_timed_alone_unless_told_not_to():
+    g = graph_of("mlp", {"B": 4, "D": 16, "HID": 32, "L": 2})
+    makers = {"whole": lambda graph: Partition.whole(graph)}
+    job = Job("zoo:mlp", "", "float32")
+
+    def units_for(plan_groups: bool) -> list:
+        cfg = CollectConfig(models=[], groups_per_graph=0, random_plans=3, plan_groups=plan_groups)
+        return plan_units(g, job, makers, cfg, "cpu-x", "2.13.0", SPEC)
+
+    def uncovered(units: list) -> set:
+        alone = {u.groups[0] for u in units if u.kind == "group"}
+        return {
+            grp
+            for u in units
+            if u.kind == "plan"
+            for grp in u.groups
+            if _work(g, grp) and grp not in alone
+        }
+
+    with_groups, without = units_for(True), units_for(False)
+    assert not uncovered(with_groups)
+    assert uncovered(without)  # the random plans fuse groups no other unit times
+    # the extra units change none of the others (the random draws are the same)
+    assert {u.key for u in without} < {u.key for u in with_groups}
 
 
 # ---- end to end --------------------------------------------------------------------------

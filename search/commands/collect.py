@@ -48,6 +48,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads while measuring")
     p.add_argument("--max-jobs", type=int, default=None, help="at most this many graphs")
     p.add_argument("--no-singles", action="store_true", help="skip single-op groups")
+    p.add_argument(
+        "--no-plan-groups",
+        action="store_true",
+        help="do not time the random plans' groups alone (by default every plan's groups are)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=run)
 
@@ -73,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         groups_per_graph=args.groups_per_graph,
         random_plans=args.random_plans,
         singles=not args.no_singles,
+        plan_groups=not args.no_plan_groups,
         out=args.out,
         resume=args.resume,
         max_seconds=args.max_seconds,
