@@ -19,8 +19,15 @@ FAST_TIMER = {"warmup": 1, "min_reps": 3, "max_reps": 6, "max_seconds": 1.0}
 
 def _cfg(**kw):
     spec = resolve("zoo:transformer-block", "B=1,D=32,H=2")
-    base = dict(spec=spec, dynamic="S=8..16", strategy="priority", top_k=2,
-                compile_baseline=False, budget_seconds=5.0, timer=FAST_TIMER)
+    base = dict(
+        spec=spec,
+        dynamic="S=8..16",
+        strategy="priority",
+        top_k=2,
+        compile_baseline=False,
+        budget_seconds=5.0,
+        timer=FAST_TIMER,
+    )
     return TuneConfig(**{**base, **kw})
 
 
@@ -29,8 +36,9 @@ def test_tune_stores_a_measured_plan_per_bucket_and_lookup_finds_it(tmp_path):
     cfg = _cfg()
     with PlanCache(str(tmp_path / "plans.sqlite")) as cache:
         results = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, progress=lambda m: None)
-        assert [r.bucket.key for r in results] == [b.key for b in bucket_spec(cfg).buckets(
-            [(1, 16, 32)])]
+        assert [r.bucket.key for r in results] == [
+            b.key for b in bucket_spec(cfg).buckets([(1, 16, 32)])
+        ]
         assert len(results) == 2  # pow2 over 8..16: [8-8] and [9-16]
         for r in results:
             assert r.plan is not None and r.plan.measured_s and r.plan.measured_s > 0
@@ -47,9 +55,22 @@ def test_tune_stores_a_measured_plan_per_bucket_and_lookup_finds_it(tmp_path):
 
 def test_tune_cli_table_and_queue_only_mode(tmp_path, capsys):
     url = str(tmp_path / "plans.sqlite")
-    args = ["tune", "--model", "zoo:mlp", "--shape", "D=16,HID=32,L=1", "--dynamic",
-            "B=2..4", "--strategy", "greedy", "--top-k", "1", "--no-compile-baseline",
-            "--cache", url]
+    args = [
+        "tune",
+        "--model",
+        "zoo:mlp",
+        "--shape",
+        "D=16,HID=32,L=1",
+        "--dynamic",
+        "B=2..4",
+        "--strategy",
+        "greedy",
+        "--top-k",
+        "1",
+        "--no-compile-baseline",
+        "--cache",
+        url,
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "tuned zoo:mlp" in out and out.count("greedy") >= 2
@@ -84,10 +105,26 @@ def test_tune_updates_the_learned_model_online_and_saves_it(tmp_path):
     meta["device_fingerprints"] = [device_fingerprint("cpu")]
     (tmp_path / "cpu.json").write_text(json.dumps(meta))
     out = tmp_path / "refined.json"
-    args = ["tune", "--model", "zoo:mlp", "--shape", "D=16,HID=32,L=1", "--dynamic",
-            "B=2..4", "--strategy", "greedy", "--top-k", "1", "--no-compile-baseline",
-            "--cache", str(tmp_path / "plans.sqlite"), "--cost-model",
-            str(tmp_path / "cpu.json"), "--cost-model-out", str(out)]
+    args = [
+        "tune",
+        "--model",
+        "zoo:mlp",
+        "--shape",
+        "D=16,HID=32,L=1",
+        "--dynamic",
+        "B=2..4",
+        "--strategy",
+        "greedy",
+        "--top-k",
+        "1",
+        "--no-compile-baseline",
+        "--cache",
+        str(tmp_path / "plans.sqlite"),
+        "--cost-model",
+        str(tmp_path / "cpu.json"),
+        "--cost-model-out",
+        str(out),
+    ]
     assert main(args) == 0
     online = json.loads(out.read_text())["online"]
     assert meta["online"].get("n_observations", 0) == 0
