@@ -22,10 +22,17 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from learned_cost.plan_context import fit_plan_context
+from learned_cost.plan_eval import GraphCache
+from planner.cost import group_io
 
 
-def covered_plans(rows: list[dict], column: str) -> list[tuple[str, float, list[float]]]:
-    """(graph_key, measured plan latency, its groups' measured latencies) per covered plan."""
+def covered_plans(
+    rows: list[dict], column: str, graphs: GraphCache | None = None
+) -> list[tuple[str, float, list[float]]]:
+    """(graph_key, measured plan latency, its groups' measured latencies) per covered plan.
+
+    A group of views only launches nothing and is never timed alone; with `graphs` (to
+    recapture each plan's graph) such groups are known free and do not leave a plan out."""
     alone = {
         (r["graph_key"], tuple(sorted(json.loads(r["nodes"])))): r["measured_median_s"]
         for r in rows
@@ -35,7 +42,11 @@ def covered_plans(rows: list[dict], column: str) -> list[tuple[str, float, list[
     for r in rows:
         if r["kind"] != "plan" or not r["ok"] or not np.isfinite(r.get(column) or np.nan):
             continue
-        ts = [alone.get((r["graph_key"], tuple(sorted(g)))) for g in json.loads(r["nodes"])]
+        groups = json.loads(r["nodes"])
+        graph = graphs.get(r) if graphs is not None else None
+        if graph is not None:
+            groups = [g for g in groups if group_io(graph, g).n_kernels]
+        ts = [alone.get((r["graph_key"], tuple(sorted(g)))) for g in groups]
         if None not in ts:
             out.append((r["graph_key"], float(r[column]), [float(t) for t in ts]))
     return out
@@ -47,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--column", default="measured_median_s")
     args = ap.parse_args(argv)
     rows = pq.read_table(args.data).to_pylist()
-    plans = covered_plans(rows, args.column)
+    plans = covered_plans(rows, args.column, GraphCache())
     n_plans = sum(r["kind"] == "plan" and r["ok"] for r in rows)
     print(f"{args.data}: {len(plans)} of {n_plans} plans have every group timed alone")
     if not plans:

@@ -2,6 +2,8 @@
 
 For a group P run as one kernel:
     T_compute = FLOPs_matmul / P_matmul(dtype) + FLOPs_vector / P_vector(dtype)
+                (P_matmul of a float32 op is the TF32 rate where torch lets it run in TF32,
+                 as it does convolutions by default: planner.hardware.tf32_allowed)
     T_memory  = (M_in + M_out) / B            (boundary bytes only: 7.3.2)
     C(P)      = max(T_compute, T_memory) + T_launch
 with the device's measured peaks where `device-bench` stored them (planner.hardware).
@@ -17,8 +19,9 @@ from dataclasses import dataclass
 from planner.cost import GroupCost, group_io
 from planner.hardware import DeviceSpec, get_spec
 from planner.ir import Category, OpGraph
+from planner.taxonomy import CONV_OPS
 
-VERSION = "analytical-1"
+VERSION = "analytical-2"  # 2: float32 convolutions at the TF32 rate where allowed
 
 
 class AnalyticalModel:
@@ -43,7 +46,7 @@ class AnalyticalModel:
                 continue
             dtype = _dtype_of(graph, i)
             peak = (
-                self.spec.peak_matmul_flops(dtype)
+                self.spec.peak_compute_flops(dtype, conv=n.op in CONV_OPS)
                 if n.category is Category.COMPUTE
                 else self.spec.peak_vector_flops(dtype)
             )

@@ -28,7 +28,7 @@ import numpy as np
 from planner.hardware import DeviceSpec
 from planner.ir import Category
 
-FEATURE_SCHEMA_VERSION = 2
+FEATURE_SCHEMA_VERSION = 3  # 3: float32 convolutions at the TF32 rate where torch allows it
 _TINY = 1e-12  # floor for logs of seconds, FLOPs and bytes: log10(0) would be -inf
 
 # Ops that cost more than one FMA per element (exp/erf/tanh inside): they dominate
@@ -97,9 +97,12 @@ def group_dtype(desc: Mapping[str, Any], dtype: str) -> str:
 def analytical_parts(desc: Mapping[str, Any], spec: DeviceSpec, dtype: str) -> AnalyticalParts:
     """T_compute, T_memory, T_launch of a descriptor on `spec` (seed 002, 7.4.1)."""
     dt = group_dtype(desc, dtype)
-    t_c = float(desc.get("flops_matmul") or 0) / spec.peak_matmul_flops(dt) + float(
-        desc.get("flops_vector") or 0
-    ) / spec.peak_vector_flops(dt)
+    conv = float(desc.get("flops_conv") or 0)  # convolutions may run in TF32 (hardware.py)
+    t_c = (
+        (float(desc.get("flops_matmul") or 0) - conv) / spec.peak_compute_flops(dt)
+        + conv / spec.peak_compute_flops(dt, conv=True)
+        + float(desc.get("flops_vector") or 0) / spec.peak_vector_flops(dt)
+    )
     t_m = (
         float(desc.get("bytes_in") or 0) + float(desc.get("bytes_out") or 0)
     ) / spec.bandwidth_Bps

@@ -26,7 +26,7 @@ import torch
 from learned_cost.features import DTYPES, FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SCHEMA_HASH
 from learned_cost.mlp import CorrectionMLP
 from planner.errors import CostModelError, DeviceSpecError
-from planner.hardware import DeviceSpec, get_spec
+from planner.hardware import TF32, DeviceSpec, get_spec
 
 FORMAT_VERSION = 1
 
@@ -67,7 +67,8 @@ def spec_figures(spec: DeviceSpec) -> dict[str, Any]:
     return {
         "name": spec.name,
         "kind": spec.kind,
-        "matmul_flops": {d: spec.peak_matmul_flops(d) for d in DTYPES},
+        "matmul_flops": {d: spec.peak_matmul_flops(d) for d in DTYPES}
+        | ({TF32: spec.tf32_flops} if spec.tf32_flops else {}),
         "vector_flops": {d: spec.peak_vector_flops(d) for d in DTYPES},
         "bandwidth_Bps": spec.bandwidth_Bps,
         "launch_s": spec.launch_s,

@@ -15,8 +15,9 @@ from typing import Any
 
 from planner.cost import group_io
 from planner.ir import Category, OpGraph
+from planner.taxonomy import CONV_OPS
 
-DESCRIPTOR_VERSION = 1
+DESCRIPTOR_VERSION = 2  # 2: flops_conv
 CATEGORIES = tuple(c.value for c in Category)
 
 
@@ -46,6 +47,7 @@ def group_descriptor(graph: OpGraph, nodes: Iterable[int]) -> dict[str, Any]:
         n_ops=len(members),
         n_work_ops=len(members) - counts["view"],
         flops_matmul=io.matmul_flops,
+        flops_conv=sum(a.flops for a in anchors if a.op in CONV_OPS),  # part of flops_matmul
         flops_vector=io.vector_flops,
         bytes_in=io.bytes_in,
         bytes_out=io.bytes_out,

@@ -53,6 +53,8 @@ class DeviceSpec:
 
     `matmul_flops[dtype]`: dense matrix-unit peak for matmul-like ops (tensor cores; for
     float32 the plain FP32 rate, since torch does not use TF32 for matmuls by default).
+    `matmul_flops["tfloat32"]`, where the device has TF32 tensor cores: the rate of a
+    float32 matmul-like op that torch lets run in TF32 (`peak_compute_flops`).
     `vector_flops[dtype]`: elementwise/reduction arithmetic rate (CUDA cores / SIMD).
     """
 
@@ -75,6 +77,22 @@ class DeviceSpec:
         if self.measured and dtype in self.measured.matmul_flops:
             return self.measured.matmul_flops[dtype]
         return _per_dtype(self.matmul_flops, dtype, self.name)
+
+    @property
+    def tf32_flops(self) -> float | None:
+        """The TF32 tensor-core rate (measured where device-bench stored one); None where
+        the device has none."""
+        if self.measured and TF32 in self.measured.matmul_flops:
+            return self.measured.matmul_flops[TF32]
+        return self.matmul_flops.get(TF32)
+
+    def peak_compute_flops(self, dtype: str, conv: bool = False) -> float:
+        """The rate of one matmul-like op (a convolution when `conv`): the TF32 rate for a
+        float32 op that torch's flags let run in TF32 on a device that has it
+        (`tf32_allowed`), else `peak_matmul_flops`."""
+        if dtype == "float32" and self.tf32_flops and tf32_allowed(conv):
+            return self.tf32_flops
+        return self.peak_matmul_flops(dtype)
 
     def peak_vector_flops(self, dtype: str) -> float:
         if self.measured and dtype in self.measured.vector_flops:
@@ -99,6 +117,20 @@ class DeviceSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+TF32 = "tfloat32"  # the key of the TF32 tensor-core rate in `matmul_flops`
+
+
+def tf32_allowed(conv: bool) -> bool:
+    """Whether torch runs a float32 convolution (`conv`) or matmul in TF32 on a GPU that
+    has it: `torch.backends.cudnn.allow_tf32` for convolutions (True by default),
+    `torch.backends.cuda.matmul.allow_tf32` for matmuls (False by default;
+    `torch.set_float32_matmul_precision("high")` sets it). Read when a cost is computed,
+    so the planner follows the flags of the process it plans for."""
+    if conv:
+        return bool(torch.backends.cudnn.allow_tf32)
+    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def _per_dtype(table: dict[str, float], dtype: str, name: str) -> float:
@@ -129,10 +161,13 @@ def _gpu(
     l2_mib: float,
     mem_gb: float,
     sources: dict[str, str],
+    tf32: float | None = None,
 ) -> DeviceSpec:
     mm = {"float32": fp32 * TFLOP, "float16": fp16 * TFLOP}
     if bf16:
         mm["bfloat16"] = bf16 * TFLOP
+    if tf32:
+        mm[TF32] = tf32 * TFLOP
     return DeviceSpec(
         name=name,
         kind="gpu",
@@ -163,8 +198,10 @@ SPECS: dict[str, DeviceSpec] = {
         {
             "peaks": _SEED4,
             "bf16": "NVIDIA A100 datasheet (BF16 = FP16 dense 312 TFLOPS)",
+            "tf32": "NVIDIA A100 datasheet: TF32 tensor core 156 TFLOPS dense (312 sparse)",
             "sm/smem/l2": "NVIDIA A100 whitepaper: 108 SMs, 164 KB smem/SM, 40 MB L2",
         },
+        tf32=156,
     ),
     "v100": _gpu(
         "v100",
@@ -218,8 +255,10 @@ SPECS: dict[str, DeviceSpec] = {
         80,
         {
             "peaks": "NVIDIA H100 SXM5 datasheet: FP32 67, BF16/FP16 dense 989.4 TFLOPS, 3.35 TB/s",
+            "tf32": "NVIDIA H100 SXM5 datasheet: TF32 tensor core 494.7 TFLOPS dense (989 sparse)",
             "sm/smem/l2": "NVIDIA H100 whitepaper: 132 SMs (SXM5), 228 KB smem/SM, 50 MB L2",
         },
+        tf32=494.7,
     ),
     "h200": _gpu(
         "h200",
@@ -235,6 +274,7 @@ SPECS: dict[str, DeviceSpec] = {
             "peaks": "NVIDIA H200 SXM datasheet: same compute as H100 SXM, 4.8 TB/s HBM3e",
             "sm/smem/l2": "GH100 die as in H100 SXM: 132 SMs, 228 KB smem/SM",
         },
+        tf32=494.7,
     ),
 }
 

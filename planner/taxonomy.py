@@ -124,14 +124,17 @@ class OpRule:
     why: str
 
 
+# Convolutions: cuDNN runs them in TF32 for float32 by default, unlike matmuls
+# (planner.hardware.tf32_allowed), so the roofline rates them apart.
+CONV_OPS = ("conv1d", "conv2d", "conv3d", "convolution", "_convolution")
+
 # fmt: off
 RULES: tuple[OpRule, ...] = (
     # --- compute anchors: tensor-core bound, realized by cuBLAS/cuDNN or a GEMM template
     OpRule(("mm", "bmm", "matmul"), Category.COMPUTE, _mm, "GEMM: 2MNK"),
     OpRule(("addmm", "baddbmm"), Category.COMPUTE, _addmm, "GEMM with a fused bias add"),
     OpRule(("linear",), Category.COMPUTE, _linear, "x @ W^T + b as one GEMM"),
-    OpRule(("conv1d", "conv2d", "conv3d", "convolution", "_convolution"),
-           Category.COMPUTE, _conv, "convolution: 2 * out * Cin/g * prod(k)"),
+    OpRule(CONV_OPS, Category.COMPUTE, _conv, "convolution: 2 * out * Cin/g * prod(k)"),
     OpRule(("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
             "_scaled_dot_product_flash_attention_for_cpu"),

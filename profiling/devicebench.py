@@ -1,12 +1,13 @@
-"""Micro-benchmarks of this machine's device: GEMM FLOP/s per dtype, copy bandwidth,
-launch overhead. `fusion-plan device-bench` stores the result beside the datasheet
-figures (planner.hardware), and the analytical model prefers it from then on."""
+"""Micro-benchmarks of this machine's device: GEMM FLOP/s per dtype (and in TF32 where the
+GPU has it), copy bandwidth, launch overhead. `fusion-plan device-bench` stores the
+result beside the datasheet figures (planner.hardware), and the analytical model prefers
+it from then on."""
 
 from __future__ import annotations
 
 import torch
 
-from planner.hardware import MeasuredPeaks, device_fingerprint
+from planner.hardware import TF32, MeasuredPeaks, device_fingerprint
 from planner.plan import now_iso
 from profiling.timer import measure
 
@@ -16,6 +17,17 @@ def _gemm_flops(n: int, dtype: torch.dtype, dev: torch.device) -> float:
     b = torch.randn(n, n, device=dev).to(dtype)
     t = measure(lambda: a @ b, device=dev, warmup=3, min_reps=5, max_reps=30, max_seconds=10)
     return 2 * n**3 / t.median_s
+
+
+def _tf32_flops(n: int, dev: torch.device) -> float:
+    """A float32 GEMM with TF32 allowed: the rate of what torch runs in TF32 (float32
+    convolutions by default; planner.hardware.tf32_allowed)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return _gemm_flops(n, torch.float32, dev)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def _copy_bw(nbytes: int, dev: torch.device) -> float:
@@ -50,6 +62,8 @@ def run_device_bench(
     if quick and gpu:
         sizes = {k: v // 2 for k, v in sizes.items()}
     mm = {str(dt).removeprefix("torch."): _gemm_flops(n, dt, dev) for dt, n in sizes.items()}
+    if gpu and torch.cuda.get_device_capability(dev) >= (8, 0):  # TF32 tensor cores
+        mm[TF32] = _tf32_flops(sizes[torch.float32], dev)
     return MeasuredPeaks(
         matmul_flops=mm,
         mem_bw_Bps=_copy_bw(copy_bytes, dev),

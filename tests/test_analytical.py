@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from learned_cost.analytical import (
     AnalyticalModel,
@@ -11,12 +12,15 @@ from learned_cost.analytical import (
     unfused_bytes,
     vertical_fusion_speedup,
 )
+from learned_cost.features import analytical_parts
 from learned_cost.report import analyze
 from planner import zoo
 from planner.capture import capture
 from planner.cost import group_io
-from planner.hardware import get_spec
+from planner.features import group_descriptor
+from planner.hardware import TF32, get_spec
 from planner.ir import Category, OpGraph, OpNode, TensorInfo
+from planner.taxonomy import CONV_OPS
 
 
 def relu_chain(n_ops: int, numel: int = 1 << 20, dtype: str = "float32") -> OpGraph:
@@ -118,3 +122,56 @@ def test_analyze_report_totals(h100):
     x = g.tensors[next(t.id for t in g.tensors if t.kind == "input")].nbytes
     assert rep.fused_bytes == weights + 2 * x
     assert 0 < rep.eta_bw < 1
+
+
+@pytest.fixture
+def tf32_flags():
+    """torch's TF32 flags as the test leaves them: restored afterwards."""
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _conv_linear_graph(dtype: torch.dtype) -> OpGraph:
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(32 * 64, 8)
+    ).to(dtype)
+    return capture(model, (torch.randn(2, 16, 8, 8, dtype=dtype),), name="conv-linear")
+
+
+def test_float32_convolutions_are_rated_at_tf32_where_torch_allows_it(h100, tf32_flags):
+    g = _conv_linear_graph(torch.float32)
+    conv = next(n for n in g.nodes if n.op in CONV_OPS)
+    linear = next(n for n in g.nodes if n.category is Category.COMPUTE and n.op not in CONV_OPS)
+    model = AnalyticalModel(h100)
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False
+    assert model.group_cost(g, {conv.index}).t_compute_s == pytest.approx(
+        conv.flops / h100.matmul_flops[TF32]
+    )
+    assert model.group_cost(g, {linear.index}).t_compute_s == pytest.approx(
+        linear.flops / h100.peak_matmul_flops("float32")
+    )
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = False, True
+    assert model.group_cost(g, {conv.index}).t_compute_s == pytest.approx(
+        conv.flops / h100.peak_matmul_flops("float32")
+    )
+    assert model.group_cost(g, {linear.index}).t_compute_s == pytest.approx(
+        linear.flops / h100.matmul_flops[TF32]
+    )
+    # the learned model's base reads the same rates from the group's descriptor
+    for node in (conv, linear):
+        desc = group_descriptor(g, [node.index])
+        assert desc["flops_conv"] == (node.flops if node is conv else 0)
+        parts = analytical_parts(desc, h100, "float32")
+        assert parts.t_compute_s == pytest.approx(model.group_cost(g, {node.index}).t_compute_s)
+
+
+def test_tf32_changes_nothing_in_other_dtypes_or_on_devices_without_it(tf32_flags):
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    h100, v100 = get_spec("h100", measured=False), get_spec("v100", measured=False)
+    assert h100.peak_compute_flops("bfloat16", conv=True) == h100.peak_matmul_flops("bfloat16")
+    assert v100.tf32_flops is None
+    assert v100.peak_compute_flops("float32", conv=True) == v100.peak_matmul_flops("float32")
+    assert get_spec("cpu").peak_compute_flops("float32", conv=True) == get_spec(
+        "cpu"
+    ).peak_matmul_flops("float32")
