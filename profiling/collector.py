@@ -325,7 +325,8 @@ def plan_and_warm(
 ) -> tuple[str, list[Unit], list[str]]:
     """In a compile worker: export `job` on `device`, plan its units, compile every group
     they will compile (Inductor's on-disk cache keeps the result for the measuring
-    process). Returns (graph key, units not in `known`, notes)."""
+    process). Returns (graph key, every unit, notes): the measuring process skips those
+    in its file, and counts them."""
     dev = torch.device(device)
     notes: list[str] = []
     with warnings.catch_warnings():
@@ -352,7 +353,7 @@ def plan_and_warm(
                 seen.add(g)
                 with contextlib.suppress(Exception):  # failures are measured (and kept) later
                     group_unit(captured, g, real)
-    return graph.key, todo, notes
+    return graph.key, units, notes
 
 
 class Collector:

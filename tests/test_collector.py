@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import replace
 
 import pyarrow.parquet as pq
 import pytest
@@ -219,6 +220,9 @@ def test_compile_workers_plan_and_warm_jobs_for_the_measuring_process(tmp_path):
     assert warmed < first_job
     compiled = [r for r in rows if r["kind"] == "group" and r["realization"] != "eager"]
     assert compiled and max(r["compile_s"] for r in compiled) < 2.0  # cache hits
+    # a resume through the workers measures nothing again, and says so
+    again = Collector(replace(cfg, resume=True), AnalyticalModel(SPEC), makers, lines.append).run()
+    assert again.measured == 0 and again.skipped == len(rows) == again.planned
 
 
 def test_measure_and_collect_commands_end_to_end(tmp_path, capsys):
@@ -286,3 +290,47 @@ def test_warm_up_before_timing_stops_at_its_share_of_the_time_limit():
     waited = time.perf_counter() - t0
     assert WARM_SHARE * 1.0 - 0.05 <= waited < 1.0
     assert any("warm-up stopped at 2/3" in line for line in lines)
+
+
+def test_collect_measures_each_strategy_under_a_learned_model_too(tmp_path, capsys):
+    """--learned adds STRATEGY@learned plans: each model's own best, for ranking tests."""
+    from learned_fakes import fake_rows
+
+    from learned_cost.features import design_matrix
+    from learned_cost.mlp import CorrectionMLP
+    from learned_cost.persist import save_model
+    from planner.hardware import device_fingerprint, get_spec
+    from search.cli import main
+
+    cpu = get_spec("cpu")
+    d = design_matrix(fake_rows(10, seed=2, with_plans=False), lambda _n: cpu)
+    model = tmp_path / "cpu.json"
+    save_model(
+        CorrectionMLP(steps=50, n_members=1).fit(d.X, d.y),
+        model,
+        spec=cpu,
+        device_fingerprints=(device_fingerprint("cpu"),),
+    )
+    base = ["collect", "--models", "zoo:mlp", "--shapes", "B=4,D=16,HID=32,L=1"]
+    base += ["--strategies", "greedy", "--groups-per-graph", "0", "--random-plans", "0"]
+    base += ["--no-singles", "--threads", "1"]
+    out = tmp_path / "l.parquet"
+    assert main([*base, "--learned", str(model), "--out", str(out)]) == 0
+    assert "not used" not in capsys.readouterr().err
+    plans = [r for r in pq.read_table(out).to_pylist() if r["kind"] == "plan"]
+    # the learned model's greedy plan is measured, or is the analytical one (one unit)
+    assert (
+        {"unfused", "greedy"}
+        <= {r["strategy"] for r in plans}
+        <= {
+            "unfused",
+            "greedy",
+            "greedy@learned",
+        }
+    )
+    # a model that does not fit this machine is not used, and says so; the rest runs
+    other = tmp_path / "missing.json"
+    out2 = tmp_path / "m.parquet"
+    with pytest.warns(UserWarning, match="falling back"):
+        assert main([*base, "--learned", str(other), "--out", str(out2)]) == 0
+    assert "--learned" in capsys.readouterr().err and pq.read_table(out2).num_rows

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from learned_cost.analytical import AnalyticalModel
+from learned_cost.corrected import load_corrected
 from planner import zoo
 from planner.hardware import get_spec, local_device_name
 from profiling.collector import CollectConfig, Collector
@@ -34,6 +35,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--random-plans", type=int, default=2, help="random whole plans per graph")
     p.add_argument(
         "--strategies", default="greedy,priority", help="strategies whose plans are measured"
+    )
+    p.add_argument(
+        "--learned",
+        default=None,
+        metavar="MODEL.json",
+        help="also measure each strategy's plan under this learned cost model (named "
+        "STRATEGY@learned): candidates that each model thinks best, to rank",
     )
     p.add_argument("--out", required=True, help="Parquet file, e.g. data/h100_profiles.parquet")
     p.add_argument("--resume", action="store_true", help="add to --out, skipping known keys")
@@ -66,11 +74,14 @@ def run(args: argparse.Namespace) -> int:
     shapes = None if args.shapes == "auto" else [s.strip() for s in args.shapes.split(";")]
     spec = get_spec(local_device_name())
     cost_model = AnalyticalModel(spec)
-    makers = {
-        name: plan_maker(name, cost_model)
-        for name in (s.strip() for s in args.strategies.split(","))
-        if name
-    }
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    makers = {name: plan_maker(name, cost_model) for name in strategies}
+    if args.learned:
+        learned = load_corrected(args.learned, spec.name)
+        if isinstance(learned, AnalyticalModel):  # it warned why; its plans are the above
+            print(f"collect: --learned {args.learned} not used", file=sys.stderr)
+        else:
+            makers |= {f"{name}@learned": plan_maker(name, learned) for name in strategies}
     cfg = CollectConfig(
         models=models,
         shapes=shapes,
