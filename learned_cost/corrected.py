@@ -100,6 +100,17 @@ class CorrectedModel:
     def __repr__(self) -> str:
         return f"CorrectedModel({self.spec.name}, {self.model_id}, bias={self.online.bias:+.3f})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles (into compile workers, say) without its lock and dtype cache."""
+        state = dict(self.__dict__)
+        del state["_lock"]
+        state["_dtypes"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     @property
     def version(self) -> str:
         n = self.online.n_observations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import shutil
 import subprocess
 import sys
@@ -294,6 +295,9 @@ def test_corrected_model_is_a_cost_model(corrected, spec, fitted):
     assert views, "the block has views"
     work = [c for nodes, c in zip(groups, costs) if c.latency_s > 0]
     assert any(abs(math.log(c.correction)) > 0.1 for c in work)  # it does correct
+    # it pickles (the collector's compile workers plan with it) and costs the same after
+    again = pickle.loads(pickle.dumps(corrected))
+    assert [c.latency_s for c in again.group_costs(g, groups)] == [c.latency_s for c in costs]
 
 
 def test_corrected_model_needs_a_fitted_mlp(spec):
