@@ -133,6 +133,11 @@ class CollectConfig:
     # every group of every random plan, alone too: each plan's groups are then all timed
     # alone, so a plan can be compared with the sum of its groups (plan_additivity.py)
     plan_groups: bool = True
+    # plans made elsewhere, to be measured with their groups: graph_key -> [(name, groups)]
+    # (`fusion-plan collect --plans FILE`; e.g. plans of models that never saw the graph)
+    extra_plans: Mapping[str, Sequence[tuple[str, Sequence[Sequence[int]]]]] = field(
+        default_factory=dict
+    )
     out: str | Path = "data/profiles.parquet"
     resume: bool = False
     max_seconds: float | None = None
@@ -221,6 +226,12 @@ def plan_units(
         except FusionPlannerError as e:  # a strategy that fails here is noted, not fatal
             if notes is not None:
                 notes.append(f"{job.label}: strategy {name} failed: {e}")
+    for name, groups in config.extra_plans.get(graph.key, ()):
+        try:
+            plans.append((name, Partition.from_groups(graph, groups)))
+        except (FusionPlannerError, ValueError, IndexError) as e:
+            if notes is not None:
+                notes.append(f"{job.label}: plan {name} does not fit the graph: {e}")
     for name, p in plans[1:]:
         for g in p.groups:
             add("group", [g], name)

@@ -334,3 +334,36 @@ def test_collect_measures_each_strategy_under_a_learned_model_too(tmp_path, caps
     with pytest.warns(UserWarning, match="falling back"):
         assert main([*base, "--learned", str(other), "--out", str(out2)]) == 0
     assert "--learned" in capsys.readouterr().err and pq.read_table(out2).num_rows
+
+
+def test_plans_from_a_file_are_measured_with_their_groups(tmp_path):
+    from search.commands.collect import read_plans
+
+    g = graph_of("mlp", {"B": 4, "D": 16, "HID": 32, "L": 2})
+    job = Job("zoo:mlp", "", "float32")
+    pairs = [[0, 1], *[[i] for i in range(2, len(g))]]
+    path = tmp_path / "plans.json"
+    path.write_text(
+        json.dumps(
+            {
+                "plans": [
+                    {"graph_key": g.key, "strategy": "mine", "groups": pairs},
+                    {"graph_key": g.key, "strategy": "bad", "groups": [[0]]},  # covers 1 op
+                    {"graph_key": "another-graph", "strategy": "x", "groups": [[0]]},
+                ]
+            }
+        )
+    )
+    cfg = CollectConfig(
+        models=[], groups_per_graph=0, random_plans=0, singles=False, extra_plans=read_plans(path)
+    )
+    notes: list[str] = []
+    units = plan_units(g, job, {}, cfg, "cpu-x", "2.13.0", SPEC, notes)
+    plans = {u.strategy: u for u in units if u.kind == "plan"}
+    assert set(plans) == {"unfused", "mine"}
+    assert plans["mine"].groups[0] == (0, 1)
+    assert any(u.kind == "group" and u.groups[0] == (0, 1) for u in units)
+    assert len(notes) == 1 and "bad" in notes[0] and "does not fit" in notes[0]
+    path.write_text('{"plans": [{"graph_key": "k"}]}')
+    with pytest.raises(FusionPlannerError, match="not a plans file"):
+        read_plans(path)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import load_corrected
 from planner import zoo
+from planner.errors import FusionPlannerError
 from planner.hardware import get_spec, local_device_name
 from profiling.collector import CollectConfig, Collector
 from search.planning import plan_maker
@@ -42,6 +45,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="MODEL.json",
         help="also measure each strategy's plan under this learned cost model (named "
         "STRATEGY@learned): candidates that each model thinks best, to rank",
+    )
+    p.add_argument(
+        "--plans",
+        default=None,
+        metavar="FILE.json",
+        help='more plans to measure, with their groups: {"plans": [{"graph_key": ..., '
+        '"strategy": ..., "groups": [[node, ...], ...]}, ...]} (benchmarks/heldout_plans.py '
+        "writes one)",
     )
     p.add_argument("--out", required=True, help="Parquet file, e.g. data/h100_profiles.parquet")
     p.add_argument("--resume", action="store_true", help="add to --out, skipping known keys")
@@ -82,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"collect: --learned {args.learned} not used", file=sys.stderr)
         else:
             makers |= {f"{name}@learned": plan_maker(name, learned) for name in strategies}
+    extra = read_plans(args.plans) if args.plans else {}
     cfg = CollectConfig(
         models=models,
         shapes=shapes,
@@ -90,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         random_plans=args.random_plans,
         singles=not args.no_singles,
         plan_groups=not args.no_plan_groups,
+        extra_plans=extra,
         out=args.out,
         resume=args.resume,
         max_seconds=args.max_seconds,
@@ -110,6 +123,22 @@ def run(args: argparse.Namespace) -> int:
     for e in summary.errors[:20]:
         print(f"note: {e}", file=sys.stderr)
     return 0
+
+
+def read_plans(path: str) -> dict[str, list[tuple[str, list[list[int]]]]]:
+    """A --plans file: graph_key -> [(strategy, groups)]; a clear error if malformed."""
+    try:
+        entries = json.loads(Path(path).read_text())["plans"]
+        out: dict[str, list[tuple[str, list[list[int]]]]] = {}
+        for e in entries:
+            groups = [[int(i) for i in g] for g in e["groups"]]
+            out.setdefault(str(e["graph_key"]), []).append((str(e["strategy"]), groups))
+        return out
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise FusionPlannerError(
+            f"--plans {path}: not a plans file ({type(e).__name__}: {e}); expected "
+            '{"plans": [{"graph_key": ..., "strategy": ..., "groups": [[...], ...]}]}'
+        ) from e
 
 
 def _interrupt(signum: int, frame: Any) -> None:
