@@ -133,6 +133,9 @@ class CollectConfig:
     # every group of every random plan, alone too: each plan's groups are then all timed
     # alone, so a plan can be compared with the sum of its groups (plan_additivity.py)
     plan_groups: bool = True
+    # every group of every strategy's (and --plans) plan, alone: off for a run that only
+    # re-times whole plans (a plan-level noise floor, benchmarks/heldout_plans.py)
+    strategy_groups: bool = True
     # plans made elsewhere, to be measured with their groups: graph_key -> [(name, groups)]
     # (`fusion-plan collect --plans FILE`; e.g. plans of models that never saw the graph)
     extra_plans: Mapping[str, Sequence[tuple[str, Sequence[Sequence[int]]]]] = field(
@@ -232,9 +235,10 @@ def plan_units(
         except (FusionPlannerError, ValueError, IndexError) as e:
             if notes is not None:
                 notes.append(f"{job.label}: plan {name} does not fit the graph: {e}")
-    for name, p in plans[1:]:
-        for g in p.groups:
-            add("group", [g], name)
+    if config.strategy_groups:
+        for name, p in plans[1:]:
+            for g in p.groups:
+                add("group", [g], name)
     for g in random_groups(graph, config.groups_per_graph, rng, spec=device_spec):
         add("group", [g], "")
     if config.singles:

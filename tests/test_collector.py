@@ -133,6 +133,18 @@ def test_every_plan_has_its_groups_timed_alone_unless_told_not_to():
     with_groups, without = units_for(True), units_for(False)
     assert not uncovered(with_groups)
     assert uncovered(without)  # the random plans fuse groups no other unit times
+    # a re-timing run: whole plans only, the same plans
+    cfg = CollectConfig(
+        models=[],
+        groups_per_graph=0,
+        random_plans=3,
+        singles=False,
+        plan_groups=False,
+        strategy_groups=False,
+    )
+    plans_only = plan_units(g, job, makers, cfg, "cpu-x", "2.13.0", SPEC)
+    assert plans_only and all(u.kind == "plan" for u in plans_only)
+    assert {u.key for u in plans_only} == {u.key for u in with_groups if u.kind == "plan"}
     # the extra units change none of the others (the random draws are the same)
     assert {u.key for u in without} < {u.key for u in with_groups}
 

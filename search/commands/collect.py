@@ -72,6 +72,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="do not time the random plans' groups alone (by default every plan's groups are)",
     )
+    p.add_argument(
+        "--no-strategy-groups",
+        action="store_true",
+        help="do not time the groups of the strategies' and --plans plans alone (a run that "
+        "only re-times whole plans)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=run)
 
@@ -102,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         random_plans=args.random_plans,
         singles=not args.no_singles,
         plan_groups=not args.no_plan_groups,
+        strategy_groups=not args.no_strategy_groups,
         extra_plans=extra,
         out=args.out,
         resume=args.resume,
