@@ -28,8 +28,8 @@ from planner.cost import group_io
 
 def covered_plans(
     rows: list[dict], column: str, graphs: GraphCache | None = None
-) -> list[tuple[str, float, list[float]]]:
-    """(graph_key, measured plan latency, its groups' measured latencies) per covered plan.
+) -> list[tuple[dict, float, list[float]]]:
+    """(plan row, measured plan latency, its groups' measured latencies) per covered plan.
 
     A group of views only launches nothing and is never timed alone; with `graphs` (to
     recapture each plan's graph) such groups are known free and do not leave a plan out."""
@@ -48,7 +48,7 @@ def covered_plans(
             groups = [g for g in groups if group_io(graph, g).n_kernels]
         ts = [alone.get((r["graph_key"], tuple(sorted(g)))) for g in groups]
         if None not in ts:
-            out.append((r["graph_key"], float(r[column]), [float(t) for t in ts]))
+            out.append((r, float(r[column]), [float(t) for t in ts]))
     return out
 
 
@@ -75,13 +75,26 @@ def main(argv: list[str] | None = None) -> None:
         f"per plan {ctx.per_plan_s * 1e6:+.2f} us"
     )
     by_graph: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for (graph, m, _), s in zip(plans, sums):
-        by_graph[graph].append((s, m))
+    for (row, m, _), s in zip(plans, sums):
+        by_graph[row["graph_key"]].append((s, m))
     regret = [min(c)[1] / min(m for _, m in c) - 1 for c in by_graph.values() if len(c) >= 2]
     if regret:
         print(
             f"  oracle regret over {len(regret)} graphs: mean {100 * np.mean(regret):.1f}%, "
             f"max {100 * np.max(regret):.1f}%"
+        )
+    print("  where the plain sum misses (plan / sum - 1, mean; |error| mean):")
+    cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for (row, m, _), s in zip(plans, sums):
+        family = str(row["model"]).removeprefix("zoo:")
+        kind = "random" if row["strategy"] == "random" else "strategies"
+        for cell in ((family, str(row["dtype"])), ("all", kind)):
+            cells[cell].append(m / s - 1)
+    worst = sorted(cells.items(), key=lambda kv: -np.mean(np.abs(kv[1])))
+    for (a, b), v in worst:
+        print(
+            f"    {a:24s} {b:10s} {len(v):4d} plans: {100 * np.mean(v):+6.1f}%, "
+            f"|{100 * np.mean(np.abs(v)):.1f}%|"
         )
 
 
