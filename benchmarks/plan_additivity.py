@@ -10,6 +10,12 @@ of the plan whose measured group sum is least, over the best measured. This is t
 the planner's additive objective would make with perfect group costs: the floor under the
 learned model's plan error and regret. `--column call_median_s` judges whole calls from
 the host instead (collector version 3 rows keep both).
+
+`--residual` asks whether a plan-level model could lower that floor: gradient-boosted
+trees on features of the whole plan (dtype, groups, its footprint and its largest group's
+against the L2, the share of GEMM FLOPs, of tiny groups), predicting log(plan / sum),
+cross-validated by graph (5 folds), so each plan is corrected by trees that never saw
+its graph.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import pyarrow.parquet as pq
 from learned_cost.plan_context import fit_plan_context
 from learned_cost.plan_eval import GraphCache
 from planner.cost import group_io
+from planner.hardware import get_spec
 
 
 def covered_plans(
@@ -52,13 +59,60 @@ def covered_plans(
     return out
 
 
+def plan_features(row: dict, graph, times: list[float], l2_bytes: float) -> list[float]:
+    """What a plan-level correction could see: the plan as a whole, against the L2."""
+    groups = [g for g in json.loads(row["nodes"]) if group_io(graph, g).n_kernels]
+    ios = [group_io(graph, g) for g in groups]
+    roots: dict[int, int] = {}
+    for io in ios:
+        for t in io.inputs + io.outputs:
+            roots[graph.root(t)] = graph.tensors[graph.root(t)].nbytes
+    footprint = max(sum(roots.values()), 1)
+    moved = [max(io.bytes, 1) for io in ios]
+    flops = sum(io.flops for io in ios)
+    ts = np.array(times)
+    return [
+        float(row["dtype"] == "bfloat16"),
+        np.log10(len(ios)),
+        np.log10(footprint / l2_bytes),
+        np.log10(max(moved) / l2_bytes),
+        np.log10(ts.sum()),
+        float((ts < 5e-6).mean()),
+        np.log10(sum(moved) / footprint),
+        sum(io.matmul_flops for io in ios) / max(flops, 1),
+        float(footprint > l2_bytes),
+        float(np.mean([b > l2_bytes for b in moved])),
+    ]
+
+
+def residual_cv(plans: list, graphs: GraphCache, l2_bytes: float) -> np.ndarray:
+    """Each plan's predicted sum x exp(residual) from trees that never saw its graph."""
+    from sklearn.ensemble import GradientBoostingRegressor
+    from sklearn.model_selection import GroupKFold
+
+    X = np.array([plan_features(r, graphs.get(r), ts, l2_bytes) for r, _, ts in plans])
+    sums = np.array([sum(ts) for _, _, ts in plans])
+    y = np.log(np.array([m for _, m, _ in plans]) / sums)
+    keys = np.array([r["graph_key"] for r, _, _ in plans])
+    pred = np.zeros_like(y)
+    for train, test in GroupKFold(5).split(X, y, keys):
+        gbt = GradientBoostingRegressor(
+            n_estimators=100, max_depth=2, learning_rate=0.05, subsample=0.8, random_state=0
+        )
+        pred[test] = gbt.fit(X[train], y[train]).predict(X[test])
+    return sums * np.exp(pred)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("data")
     ap.add_argument("--column", default="measured_median_s")
+    ap.add_argument("--residual", action="store_true", help="also a plan-level model, by graph")
+    ap.add_argument("--device", default="h100", help="whose L2 (--residual)")
     args = ap.parse_args(argv)
     rows = pq.read_table(args.data).to_pylist()
-    plans = covered_plans(rows, args.column, GraphCache())
+    graphs = GraphCache()
+    plans = covered_plans(rows, args.column, graphs)
     n_plans = sum(r["kind"] == "plan" and r["ok"] for r in rows)
     print(f"{args.data}: {len(plans)} of {n_plans} plans have every group timed alone")
     if not plans:
@@ -67,7 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     sums = np.array([sum(ts) for _, _, ts in plans])
     ctx = fit_plan_context(sums, np.array([len(ts) for _, _, ts in plans]), measured)
     fitted = np.array([ctx.apply_sum(np.array(ts)) for _, _, ts in plans])
-    for label, pred in (("plain sum", sums), ("plan-context form", fitted)):
+    preds = [("plain sum", sums), ("plan-context form", fitted)]
+    if args.residual:
+        l2 = float(get_spec(args.device).l2_bytes)
+        preds.append(("plan-level trees", residual_cv(plans, graphs, l2)))
+    for label, pred in preds:
         e = np.abs(pred / measured - 1)
         print(f"  {label:18s} error: mean {100 * e.mean():.1f}%, median {100 * np.median(e):.1f}%")
     print(
