@@ -28,7 +28,7 @@ import numpy as np
 from planner.hardware import DeviceSpec
 from planner.ir import Category
 
-FEATURE_SCHEMA_VERSION = 3  # 3: float32 convolutions at the TF32 rate where torch allows it
+FEATURE_SCHEMA_VERSION = 4  # 3: float32 convolutions at the TF32 rate; 4: GEMM waves
 _TINY = 1e-12  # floor for logs of seconds, FLOPs and bytes: log10(0) would be -inf
 
 # Ops that cost more than one FMA per element (exp/erf/tanh inside): they dominate
@@ -129,6 +129,23 @@ class FeatureContext:
         return [o for o in str(text).split(",") if o]
 
 
+TILE = 128 * 128  # output elements per tile of a tensor-core GEMM, the usual cuBLAS size
+
+
+def _output_tiles(c: FeatureContext) -> float:
+    """Tiles of the largest output of a group with an anchor on a GPU (0 without one, and
+    on a CPU: its cores do not run a GEMM in waves of 128x128 tiles)."""
+    if not c.num("n_compute") or c.spec.kind != "gpu":
+        return 0.0
+    return float(math.ceil(max(c.num("max_out_numel"), 1.0) / TILE))
+
+
+def _wave_efficiency(tiles: float, sms: int) -> float:
+    if not tiles or sms <= 0:
+        return 1.0
+    return tiles / (math.ceil(tiles / sms) * sms)
+
+
 def _lg(x: float) -> float:
     return math.log10(max(x, _TINY))
 
@@ -222,6 +239,18 @@ FEATURES: tuple[Feature, ...] = (
         lambda c: _lg1p(c.num("anchor_max_flops") / max(c.num("max_out_numel"), 1.0)),
         "FLOPs per output element of the largest anchor: 2K of a GEMM, 2*C_in*k*k of a "
         "convolution; a short reduction dimension keeps tensor cores from their peak",
+    ),
+    (
+        "anchor_waves",
+        lambda c: _lg(_output_tiles(c) / max(c.spec.sm_count, 1)) if _output_tiles(c) else 0.0,
+        "output tiles (128x128) of the largest output over the SM count (log10): under one "
+        "wave, a GEMM or convolution leaves SMs idle",
+    ),
+    (
+        "wave_efficiency",
+        lambda c: _wave_efficiency(_output_tiles(c), c.spec.sm_count),
+        "the share of the last wave's SMs that get a tile: tiles / (waves x SMs); a GEMM "
+        "one tile past a full wave runs nearly two waves' time",
     ),
     (
         "elems_in_per_out",

@@ -3,7 +3,7 @@
 One call does everything the issue asks of `cost train`: grouped cross-validation of every
 model in `evaluate.MODELS` (held-out metrics side by side, per split), plan-level error
 and regret on the plan rows, the choice of MLP form ("auto": the one with the lower
-held-out MAPE on the first split; note the choice itself uses those folds, so the chosen
+held-out MAPE, averaged over the splits; note the choice itself uses those folds, so the chosen
 model's numbers are optimistic by a little), a final fit on all rows, and the saved model
 with its metrics, data hash and the command that made it.
 """
@@ -139,8 +139,11 @@ def choose_form(run: EvalRun, form: str) -> str:
         return form
     if form != "auto":
         raise CostModelError(f"--form must be one of {(*FORMS, 'auto')}, got {form!r}")
-    first = run.splits[0]
-    return min(FORMS, key=lambda f: first.score(f"mlp-{f}").groups.mape)
+    # the model serves unseen shapes and unseen families alike: the mean over the splits
+    return min(
+        FORMS,
+        key=lambda f: float(np.mean([s.score(f"mlp-{f}").groups.mape for s in run.splits])),
+    )
 
 
 def fit_final(

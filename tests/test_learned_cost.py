@@ -66,6 +66,21 @@ def test_anchor_feature_reads_the_gemm_reduction_dimension(spec):
     assert 2 * 256 <= per_out <= 2 * 256 + 2
 
 
+@pytest.mark.parametrize(("hid_tiles", "efficiency"), [(132, 1.0), (133, 133 / 264)])
+def test_wave_features_count_gemm_tiles_over_the_sms(spec, hid_tiles, efficiency):
+    """A GEMM of 128 x (128 * tiles) outputs fills tiles/132 waves of an H100's SMs; one
+    tile past a full wave leaves most of the second wave idle. A CPU has no waves."""
+    g = graph("zoo:mlp", f"B=128,D=64,HID={128 * hid_tiles},L=1")
+    first = next(i for i, n in enumerate(g.nodes) if n.op == "linear")
+    desc = group_descriptor(g, frozenset({first}))
+    x = feature_vector(desc, dtype="bfloat16", spec=spec)
+    assert 10 ** x[FEATURE_NAMES.index("anchor_waves")] == pytest.approx(hid_tiles / 132)
+    assert x[FEATURE_NAMES.index("wave_efficiency")] == pytest.approx(efficiency)
+    cpu = feature_vector(desc, dtype="bfloat16", spec=get_spec("cpu"))
+    assert cpu[FEATURE_NAMES.index("anchor_waves")] == 0.0
+    assert cpu[FEATURE_NAMES.index("wave_efficiency")] == 1.0
+
+
 # ---- estimator contract ------------------------------------------------------------------------
 ESTIMATORS = [(name, make) for name, make, _ in MODELS]
 

@@ -329,3 +329,21 @@ def test_the_report_shows_the_noise_floor_of_each_committed_model():
             f"| twins' median | {rep['n_rows']} | {100 * rep['twin_median']['mape']:.1f}% |" in text
         )
     assert text.count("### noise floor") == len(metas)
+
+
+def test_auto_form_is_the_lower_mape_averaged_over_the_splits():
+    """free wins the first split by a little and loses the second by more: auto is roofline."""
+    from types import SimpleNamespace as NS
+
+    from learned_cost.train import choose_form
+
+    def split(free: float, roofline: float) -> NS:
+        mape = {"mlp-free": free, "mlp-roofline": roofline}
+        return NS(score=lambda name: NS(groups=NS(mape=mape[name])))
+
+    run = NS(splits=[split(0.16, 0.17), split(0.08, 0.05)])
+    assert choose_form(run, "auto") == "roofline"
+    assert choose_form(NS(splits=[split(0.16, 0.17)]), "auto") == "free"
+    assert choose_form(run, "free") == "free"
+    with pytest.raises(CostModelError, match="--form"):
+        choose_form(run, "bounded")

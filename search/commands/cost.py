@@ -79,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "--form",
             choices=("auto", "free", "roofline"),
             default="auto",
-            help="MLP form: auto picks the lower held-out MAPE on the first split",
+            help="MLP form: auto picks the lower held-out MAPE, averaged over the splits",
         )
         v.add_argument(
             "--plot",
@@ -228,6 +228,12 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
         "`tau (within graph)` is the mean Kendall tau over the groups of one graph, which "
         "the pooled tau flatters less.",
         "",
+        "Measured elsewhere, by commands in the repo: how far a plan is from the sum of its "
+        "groups timed alone, the floor under any additive plan error "
+        "(`benchmarks/plan_additivity.py`, data/README.md), and whether the plans a held-out "
+        "model chooses run faster than the analytical model's "
+        "(`benchmarks/heldout_plans.py`, benchmarks/results/heldout_plans_h100.md).",
+        "",
         "Models compared: " + "; ".join(f"**{n}**: {why}" for n, _, why in MODELS) + ".",
         "",
     ]
@@ -245,8 +251,8 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
             f"- torch {m.torch_version}; device figures: "
             f"{'measured (device-bench)' if m.spec_figures.get('measured') else 'datasheet'}; "
             f"saved at `{path}`",
-            f"- MLP form chosen: **{met.get('chosen_form')}** (lower held-out MAPE on the "
-            "first split; the choice uses those folds, so its numbers are slightly optimistic)",
+            f"- MLP form chosen: **{met.get('chosen_form')}** (lower held-out MAPE averaged over "
+            "the splits; the choice uses those folds, so its numbers are slightly optimistic)",
             f"- in-sample fit of the final model (all rows, for reference only): MAPE "
             f"{100 * met.get('in_sample_final_fit', {}).get('mape', float('nan')):.1f}%",
             "",
