@@ -53,9 +53,9 @@ def test_tune_stores_a_measured_plan_per_bucket_and_lookup_finds_it(tmp_path):
         assert hit.hit and hit.entry.plan.n_groups == results[1].plan.n_groups
 
 
-def test_tune_cli_table_and_queue_only_mode(tmp_path, capsys):
-    url = str(tmp_path / "plans.sqlite")
-    args = [
+def _mlp_tune_args(cache: str) -> list[str]:
+    """`fusion-plan tune` of a small MLP over B=2..4, greedy, one candidate per bucket."""
+    return [
         "tune",
         "--model",
         "zoo:mlp",
@@ -69,8 +69,12 @@ def test_tune_cli_table_and_queue_only_mode(tmp_path, capsys):
         "1",
         "--no-compile-baseline",
         "--cache",
-        url,
+        cache,
     ]
+
+
+def test_tune_cli_table_and_queue_only_mode(tmp_path, capsys):
+    args = _mlp_tune_args(str(tmp_path / "plans.sqlite"))
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "tuned zoo:mlp" in out and out.count("greedy") >= 2
@@ -106,20 +110,7 @@ def test_tune_updates_the_learned_model_online_and_saves_it(tmp_path):
     (tmp_path / "cpu.json").write_text(json.dumps(meta))
     out = tmp_path / "refined.json"
     args = [
-        "tune",
-        "--model",
-        "zoo:mlp",
-        "--shape",
-        "D=16,HID=32,L=1",
-        "--dynamic",
-        "B=2..4",
-        "--strategy",
-        "greedy",
-        "--top-k",
-        "1",
-        "--no-compile-baseline",
-        "--cache",
-        str(tmp_path / "plans.sqlite"),
+        *_mlp_tune_args(str(tmp_path / "plans.sqlite")),
         "--cost-model",
         str(tmp_path / "cpu.json"),
         "--cost-model-out",
