@@ -28,7 +28,7 @@ import numpy as np
 from planner.hardware import DeviceSpec
 from planner.ir import Category
 
-FEATURE_SCHEMA_VERSION = 4  # 3: float32 convolutions at the TF32 rate; 4: GEMM waves
+FEATURE_SCHEMA_VERSION = 5  # 3: TF32 convolutions; 4: GEMM waves; 5: anchor N, alignment
 _TINY = 1e-12  # floor for logs of seconds, FLOPs and bytes: log10(0) would be -inf
 
 # Ops that cost more than one FMA per element (exp/erf/tanh inside): they dominate
@@ -251,6 +251,27 @@ FEATURES: tuple[Feature, ...] = (
         lambda c: _wave_efficiency(_output_tiles(c), c.spec.sm_count),
         "the share of the last wave's SMs that get a tile: tiles / (waves x SMs); a GEMM "
         "one tile past a full wave runs nearly two waves' time",
+    ),
+    (
+        "anchor_n_fill",
+        lambda c: min(c.num("anchor_n"), 128.0) / 128.0 if c.num("anchor_n") else 1.0,
+        "the share of a 128-wide tile that the largest anchor's N (a GEMM's output columns, "
+        "a convolution's output channels) fills: 32 channels leave 3/4 of each tile idle",
+    ),
+    (
+        "anchor_log2_n",
+        lambda c: math.log2(c.num("anchor_n")) if c.num("anchor_n") else 0.0,
+        "log2 of that N",
+    ),
+    (
+        "anchor_misaligned",
+        lambda c: float(
+            c.spec.kind == "gpu"
+            and c.num("anchor_n") > 0
+            and (int(c.num("anchor_n")) % 8 != 0 or int(c.num("anchor_k")) % 8 != 0)
+        ),
+        "1 where the largest anchor's N or K is not a multiple of 8 on a GPU: tensor cores "
+        "want 16-byte aligned rows (a 3-channel convolution has K = 27)",
     ),
     (
         "elems_in_per_out",

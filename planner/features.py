@@ -17,8 +17,22 @@ from planner.cost import group_io
 from planner.ir import Category, OpGraph
 from planner.taxonomy import CONV_OPS
 
-DESCRIPTOR_VERSION = 2  # 2: flops_conv
+DESCRIPTOR_VERSION = 3  # 2: flops_conv; 3: anchor_m/n/k
 CATEGORIES = tuple(c.value for c in Category)
+
+
+def anchor_gemm_dims(graph: OpGraph, anchors: list) -> tuple[int, int, int]:
+    """(M, N, K) of the largest anchor seen as a GEMM: N the output's last dim (its
+    channels, dim 1, for a convolution: the implicit GEMM), M the rest of the output,
+    K = FLOPs / (2 * outputs). (0, 0, 0) without an anchor."""
+    if not anchors:
+        return 0, 0, 0
+    a = max(anchors, key=lambda x: x.flops)
+    shape = graph.tensors[a.outputs[0]].shape if a.outputs else ()
+    numel = math.prod(shape) if shape else 1
+    n = (shape[1] if len(shape) > 1 else 1) if a.op in CONV_OPS else (shape[-1] if shape else 1)
+    n = max(int(n), 1)
+    return numel // n, n, int(a.flops // max(2 * numel, 1))  # floor: a bias adds 1 per output
 
 
 def group_descriptor(graph: OpGraph, nodes: Iterable[int]) -> dict[str, Any]:
@@ -42,6 +56,7 @@ def group_descriptor(graph: OpGraph, nodes: Iterable[int]) -> dict[str, Any]:
     itemsize = min(
         (graph.tensors[t].itemsize for i in members for t in graph.nodes[i].outputs), default=4
     )
+    m, n, k = anchor_gemm_dims(graph, anchors)
     d: dict[str, Any] = {f"n_{c}": counts[c] for c in CATEGORIES}
     d.update(
         n_ops=len(members),
@@ -61,6 +76,9 @@ def group_descriptor(graph: OpGraph, nodes: Iterable[int]) -> dict[str, Any]:
         dtype=sorted(dtypes)[0] if len(dtypes) == 1 else ",".join(sorted(dtypes)),
         anchor_ops=",".join(sorted(a.op for a in anchors)),
         anchor_max_flops=max((a.flops for a in anchors), default=0),
+        anchor_m=m,  # the largest anchor as a GEMM (M x K times K x N), 0s without one
+        anchor_n=n,
+        anchor_k=k,
         ops=",".join(graph.nodes[i].op for i in members),
         descriptor_version=DESCRIPTOR_VERSION,
     )

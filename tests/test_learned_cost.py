@@ -81,6 +81,25 @@ def test_wave_features_count_gemm_tiles_over_the_sms(spec, hid_tiles, efficiency
     assert cpu[FEATURE_NAMES.index("wave_efficiency")] == 1.0
 
 
+@pytest.mark.parametrize(
+    ("model", "shape", "mnk"),
+    [
+        ("zoo:mlp", "B=64,D=1024,HID=4096,L=2", (64, 4096, 1024)),
+        # a convolution as its implicit GEMM: M = B*H*W, N = C_out, K = C_in*3*3
+        ("zoo:conv-bn-relu-maxpool", "B=2,CIN=3,C=32,HW=16", (2 * 16 * 16, 32, 27)),
+    ],
+)
+def test_the_largest_anchor_is_described_as_a_gemm(spec, model, shape, mnk):
+    g = graph(model, shape)
+    first = next(i for i, n in enumerate(g.nodes) if n.category.value == "compute")
+    desc = group_descriptor(g, frozenset({first}))
+    assert (desc["anchor_m"], desc["anchor_n"], desc["anchor_k"]) == mnk
+    x = feature_vector(desc, dtype="bfloat16", spec=spec)
+    assert x[FEATURE_NAMES.index("anchor_n_fill")] == pytest.approx(min(mnk[1], 128) / 128)
+    misaligned = mnk[1] % 8 != 0 or mnk[2] % 8 != 0
+    assert x[FEATURE_NAMES.index("anchor_misaligned")] == float(misaligned)
+
+
 # ---- estimator contract ------------------------------------------------------------------------
 ESTIMATORS = [(name, make) for name, make, _ in MODELS]
 
