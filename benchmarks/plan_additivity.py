@@ -15,7 +15,8 @@ the host instead (collector version 3 rows keep both).
 trees on features of the whole plan (dtype, groups, its footprint and its largest group's
 against the L2, the share of GEMM FLOPs, of tiny groups), predicting log(plan / sum),
 cross-validated by graph (5 folds), so each plan is corrected by trees that never saw
-its graph.
+its graph; and the per-group in-plan factor the learned model fits
+(`learned_cost.plan_context.fit_plan_context_groups`), cross-validated the same way.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from collections import defaultdict
 import numpy as np
 import pyarrow.parquet as pq
 
-from learned_cost.plan_context import fit_plan_context
-from learned_cost.plan_eval import GraphCache
+from learned_cost.features import normalize_dtype
+from learned_cost.plan_context import fit_plan_context, fit_plan_context_groups
+from learned_cost.plan_eval import GraphCache, plan_group_design
 from planner.cost import group_io
 from planner.hardware import get_spec
 
@@ -85,6 +87,28 @@ def plan_features(row: dict, graph, times: list[float], l2_bytes: float) -> list
     ]
 
 
+def group_factor_cv(plans: list, graphs: GraphCache, spec) -> np.ndarray:
+    """Each plan's groups' measured latencies through the in-plan factor of
+    learned_cost.plan_context (f(G) on the groups' features), fitted by graph (5 folds)."""
+    from sklearn.model_selection import GroupKFold
+
+    lats, feats = [], []
+    for row, _, ts in plans:
+        graph = graphs.get(row)
+        groups = [g for g in json.loads(row["nodes"]) if group_io(graph, g).n_kernels]
+        X, _ = plan_group_design(graph, groups, spec, normalize_dtype(str(row["dtype"])))
+        lats.append(np.array(ts))
+        feats.append(X if len(X) == len(ts) else None)  # None: that plan's factor is 1
+    m = np.array([m for _, m, _ in plans])
+    keys = np.array([r["graph_key"] for r, _, _ in plans])
+    pred = np.zeros(len(plans))
+    for train, test in GroupKFold(5).split(m, m, keys):
+        ctx = fit_plan_context_groups([lats[i] for i in train], [feats[i] for i in train], m[train])
+        for i in test:
+            pred[i] = ctx.apply_sum(lats[i], feats[i])
+    return pred
+
+
 def residual_cv(plans: list, graphs: GraphCache, l2_bytes: float) -> np.ndarray:
     """Each plan's predicted sum x exp(residual) from trees that never saw its graph."""
     from sklearn.ensemble import GradientBoostingRegressor
@@ -125,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.residual:
         l2 = float(get_spec(args.device).l2_bytes)
         preds.append(("plan-level trees", residual_cv(plans, graphs, l2)))
+        preds.append(("in-plan factor", group_factor_cv(plans, graphs, get_spec(args.device))))
     for label, pred in preds:
         e = np.abs(pred / measured - 1)
         print(f"  {label:18s} error: mean {100 * e.mean():.1f}%, median {100 * np.median(e):.1f}%")

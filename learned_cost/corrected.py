@@ -144,8 +144,8 @@ class CorrectedModel:
         with self._lock:
             r = self.mlp.predict(X) + self.online.bias
         out = list(bases)
-        for i, ri in zip(work, r):
-            lat = self.plan_context.apply(bases[i].latency_s * math.exp(float(ri)))
+        for j, (i, ri) in enumerate(zip(work, r)):
+            lat = self.plan_context.apply(bases[i].latency_s * math.exp(float(ri)), X[j])
             out[i] = replace(bases[i], latency_s=lat, correction=lat / bases[i].latency_s)
         return out
 

@@ -5,11 +5,13 @@ the executor's glue between them (boundary tensors handed on, input guards) and,
 CUDA graph that removes most launch overhead. So a measured plan need not be the plain sum
 of its groups' alone-latencies. The calibration learned from plan rows is
 
-    C_in_plan(G) = scale * C(G) + per_group_s          (floored at FLOOR * C(G))
+    C_in_plan(G) = scale * C(G) * f(G) + per_group_s   (floored at FLOOR * C(G))
     plan latency = sum over work groups of C_in_plan(G) + per_plan_s
 
-fitted by iteratively reweighted least squares on relative error (Huber weights, so a
-few plans timed while the machine was busy do not drag it). `per_group_s` is what one
+with f(G) = exp(w . z(G)) on the group's standardized features, fitted where there are
+enough plans (`fit_plan_context_groups`; f = 1 in the sums-only `fit_plan_context`),
+all fitted on relative error with a Huber loss, so a few plans timed while the machine
+was busy do not drag it. `per_group_s` is what one
 more group costs in a plan beyond its own time (negative where CUDA graphs hide launches):
 it is the part that changes which plan ranks first. `per_plan_s` is the executor's fixed
 cost per call; it is the same for every plan of a graph, so it is left out of group costs
@@ -17,19 +19,24 @@ cost per call; it is the same for every plan of a graph, so it is left out of gr
 
 How far from additive the data are, with the groups' *measured* latencies, is printed by
 `python benchmarks/plan_additivity.py DATA`. On the H100 (collector version 3: groups and
-plans both timed as kernels in one CUDA graph) the plain sum is already within 5% on
-average and the form changes little; where plan rows time whole calls from the host (the
+plans both timed as kernels in one CUDA graph) the plain sum is within 4.4% on average;
+scale and intercepts change little, and f(G) takes it to about 3.5% (`--residual` there
+fits a plan-level model too, which does about as well: 3.4%); where plan rows time whole calls from the host (the
 CPU data, the `call_median_s` column) the form takes out the host's per-call cost.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 FLOOR = 0.2  # a group in a plan never costs less than this fraction of its alone-latency
+LOG_CAP = math.log(3.0)  # the feature-dependent factor stays within 1/3x..3x
+MIN_PLANS_FOR_WEIGHTS = 50  # fewer plans: scale and intercepts only
 
 
 @dataclass(frozen=True)
@@ -38,16 +45,35 @@ class PlanContext:
     per_group_s: float = 0.0
     per_plan_s: float = 0.0
     n_plans: int = 0  # plan rows it was fitted on (0: identity, nothing learned)
+    # The in-plan factor of a group: exp(weights . (x - mean) / std) over its feature
+    # vector x (learned_cost.features), capped at exp(LOG_CAP) either way; () where none
+    # was fitted (too few plans, or a context fitted on sums alone).
+    weights: tuple[float, ...] = ()
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
 
-    def apply(self, latency_s: float) -> float:
+    def factors(self, X: np.ndarray | None, n: int) -> np.ndarray:
+        """The in-plan factor of each of `n` groups (rows of X); 1 without weights."""
+        if not self.weights or X is None or not n:
+            return np.ones(n)
+        X = np.asarray(X, dtype=np.float64).reshape(n, -1)
+        if X.shape[1] != len(self.weights):
+            raise ValueError(f"{X.shape[1]} features for {len(self.weights)} weights")
+        z = (X - np.array(self.mean)) / np.array(self.std)
+        return np.exp(np.clip(z @ np.array(self.weights), -LOG_CAP, LOG_CAP))
+
+    def apply(self, latency_s: float, x: np.ndarray | None = None) -> float:
+        """A group's cost in a plan from its cost alone (and its features `x`)."""
         if latency_s <= 0:
             return latency_s
-        return max(self.scale * latency_s + self.per_group_s, FLOOR * latency_s)
+        f = float(self.factors(x, 1)[0]) if x is not None else 1.0
+        return max(self.scale * latency_s * f + self.per_group_s, FLOOR * latency_s)
 
-    def apply_sum(self, group_latencies_s: np.ndarray) -> float:
-        """Predicted plan latency from its work groups' latencies."""
+    def apply_sum(self, group_latencies_s: np.ndarray, X: np.ndarray | None = None) -> float:
+        """Predicted plan latency from its work groups' latencies (and features X)."""
         lat = np.asarray(group_latencies_s, dtype=np.float64)
-        per_group = np.maximum(self.scale * lat + self.per_group_s, FLOOR * lat)
+        f = self.factors(X, len(lat))
+        per_group = np.maximum(self.scale * lat * f + self.per_group_s, FLOOR * lat)
         return max(float(per_group.sum()) + self.per_plan_s, FLOOR * float(lat.sum()))
 
     def to_json(self) -> dict[str, Any]:
@@ -55,7 +81,12 @@ class PlanContext:
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> PlanContext:
-        return cls(**data) if data else cls()
+        if not data:
+            return cls()
+        data = dict(data)
+        for k in ("weights", "mean", "std"):
+            data[k] = tuple(float(v) for v in data.get(k, ()))
+        return cls(**data)
 
 
 def fit_plan_context(
@@ -87,4 +118,67 @@ def fit_plan_context(
     scale = float(np.clip(coef[0], 0.2, 5.0))
     return PlanContext(
         scale=scale, per_group_s=float(coef[1]), per_plan_s=float(coef[2]), n_plans=len(m)
+    )
+
+
+def fit_plan_context_groups(
+    latencies_s: Sequence[np.ndarray],
+    features: Sequence[np.ndarray],
+    measured_s: np.ndarray,
+    *,
+    ridge: float = 1.0,
+    huber: float = 0.15,
+) -> PlanContext:
+    """Fit measured ~ sum_G (scale * C(G) * exp(w . z(G)) + per_group_s) + per_plan_s,
+    z(G) the group's standardized features: what a group costs in a plan beyond its
+    alone-latency, by what the group is (an L2-resident GEMM alone whose weights a plan
+    evicts, a small kernel whose launch a CUDA graph hides). Relative error, Huber loss
+    (as `fit_plan_context`), a ridge penalty on w. The factor is per group, so the
+    planner's additive objective can use it. Fewer than MIN_PLANS_FOR_WEIGHTS plans: the
+    sums-only fit."""
+    from scipy.optimize import least_squares  # training only: the runtime never fits
+
+    lat = [np.asarray(a, dtype=np.float64) for a in latencies_s]
+    m = np.asarray(measured_s, dtype=np.float64)
+    base = fit_plan_context(
+        np.array([a.sum() for a in lat]), np.array([len(a) for a in lat]), m, huber=huber
+    )
+    keep = [
+        i
+        for i, a in enumerate(lat)
+        if len(a) and m[i] > 0 and np.isfinite(m[i]) and features[i] is not None
+    ]
+    if len(keep) < MIN_PLANS_FOR_WEIGHTS:
+        return base
+    Z = np.vstack(
+        [np.asarray(features[i], dtype=np.float64).reshape(len(lat[i]), -1) for i in keep]
+    )
+    t = np.concatenate([lat[i] for i in keep])
+    plan_of = np.repeat(np.arange(len(keep)), [len(lat[i]) for i in keep])
+    n_groups = np.bincount(plan_of).astype(np.float64)
+    mk = m[keep]
+    mean = Z.mean(axis=0)
+    std = Z.std(axis=0)
+    std = np.where(std > 1e-9, std, 1.0)  # a constant feature (one device) adds nothing
+    Zs = (Z - mean) / std
+    us = 1e-6  # intercepts fitted in microseconds: the parameters stay of one scale
+
+    def residuals(p: np.ndarray) -> np.ndarray:
+        f = np.exp(np.clip(Zs @ p[3:], -LOG_CAP, LOG_CAP))
+        pred = np.bincount(plan_of, weights=p[0] * t * f, minlength=len(keep))
+        pred += p[1] * us * n_groups + p[2] * us
+        return np.concatenate([pred / mk - 1.0, math.sqrt(ridge) * p[3:]])
+
+    p0 = np.concatenate(
+        [[base.scale, base.per_group_s / us, base.per_plan_s / us], np.zeros(Zs.shape[1])]
+    )
+    p = least_squares(residuals, p0, loss="huber", f_scale=huber).x
+    return PlanContext(
+        scale=float(np.clip(p[0], 0.2, 5.0)),
+        per_group_s=float(p[1] * us),
+        per_plan_s=float(p[2] * us),
+        n_plans=len(keep),
+        weights=tuple(float(w) for w in p[3:]),
+        mean=tuple(float(v) for v in mean),
+        std=tuple(float(v) for v in std),
     )

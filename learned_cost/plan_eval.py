@@ -4,8 +4,9 @@ A plan row names its graph (model, shape, dtype) and its groups; the graph is re
 (on the meta device: cheap; on the CPU when a meta capture keys differently, as batch norm
 and SDPA do) and each group scored by the models of the CV fold that held the plan's
 family (or graph) out. The plan's prediction is its groups' predicted latencies summed
-raw, and calibrated to plan context (plan_context.py) by a PlanContext fitted on the
-*training* folds' plans only, per model, so the calibration never sees the plan it scores.
+raw, and calibrated to plan context (plan_context.py: scale, intercepts and the groups'
+feature-dependent in-plan factor) by a PlanContext fitted on the *training* folds' plans
+only, per model, so the calibration never sees the plan it scores.
 """
 
 from __future__ import annotations
@@ -22,13 +23,18 @@ from learned_cost.corrected import default_realization
 from learned_cost.data import DESC_PREFIX, plan_groups
 from learned_cost.evaluate import CVResult, PlanMetrics, ape, plan_metrics
 from learned_cost.features import analytical_parts, feature_vector, normalize_dtype
-from learned_cost.plan_context import PlanContext, fit_plan_context
+from learned_cost.plan_context import PlanContext, fit_plan_context, fit_plan_context_groups
 from planner import modelspec
 from planner.capture import capture
 from planner.errors import FusionPlannerError
 from planner.features import group_descriptor
 from planner.hardware import DeviceSpec
 from planner.ir import OpGraph
+
+# Baselines that learn nothing from features keep the sums-only plan calibration (scale
+# and intercepts): an in-plan factor on the groups' features, fitted on plan rows, is a
+# learned model of its own and would make "analytical" something else.
+SUMS_ONLY = frozenset({"analytical", "mean-bias"})
 
 
 class GraphCache:
@@ -146,6 +152,7 @@ def evaluate_plans(
     own_fold: list[int] = []
     # lat[name][k][i]: predicted latency of each work group of plan i under fold k's model
     lat: dict[str, list[list[np.ndarray]]] = {n: [[] for _ in range(n_folds)] for n in names}
+    feats: list[np.ndarray] = []  # each plan's work groups' features (the in-plan factor)
     skipped = 0
     for r in plan_rows:
         graph = graphs.get(r)
@@ -158,23 +165,30 @@ def evaluate_plans(
         for k, models in enumerate(cv.fitted):
             for name, est in models.items():
                 lat[name][k].append(an * np.exp(est.predict(X)) if len(an) else an)
+        feats.append(X)
         ids.append(f"{r.get('graph_key')}|{dtype}")
         measured.append(float(r["measured_median_s"]))
         own_fold.append(cv.fold_for(str(r.get(cv.split))))
     m = np.array(measured)
     fold = np.array(own_fold, dtype=int)
-    n_groups = [len(a) for a in lat[names[0]][0]] if names and n_folds else []
     predicted, sums, contexts = {}, {}, {}
     for name in names:
         ctxs = []
         pred, raw = np.zeros(len(m)), np.zeros(len(m))
         for k in range(n_folds):
-            s_k = np.array([a.sum() for a in lat[name][k]])
-            train = fold != k
-            ctx = fit_plan_context(s_k[train], np.array(n_groups)[train], m[train])
+            train = np.flatnonzero(fold != k)
+            train_lat = [lat[name][k][i] for i in train]
+            if name in SUMS_ONLY:
+                ctx = fit_plan_context(
+                    np.array([a.sum() for a in train_lat]),
+                    np.array([len(a) for a in train_lat]),
+                    m[train],
+                )
+            else:
+                ctx = fit_plan_context_groups(train_lat, [feats[i] for i in train], m[train])
             ctxs.append(ctx)
             for i in np.flatnonzero(fold == k):
-                raw[i] = s_k[i]
-                pred[i] = ctx.apply_sum(lat[name][k][i])
+                raw[i] = lat[name][k][i].sum()
+                pred[i] = ctx.apply_sum(lat[name][k][i], feats[i])
         predicted[name], sums[name], contexts[name] = pred, raw, ctxs
     return PlanEval(tuple(ids), m, predicted, sums, contexts, skipped)

@@ -38,7 +38,7 @@ from learned_cost.evaluate import (
 from learned_cost.features import design_matrix, normalize_dtype
 from learned_cost.mlp import FORMS, CorrectionMLP
 from learned_cost.persist import ModelMeta, save_model
-from learned_cost.plan_context import PlanContext, fit_plan_context
+from learned_cost.plan_context import PlanContext, fit_plan_context_groups
 from learned_cost.plan_eval import (
     GraphCache,
     PlanEval,
@@ -158,7 +158,7 @@ def fit_final_context(
     profiles: Profiles, final: CorrectionMLP, spec: DeviceSpec, graphs: GraphCache
 ) -> PlanContext:
     """The plan calibration of the final model, from all plan rows (plan_context.py)."""
-    sums, counts, measured = [], [], []
+    lats, feats, measured = [], [], []
     for r in plan_rows(profiles, device=spec.name):
         graph = graphs.get(r)
         if graph is None:
@@ -166,10 +166,10 @@ def fit_final_context(
         reals = json.loads(r["realizations"]) if r.get("realizations") else None
         dtype = normalize_dtype(str(r["dtype"]))
         X, an = plan_group_design(graph, plan_groups(r), spec, dtype, reals)
-        sums.append(float((an * np.exp(final.predict(X))).sum()) if len(an) else 0.0)
-        counts.append(len(an))
+        lats.append(an * np.exp(final.predict(X)) if len(an) else an)
+        feats.append(X)
         measured.append(float(r["measured_median_s"]))
-    return fit_plan_context(np.array(sums), np.array(counts), np.array(measured))
+    return fit_plan_context_groups(lats, feats, np.array(measured))
 
 
 def metrics_record(run: EvalRun, form: str, final: CorrectionMLP) -> dict:

@@ -394,6 +394,32 @@ def test_plan_prediction_stays_positive_with_a_negative_fitted_intercept(fitted,
     assert model.update([Observation.of_plan(g, groups, total)]).used == 1
 
 
+def test_the_planner_sees_the_in_plan_factor_of_each_group(fitted, spec, tmp_path):
+    """A context whose factor doubles groups with a GEMM (and leaves the rest) reaches
+    the planner's group costs, group by group, and the saved model keeps it."""
+    from learned_cost.plan_context import PlanContext
+
+    g = graph("zoo:mlp", "B=2,D=16,HID=32,L=1")
+    groups = [frozenset({i}) for i in range(len(g.nodes))]
+    plain = CorrectedModel(AnalyticalModel(spec), fitted)
+    k = FEATURE_NAMES.index("has_gemm")
+    w = [0.0] * len(FEATURE_NAMES)
+    w[k] = math.log(2.0)
+    mean, std = [0.0] * len(FEATURE_NAMES), [1.0] * len(FEATURE_NAMES)
+    ctx = PlanContext(weights=tuple(w), mean=tuple(mean), std=tuple(std), n_plans=99)
+    model = CorrectedModel(AnalyticalModel(spec), fitted, plan_context=ctx)
+    for grp, a, b in zip(groups, plain.group_costs(g, groups), model.group_costs(g, groups)):
+        gemm = g.nodes[next(iter(grp))].op == "linear"
+        if a.latency_s > 0:
+            assert b.latency_s == pytest.approx(a.latency_s * (2.0 if gemm else 1.0))
+    model.save(tmp_path / "m.json")
+    loaded = load_corrected(str(tmp_path / "m.json"), spec.name)
+    assert loaded.plan_context == ctx
+    assert [c.latency_s for c in loaded.group_costs(g, groups)] == pytest.approx(
+        [c.latency_s for c in model.group_costs(g, groups)]
+    )
+
+
 def test_online_last_layer_steps_move_the_network(rows, design, spec):
     """With last_layer_steps, the network itself (not only the bias) moves towards new
     measurements: its own error on them falls."""

@@ -90,6 +90,45 @@ def test_plan_context_recovers_scale_and_per_group_cost_despite_outliers():
     assert ctx.apply_sum(lat) == pytest.approx(sum(ctx.apply(x) for x in lat) + ctx.per_plan_s)
 
 
+def test_in_plan_factor_learns_which_groups_cost_more_in_a_plan():
+    """Groups whose feature 0 is high run 1.5x slower in a plan than alone (a GEMM whose
+    weights a plan evicts from L2): the per-group factor finds it, where scale and
+    intercepts cannot, and a context fitted on few plans keeps to those."""
+    from learned_cost.plan_context import MIN_PLANS_FOR_WEIGHTS, fit_plan_context_groups
+
+    rng = np.random.default_rng(0)
+    lats, feats, measured = [], [], []
+    for _ in range(120):
+        n = int(rng.integers(2, 8))
+        t = rng.uniform(5e-6, 2e-4, n)
+        X = np.column_stack([rng.integers(0, 2, n), rng.normal(size=n), np.ones(n)])
+        lats.append(t)
+        feats.append(X)
+        measured.append((t * np.where(X[:, 0] == 1, 1.5, 1.0)).sum() * rng.normal(1, 0.01))
+    m = np.array(measured)
+    sums_only = fit_plan_context(np.array([t.sum() for t in lats]), [len(t) for t in lats], m)
+    ctx = fit_plan_context_groups(lats, feats, m)
+
+    def err(c: PlanContext) -> float:
+        return np.mean([abs(c.apply_sum(t, X) / mi - 1) for t, X, mi in zip(lats, feats, m)])
+
+    assert err(ctx) < 0.03 < err(sums_only)
+    assert ctx.weights[0] > 0 and abs(ctx.weights[0]) > 5 * abs(ctx.weights[1])
+    # per group and per plan agree, and the context round-trips through JSON
+    t, X = lats[0], feats[0]
+    assert ctx.apply_sum(t, X) == pytest.approx(
+        sum(ctx.apply(ti, xi) for ti, xi in zip(t, X)) + ctx.per_plan_s
+    )
+    again = PlanContext.from_json(json.loads(json.dumps(ctx.to_json())))
+    assert again == ctx and again.apply_sum(t, X) == ctx.apply_sum(t, X)
+    assert PlanContext.from_json({"scale": 1.1}).apply(1e-5, X[0]) == pytest.approx(1.1e-5)
+    k = MIN_PLANS_FOR_WEIGHTS - 1
+    few = fit_plan_context_groups(lats[:k], feats[:k], m[:k])
+    assert few.weights == () and few.n_plans == k
+    with pytest.raises(ValueError, match="features"):
+        ctx.apply(1e-5, np.ones(5))
+
+
 def test_repeatability_predicts_each_twin_by_the_others(rows):
     """Identical groups measured again (another graph, another time) are the noise floor:
     each is predicted by the median of its twins; groups without a twin are left out."""
