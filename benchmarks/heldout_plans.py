@@ -43,6 +43,7 @@ from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import CorrectedModel
 from learned_cost.data import group_rows, load_profiles, plan_rows
 from learned_cost.evaluate import MODELS, cross_validate
+from learned_cost.mlp import FORMS
 from learned_cost.plan_eval import GraphCache, current_descriptors, evaluate_plans
 from planner.hardware import get_spec
 from search.planning import plan_maker
@@ -56,7 +57,11 @@ def make(args: argparse.Namespace) -> None:
     graphs = GraphCache()
     rows = current_descriptors(group_rows(profiles, device=spec.name), graphs)
     params = {"dropout": args.dropout, "hidden": tuple(args.hidden)}
-    models = [m for m in MODELS if m[0] == "mlp-free"]
+    if args.steps:
+        params["steps"] = args.steps
+    name = f"mlp-{args.form}"  # mixed is built from the free and roofline fold models
+    need = {name} | ({"mlp-free", "mlp-roofline"} if args.form == "mixed" else set())
+    models = [m for m in MODELS if m[0] in need]
     t0 = time.perf_counter()
     cv = cross_validate(
         rows,
@@ -65,12 +70,12 @@ def make(args: argparse.Namespace) -> None:
         n_splits=args.folds,
         seed=args.seed,
         models=models,
-        overrides={"mlp-free": params},
+        overrides={n: params for n in need},
     )
     print(f"{len(cv.fitted)} fold models in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     prows = plan_rows(profiles, device=spec.name)
     # each fold's plan context, fitted on the other folds' plans as `cost train` does
-    contexts = evaluate_plans(prows, cv, lambda _n: spec, graphs).contexts["mlp-free"]
+    contexts = evaluate_plans(prows, cv, lambda _n: spec, graphs).contexts[name]
     seen: dict[str, dict] = {}
     for r in prows:
         seen.setdefault(str(r["graph_key"]), r)
@@ -83,8 +88,8 @@ def make(args: argparse.Namespace) -> None:
         k = cv.fold_for(key)
         model = CorrectedModel(
             AnalyticalModel(spec),
-            cv.fitted[k]["mlp-free"],
-            model_id=f"mlp-free-fold{k}",
+            cv.fitted[k][name],
+            model_id=f"{name}-fold{k}",
             plan_context=contexts[k],
         )
         for strategy in args.strategies.split(","):
@@ -276,6 +281,13 @@ def main(argv: list[str] | None = None) -> None:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--dropout", type=float, default=0.0)
     m.add_argument("--hidden", type=int, nargs="+", default=[128, 128])
+    m.add_argument("--steps", type=int, default=None, help="MLP steps (default: the MLP's)")
+    m.add_argument(
+        "--form",
+        choices=FORMS,
+        default="free",
+        help="the MLP form planning (free: what the v1 and v2 files were made with)",
+    )
     m.add_argument("--strategies", default="greedy,priority,exact")
     m.add_argument("--budget-s", type=float, default=3.0, help="per strategy and graph")
     m.add_argument("--out", required=True)

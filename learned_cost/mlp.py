@@ -1,6 +1,6 @@
 """An MLP (torch) that predicts ln(measured / analytical) for a group: the learned correction.
 
-Two forms, chosen by the `form` hyper-parameter:
+Three forms, chosen by the `form` hyper-parameter:
 
 - "free": the network's one output is the log-ratio itself. Nothing stops it from
   predicting a group faster than the roofline allows.
@@ -9,6 +9,12 @@ Two forms, chosen by the `form` hyper-parameter:
       T = max(T_compute / u_c, T_memory / u_m) + k * T_launch.
   The roofline part can never beat the device's peaks; only the launch term, which is an
   estimate in the spec, is free. The output is still reported as ln(T / T_analytical).
+- "mixed": `n_members` networks of each of the two forms, their log-ratios averaged. The
+  free form is the closer on the groups of a seen family, the roofline form the safer
+  where the network must extrapolate; their errors differ, and on held-out H100 plans the
+  mean of the two is closer than either (docs/learned_cost.md). Its networks are those
+  the two forms fit with the same seeds, so `mixed_of(free, roofline)` builds it from
+  the two fitted models without fitting again.
 
 Both read the same feature matrix (learned_cost.features.FEATURE_NAMES order); the
 roofline form takes the raw analytical parts back out of the T_* columns.
@@ -34,7 +40,8 @@ from learned_cost.features import FEATURE_NAMES, PART_FEATURES
 from planner.errors import CostModelError
 from planner.hardware import one_thread
 
-FORMS = ("free", "roofline")
+FORMS = ("free", "roofline", "mixed")
+NET_FORMS = ("free", "roofline")  # the forms of single networks; "mixed" holds both
 LOSSES = ("huber", "ape")
 _LN10 = math.log(10.0)
 
@@ -48,6 +55,11 @@ def _network(n_in: int, hidden: tuple[int, ...], n_out: int, dropout: float) -> 
         width = h
     layers.append(nn.Linear(width, n_out))
     return nn.Sequential(*layers)
+
+
+def _n_out(form: str) -> int:
+    """Outputs of one network: the log-ratio (free), or u_c, u_m and k (roofline)."""
+    return 1 if form == "free" else 3
 
 
 def _member_prefix(j: int) -> str:
@@ -69,7 +81,7 @@ def _net_numpy(weights: list[tuple[np.ndarray, np.ndarray]], h: np.ndarray) -> n
 class CorrectionMLP:
     """Predicts ln(measured / analytical) of a group from its features.
 
-    Hyper-parameters: `form` ("free" | "roofline"), `hidden` layer widths, `steps` (gradient
+    Hyper-parameters: `form` ("free" | "roofline" | "mixed"), `hidden` layer widths, `steps` (gradient
     steps in all, whatever the data size: small datasets need as many steps as big ones),
     `lr` (AdamW, cosine-annealed), `weight_decay`, `dropout` (after each hidden layer:
     with a few thousand rows from a handful of model families the network otherwise
@@ -80,7 +92,8 @@ class CorrectionMLP:
     metric the model is judged by: where timings of one group scatter, it settles on the
     lower mode rather than the log-mean), `n_members` (an ensemble of that many networks,
     each with its own seed and batch order, whose log-ratios are averaged: one network's
-    held-out MAPE moves by about a point from seed to seed on these datasets),
+    held-out MAPE moves by about a point from seed to seed on these datasets; "mixed"
+    fits that many of each form),
     `clip_margin` (predictions are clipped to the training targets' range widened by this
     many nats: an extrapolating network must not send the search off to
     groups that look 100x cheaper than anything it saw), `random_state`.
@@ -167,26 +180,61 @@ class CorrectionMLP:
         self._weights = None
         losses = []
         with torch.random.fork_rng(devices=[]), one_thread():
-            for k in range(self.n_members):
-                seed = self.random_state + 1000 * k  # member 0 is the single-network model
-                torch.manual_seed(seed)
-                net = _network(
-                    X.shape[1], tuple(self.hidden), 1 if self.form == "free" else 3, self.dropout
+            for j, form in enumerate(self.net_forms()):
+                seed = self.random_state + 1000 * (j % int(self.n_members))  # as each form's
+                torch.manual_seed(seed)  # own model seeds it: member 0 is the single network
+                net = _network(X.shape[1], tuple(self.hidden), _n_out(form), self.dropout)
+                self._init_output(net, y, form)
+                losses.append(
+                    self._train(net, X, y, net.parameters(), self.steps, self.lr, seed, form)
                 )
-                self._init_output(net, y)
-                losses.append(self._train(net, X, y, net.parameters(), self.steps, self.lr, seed))
                 self.nets_.append(net)
         self.train_loss_ = float(np.mean(losses))
         return self
 
-    def _init_output(self, net: nn.Sequential, y: np.ndarray) -> None:
+    def net_forms(self) -> list[str]:
+        """The form of each network, in order: n_members of the form, or for "mixed"
+        n_members free networks then n_members roofline ones."""
+        forms = NET_FORMS if self.form == "mixed" else (self.form,)
+        return [f for f in forms for _ in range(int(self.n_members))]
+
+    @classmethod
+    def mixed_of(cls, free: CorrectionMLP, roofline: CorrectionMLP) -> CorrectionMLP:
+        """The "mixed" model of a fitted free and a fitted roofline model with the same
+        other hyper-parameters, fitted on the same rows: what fitting form="mixed" on those
+        rows gives (the same networks, seed for seed), without fitting again."""
+        free._require_fit()
+        roofline._require_fit()
+        a, b = free.get_params(), roofline.get_params()
+        if (a.pop("form"), b.pop("form")) != ("free", "roofline") or a != b:
+            raise CostModelError(
+                "mixed_of needs a free and a roofline model with the same other "
+                f"hyper-parameters; got {free!r} and {roofline!r}"
+            )
+        same_rows = (
+            np.array_equal(free.scaler_mean_, roofline.scaler_mean_)
+            and np.array_equal(free.scaler_scale_, roofline.scaler_scale_)
+            and (free.y_min_, free.y_max_) == (roofline.y_min_, roofline.y_max_)
+        )
+        if not same_rows:
+            raise CostModelError("mixed_of: the two models were fitted on different rows")
+        model = cls(**{**a, "form": "mixed"})
+        model.nets_ = [*free.nets_, *roofline.nets_]  # shared, not copied: both stay usable
+        model._weights = None
+        model.scaler_mean_, model.scaler_scale_ = free.scaler_mean_, free.scaler_scale_
+        model.y_min_, model.y_max_ = free.y_min_, free.y_max_
+        model.feature_names_, model.n_features_in_ = free.feature_names_, free.n_features_in_
+        model.train_loss_ = float(np.mean([free.train_loss_, roofline.train_loss_]))
+        return model
+
+    def _init_output(self, net: nn.Sequential, y: np.ndarray, form: str) -> None:
         """Start near the data: the free form at the mean log-ratio, the roofline form at
         half of each roof and the launch multiplier that explains the median residual."""
         last = net[-1]
         assert isinstance(last, nn.Linear)
         with torch.no_grad():
             last.weight.mul_(0.1)
-            if self.form == "free":
+            if form == "free":
                 last.bias.fill_(float(np.mean(y)))
             else:
                 last.bias.copy_(torch.tensor([0.0, 0.0, max(float(np.median(y)), 0.0)]))
@@ -200,6 +248,7 @@ class CorrectionMLP:
         steps: int,
         lr: float,
         seed: int,
+        form: str,
         dropout: bool = True,
     ) -> float:
         """`steps` AdamW steps of `net` on shuffled mini-batches; returns the last batch's
@@ -220,7 +269,7 @@ class CorrectionMLP:
                 order, pos = torch.randperm(n, generator=gen), 0
             idx = order[pos : pos + bs]
             pos += bs
-            loss = self._loss(self._forward_one(net, xt[idx], parts[idx]), yt[idx])
+            loss = self._loss(self._forward_one(net, xt[idx], parts[idx], form), yt[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -247,9 +296,17 @@ class CorrectionMLP:
             return self
         with torch.random.fork_rng(devices=[]), one_thread():
             torch.manual_seed(self.random_state)
-            for net in self.nets_:
+            for net, form in zip(self.nets_, self.net_forms()):
                 self._train(
-                    net, X, y, net[-1].parameters(), steps, lr, self.random_state, dropout=False
+                    net,
+                    X,
+                    y,
+                    net[-1].parameters(),
+                    steps,
+                    lr,
+                    self.random_state,
+                    form,
+                    dropout=False,
                 )
         self._weights = None
         self.y_min_ = min(self.y_min_, float(y.min()))
@@ -264,9 +321,9 @@ class CorrectionMLP:
         X = self._check_X(X)
         h = self._scale(X)
         rs = []
-        for weights in self._numpy_weights():
+        for weights, form in zip(self._numpy_weights(), self.net_forms()):
             z = _net_numpy(weights, h)
-            if self.form == "free":
+            if form == "free":
                 rs.append(z[:, 0])
                 continue
             ln_tc, ln_tm, ln_tl = (self._parts(X)[:, i] * _LN10 for i in range(3))
@@ -279,13 +336,16 @@ class CorrectionMLP:
         return np.clip(r, self.y_min_ - self.clip_margin, self.y_max_ + self.clip_margin)
 
     def predict_fractions(self, X: np.ndarray) -> np.ndarray:
-        """Roofline form only: (u_compute, u_memory, k_launch) per row, for inspection."""
+        """Roofline networks only: (u_compute, u_memory, k_launch) per row, for inspection
+        (the roofline members' mean, in log space)."""
         self._require_fit()
-        if self.form != "roofline":
-            raise CostModelError("predict_fractions needs form='roofline'")
+        if self.form not in ("roofline", "mixed"):
+            raise CostModelError("predict_fractions needs form='roofline' (or 'mixed')")
         h = self._scale(self._check_X(X))
         out = []
-        for weights in self._numpy_weights():  # the members' mean, in log space
+        for weights, form in zip(self._numpy_weights(), self.net_forms()):
+            if form != "roofline":
+                continue
             z = _net_numpy(weights, h)
             out.append(np.column_stack([-np.logaddexp(0.0, -z[:, :2]), z[:, 2]]))
         return np.exp(np.mean(out, axis=0))
@@ -305,13 +365,16 @@ class CorrectionMLP:
 
     def _forward(self, xt: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
         """The ensemble's log-ratio (members averaged), as `predict` computes it unclipped."""
-        return torch.stack([self._forward_one(net, xt, parts) for net in self.nets_]).mean(0)
+        return torch.stack(
+            [self._forward_one(n, xt, parts, f) for n, f in zip(self.nets_, self.net_forms())]
+        ).mean(0)
 
+    @staticmethod
     def _forward_one(
-        self, net: nn.Sequential, xt: torch.Tensor, parts: torch.Tensor
+        net: nn.Sequential, xt: torch.Tensor, parts: torch.Tensor, form: str
     ) -> torch.Tensor:
         z = net(xt)
-        if self.form == "free":
+        if form == "free":
             return z[:, 0]
         ln_tc, ln_tm, ln_tl = (parts[:, i] * _LN10 for i in range(3))
         roof = torch.maximum(ln_tc - F.logsigmoid(z[:, 0]), ln_tm - F.logsigmoid(z[:, 1]))
@@ -371,8 +434,8 @@ class CorrectionMLP:
             raise CostModelError(f"saved model has unknown form {model.form!r}")
         n_in = int(arrays["scaler_mean"].shape[0])
         model.nets_ = []
-        for j in range(int(model.n_members)):
-            net = _network(n_in, model.hidden, 1 if model.form == "free" else 3, model.dropout)
+        for j, form in enumerate(model.net_forms()):
+            net = _network(n_in, model.hidden, _n_out(form), model.dropout)
             prefix = _member_prefix(j)
             state = {
                 k[len(prefix) :]: torch.as_tensor(v, dtype=torch.float32)

@@ -116,6 +116,7 @@ def evaluate_all(
         **cfg.baseline_params,
         "mlp-free": dict(cfg.mlp_params),
         "mlp-roofline": dict(cfg.mlp_params),
+        "mlp-mixed": dict(cfg.mlp_params),
     }
     results = []
     for split in cfg.splits:

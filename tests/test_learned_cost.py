@@ -135,7 +135,7 @@ def test_mlp_is_reproducible_and_refit_replaces(design):
     np.testing.assert_array_equal(m.predict(design.X), a)
 
 
-@pytest.mark.parametrize("form", ["free", "roofline"])
+@pytest.mark.parametrize("form", ["free", "roofline", "mixed"])
 def test_numpy_prediction_matches_the_torch_network(design, form):
     m = CorrectionMLP(form=form, **FAST).fit(design.X, design.y)
     with torch.no_grad():
@@ -229,6 +229,34 @@ def test_save_load_round_trip_without_pickle(tmp_path, fitted, design, spec):
     assert meta2.feature_names == FEATURE_NAMES and meta2.device == "h100"
     again = save_model(fitted, tmp_path / "n.json", spec=spec)
     assert again.model_id == meta.model_id  # the id names the weights, not the file
+
+
+def test_mixed_form_is_the_free_and_roofline_models_side_by_side(tmp_path, design, spec):
+    """form="mixed" fits n_members networks of each form with the seeds each form's own
+    model uses, so mixed_of(free, roofline) (what cross-validation builds instead of
+    fitting again) is the same model; it saves, loads and refuses unlike parts."""
+    params = {**FAST, "n_members": 2, "random_state": 5}
+    free = CorrectionMLP(form="free", **params).fit(design.X, design.y)
+    roof = CorrectionMLP(form="roofline", **params).fit(design.X, design.y)
+    mixed = CorrectionMLP(form="mixed", **params).fit(design.X, design.y)
+    assert mixed.net_forms() == ["free", "free", "roofline", "roofline"]
+    built = CorrectionMLP.mixed_of(free, roof)
+    assert built.get_params() == mixed.get_params()
+    np.testing.assert_allclose(built.predict(design.X), mixed.predict(design.X), atol=1e-12)
+    lo, hi = mixed.y_min_ - mixed.clip_margin, mixed.y_max_ + mixed.clip_margin
+    halves = (free.predict(design.X) + roof.predict(design.X)) / 2  # unclipped inside
+    assert np.mean(np.abs(mixed.predict(design.X) - np.clip(halves, lo, hi)) < 1e-9) > 0.9
+    np.testing.assert_allclose(mixed.predict_fractions(design.X), roof.predict_fractions(design.X))
+    save_model(mixed, tmp_path / "x.json", spec=spec)
+    loaded, meta = load_model(tmp_path / "x.json", device="h100")
+    assert meta.form == "mixed" and len(loaded.nets_) == 4
+    np.testing.assert_allclose(loaded.predict(design.X), mixed.predict(design.X), rtol=1e-6)
+    with pytest.raises(CostModelError, match="same other"):
+        CorrectionMLP.mixed_of(free, CorrectionMLP(form="roofline", **FAST).fit(design.X, design.y))
+    with pytest.raises(CostModelError, match="different rows"):
+        half = len(design) // 2
+        other = CorrectionMLP(form="roofline", **params).fit(design.X[:half], design.y[:half])
+        CorrectionMLP.mixed_of(free, other)
 
 
 def test_ensemble_round_trip_and_single_network_key_names(tmp_path, design, spec):

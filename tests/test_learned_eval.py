@@ -49,7 +49,7 @@ def fake_graphs() -> GraphCache:
 
 
 FAST = {"steps": 300, "n_members": 1}
-QUICK = {"mlp-free": FAST, "mlp-roofline": FAST, "gbt": {"n_estimators": 60}}
+QUICK = {"mlp-free": FAST, "mlp-roofline": FAST, "mlp-mixed": FAST, "gbt": {"n_estimators": 60}}
 
 
 # ---- metrics ------------------------------------------------------------------------------
@@ -228,6 +228,10 @@ def test_cross_validation_never_splits_a_group(rows, split):
         assert set(keys[cv.fold == k]) == held
     assert set(cv.oof_log_ratio) == set(MODEL_NAMES)
     np.testing.assert_array_equal(cv.oof_log_ratio["analytical"], 0.0)
+    # the mixed MLP of a fold is built from its free and roofline MLPs, not fitted again
+    for models in cv.fitted:
+        parts = [*models["mlp-free"].nets_, *models["mlp-roofline"].nets_]
+        assert all(x is y for x, y in zip(models["mlp-mixed"].nets_, parts, strict=True))
 
 
 def test_plans_are_scored_by_models_that_never_saw_their_family(rows):
@@ -376,13 +380,18 @@ def test_auto_form_is_the_lower_mape_averaged_over_the_splits():
 
     from learned_cost.train import choose_form
 
-    def split(free: float, roofline: float) -> NS:
-        mape = {"mlp-free": free, "mlp-roofline": roofline}
+    def split(free: float, roofline: float, mixed: float = 1.0) -> NS:
+        mape = {"mlp-free": free, "mlp-roofline": roofline, "mlp-mixed": mixed}
         return NS(score=lambda name: NS(groups=NS(mape=mape[name])))
 
     run = NS(splits=[split(0.16, 0.17), split(0.08, 0.05)])
     assert choose_form(run, "auto") == "roofline"
     assert choose_form(NS(splits=[split(0.16, 0.17)]), "auto") == "free"
     assert choose_form(run, "free") == "free"
+    # the mean of the two forms wins where it is the better on average, not on either split
+    assert (
+        choose_form(NS(splits=[split(0.16, 0.17, 0.162), split(0.08, 0.05, 0.055)]), "auto")
+        == "mixed"
+    )
     with pytest.raises(CostModelError, match="--form"):
         choose_form(run, "bounded")

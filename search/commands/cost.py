@@ -1,7 +1,7 @@
 """`fusion-plan cost train|eval|report`: the learned correction of the analytical model.
 
 - `train`: grouped cross-validation of every model side by side (analytical, mean-bias,
-  ridge, gradient-boosted trees, MLP free and roofline-bounded), the MLP form chosen,
+  ridge, gradient-boosted trees, MLP free, roofline-bounded and the two mixed), the MLP form chosen,
   fitted on all rows, saved (JSON + npz) with its metrics; writes the predicted-vs-measured
   PNG. One command does everything:
   `fusion-plan cost train --data data/h100_profiles.parquet --device h100
@@ -22,6 +22,7 @@ from pathlib import Path
 from learned_cost.data import load_profiles
 from learned_cost.evaluate import MODELS
 from learned_cost.features import FEATURES, SCHEMA_HASH
+from learned_cost.mlp import FORMS
 from learned_cost.persist import ModelMeta, read_meta
 from learned_cost.train import (
     SPLIT_LABELS,
@@ -77,9 +78,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         )
         v.add_argument(
             "--form",
-            choices=("auto", "free", "roofline"),
+            choices=("auto", *FORMS),
             default="auto",
-            help="MLP form: auto picks the lower held-out MAPE, averaged over the splits",
+            help="MLP form (mixed: the mean of a free and a roofline ensemble): auto picks "
+            "the lowest held-out MAPE, averaged over the splits",
         )
         v.add_argument(
             "--plot",
