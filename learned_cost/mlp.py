@@ -11,8 +11,9 @@ Three forms, chosen by the `form` hyper-parameter:
   estimate in the spec, is free. The output is still reported as ln(T / T_analytical).
 - "mixed": `n_members` networks of each of the two forms, their log-ratios averaged. The
   free form is the closer on the groups of a seen family, the roofline form the safer
-  where the network must extrapolate; their errors differ, and on held-out H100 plans the
-  mean of the two is closer than either (docs/learned_cost.md). Its networks are those
+  where the network must extrapolate; their errors differ: on H100 groups of held-out
+  families the mean is closer than either, on held-out plans about as close as the free
+  form, with a lower regret (docs/learned_cost.md, data/README.md). Its networks are those
   the two forms fit with the same seeds, so `mixed_of(free, roofline)` builds it from
   the two fitted models without fitting again.
 
@@ -27,6 +28,7 @@ fit; learned state ends in `_`; `predict` before `fit` raises CostModelError;
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from typing import Any
@@ -219,7 +221,8 @@ class CorrectionMLP:
         if not same_rows:
             raise CostModelError("mixed_of: the two models were fitted on different rows")
         model = cls(**{**a, "form": "mixed"})
-        model.nets_ = [*free.nets_, *roofline.nets_]  # shared, not copied: both stay usable
+        # copies: an online update of one model must not move the others' networks
+        model.nets_ = [copy.deepcopy(n) for n in (*free.nets_, *roofline.nets_)]
         model._weights = None
         model.scaler_mean_, model.scaler_scale_ = free.scaler_mean_, free.scaler_scale_
         model.y_min_, model.y_max_ = free.y_min_, free.y_max_
