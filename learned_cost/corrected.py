@@ -143,9 +143,12 @@ class CorrectedModel:
         )
         with self._lock:
             r = self.mlp.predict(X) + self.online.bias
+        # every work group has latency > 0: in_plan is apply for the whole batch at once
+        lats = self.plan_context.in_plan(
+            np.array([bases[i].latency_s for i in work]) * np.exp(r), X
+        )
         out = list(bases)
-        for j, (i, ri) in enumerate(zip(work, r)):
-            lat = self.plan_context.apply(bases[i].latency_s * math.exp(float(ri)), X[j])
+        for i, lat in zip(work, lats.tolist()):
             out[i] = replace(bases[i], latency_s=lat, correction=lat / bases[i].latency_s)
         return out
 

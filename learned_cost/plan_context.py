@@ -21,8 +21,9 @@ How far from additive the data are, with the groups' *measured* latencies, is pr
 `python benchmarks/plan_additivity.py DATA`. On the H100 (collector version 3: groups and
 plans both timed as kernels in one CUDA graph) the plain sum is within 4.4% on average;
 scale and intercepts change little, and f(G) takes it to about 3.5% (`--residual` there
-fits a plan-level model too, which does about as well: 3.4%); where plan rows time whole calls from the host (the
-CPU data, the `call_median_s` column) the form takes out the host's per-call cost.
+fits a plan-level model too, which does about as well: 3.4%); where plan rows time whole
+calls from the host (the CPU data, the `call_median_s` column) the form takes out the
+host's per-call cost.
 """
 
 from __future__ import annotations
@@ -62,18 +63,23 @@ class PlanContext:
         z = (X - np.array(self.mean)) / np.array(self.std)
         return np.exp(np.clip(z @ np.array(self.weights), -LOG_CAP, LOG_CAP))
 
+    def in_plan(self, latencies_s: Sequence[float], X: np.ndarray | None = None) -> np.ndarray:
+        """Each work group's cost in a plan from its cost alone (and its features, rows of
+        X): the per-group term of `apply_sum`, for a batch of groups at once."""
+        lat = np.asarray(latencies_s, dtype=np.float64)
+        f = self.factors(X, len(lat))
+        return np.maximum(self.scale * lat * f + self.per_group_s, FLOOR * lat)
+
     def apply(self, latency_s: float, x: np.ndarray | None = None) -> float:
         """A group's cost in a plan from its cost alone (and its features `x`)."""
         if latency_s <= 0:
             return latency_s
-        f = float(self.factors(x, 1)[0]) if x is not None else 1.0
-        return max(self.scale * latency_s * f + self.per_group_s, FLOOR * latency_s)
+        return float(self.in_plan([latency_s], None if x is None else [x])[0])
 
     def apply_sum(self, group_latencies_s: np.ndarray, X: np.ndarray | None = None) -> float:
         """Predicted plan latency from its work groups' latencies (and features X)."""
         lat = np.asarray(group_latencies_s, dtype=np.float64)
-        f = self.factors(X, len(lat))
-        per_group = np.maximum(self.scale * lat * f + self.per_group_s, FLOOR * lat)
+        per_group = self.in_plan(lat, X)
         return max(float(per_group.sum()) + self.per_plan_s, FLOOR * float(lat.sum()))
 
     def to_json(self) -> dict[str, Any]:
