@@ -265,13 +265,13 @@ def _mixed_from(est: Estimator, fitted: Mapping[str, Estimator]) -> CorrectionML
     if not (isinstance(est, CorrectionMLP) and est.form == "mixed"):
         return None
     free, roof = fitted.get("mlp-free"), fitted.get("mlp-roofline")
-    params = {k: v for k, v in est.get_params().items() if k != "form"}
-    for part in (free, roof):
-        if not isinstance(part, CorrectionMLP):
-            return None
-        if {k: v for k, v in part.get_params().items() if k != "form"} != params:
-            return None
-    return CorrectionMLP.mixed_of(free, roof)
+    if not (isinstance(free, CorrectionMLP) and isinstance(roof, CorrectionMLP)):
+        return None
+    try:  # mixed_of checks that the parts share every other setting and their rows
+        mixed = CorrectionMLP.mixed_of(free, roof)
+    except CostModelError:
+        return None
+    return mixed if mixed.get_params() == est.get_params() else None
 
 
 # ---- the report -----------------------------------------------------------------------------
