@@ -8,9 +8,10 @@
 One network per setting (`n_members=1` unless the setting names it), the free form, grouped
 5-fold cross-validation by graph and by family on the rows training uses (today's
 descriptors), as `fusion-plan cost train` scores it; with `--plans`, the plan rows too
-(plan error and regret, each fold's plan context fitted on the other folds' plans). This is how `--dropout`/`--hidden` of the committed models were chosen;
-the choice looks at the same folds the report shows, so those numbers are a little
-optimistic (as the form's choice is; docs/learned_cost.md).
+(plan error and regret, each fold's plan context fitted on the other folds' plans). This
+is how `--dropout`/`--hidden`/`--steps` of the committed models were chosen; the choice
+looks at the same folds the report shows, so those numbers are a little optimistic (as
+the form's choice is; docs/learned_cost.md, data/README.md).
 """
 
 from __future__ import annotations

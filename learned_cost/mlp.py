@@ -83,9 +83,9 @@ def _net_numpy(weights: list[tuple[np.ndarray, np.ndarray]], h: np.ndarray) -> n
 class CorrectionMLP:
     """Predicts ln(measured / analytical) of a group from its features.
 
-    Hyper-parameters: `form` ("free" | "roofline" | "mixed"), `hidden` layer widths, `steps` (gradient
-    steps in all, whatever the data size: small datasets need as many steps as big ones),
-    `lr` (AdamW, cosine-annealed), `weight_decay`, `dropout` (after each hidden layer:
+    Hyper-parameters: `form` ("free" | "roofline" | "mixed"), `hidden` layer widths,
+    `steps` (gradient steps in all, whatever the data size: small datasets need as many
+    steps as big ones), `lr` (AdamW, cosine-annealed), `weight_decay`, `dropout` (after each hidden layer:
     with a few thousand rows from a handful of model families the network otherwise
     memorizes family quirks and extrapolates badly to an unseen family), `batch_size`
     (full batch when the data is smaller),

@@ -1,9 +1,9 @@
 """`fusion-plan cost train|eval|report`: the learned correction of the analytical model.
 
 - `train`: grouped cross-validation of every model side by side (analytical, mean-bias,
-  ridge, gradient-boosted trees, MLP free, roofline-bounded and the two mixed), the MLP form chosen,
-  fitted on all rows, saved (JSON + npz) with its metrics; writes the predicted-vs-measured
-  PNG. One command does everything:
+  ridge, gradient-boosted trees, MLP free, roofline-bounded and the two mixed), the MLP
+  form chosen, fitted on all rows, saved (JSON + npz) with its metrics; writes the
+  predicted-vs-measured PNG. One command does everything:
   `fusion-plan cost train --data data/h100_profiles.parquet --device h100
    --out learned_cost/models/h100.json`
 - `eval`: the same side-by-side table and plot without saving a model (with `--model`,
