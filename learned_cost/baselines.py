@@ -7,6 +7,8 @@ treats them alike:
   component: if the MLP cannot beat a constant, it learned nothing about groups).
 - `RidgeCorrection`: standardized features -> ridge regression.
 - `GBTCorrection`: gradient-boosted trees (Huber loss).
+- `TwinsOver`: any of them with a table of measured twins in front (learned_cost/twins.py),
+  so that the MLP's twins are compared with the same lookup in front of a baseline.
 
 scikit-learn is imported here and in `evaluate`, never by the modules a planning run
 needs (features, mlp, corrected, online, persist).
@@ -15,6 +17,7 @@ needs (features, mlp, corrected, online, persist).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -23,6 +26,7 @@ from sklearn.linear_model import Ridge
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from learned_cost.twins import TwinTable
 from planner.errors import CostModelError
 
 
@@ -144,3 +148,45 @@ class GBTCorrection(_Baseline):
         self._require_fit("model_")
         X, _ = self._check(X)
         return self.model_.predict(X)
+
+
+class TwinsOver(_Baseline):
+    """A baseline (`base`: "ridge" or "gbt", with its default settings and `random_state`)
+    with measured twins in front: a row whose feature vector the training rows hold gets
+    their median log-ratio, the others the baseline's prediction."""
+
+    BASES: Mapping[str, type[_Baseline]] = {"ridge": RidgeCorrection, "gbt": GBTCorrection}
+
+    def __init__(self, base: str = "gbt", random_state: int = 0):
+        self.base = base
+        self.random_state = random_state
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> TwinsOver:
+        if self.base not in self.BASES:
+            raise CostModelError(
+                f"TwinsOver base must be one of {list(self.BASES)}, got {self.base!r}"
+            )
+        X, y = self._check(X, y)
+        self.base_ = self.BASES[self.base](random_state=self.random_state).fit(X, y)
+        self.twins_ = TwinTable.fit(X, y)
+        return self
+
+    @classmethod
+    def of_fitted(cls, base: _Baseline, X: np.ndarray, y: np.ndarray) -> TwinsOver:
+        """A fitted baseline, already fitted on (X, y), with the twins of those rows in
+        front (what `fit` on those rows gives, without fitting the baseline again)."""
+        name = next((k for k, v in cls.BASES.items() if isinstance(base, v)), None)
+        if name is None:
+            raise CostModelError(f"TwinsOver cannot stand in front of {type(base).__name__}")
+        model = cls(name, getattr(base, "random_state", 0))
+        model.base_ = base
+        model.twins_ = TwinTable.fit(*cls._check(X, y))
+        return model
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        self._require_fit("twins_")
+        X, _ = self._check(X)
+        r = np.asarray(self.base_.predict(X), dtype=np.float64).copy()
+        measured, hit = self.twins_.lookup(X)
+        r[hit] = measured[hit]
+        return r

@@ -22,7 +22,9 @@ Metrics (on held-out rows):
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,7 +33,13 @@ import numpy as np
 from scipy.stats import kendalltau
 from sklearn.model_selection import GroupKFold
 
-from learned_cost.baselines import AnalyticalOnly, GBTCorrection, MeanBias, RidgeCorrection
+from learned_cost.baselines import (
+    AnalyticalOnly,
+    GBTCorrection,
+    MeanBias,
+    RidgeCorrection,
+    TwinsOver,
+)
 from learned_cost.data import descriptor_of
 from learned_cost.features import Design, design_matrix
 from learned_cost.mlp import CorrectionMLP
@@ -41,15 +49,25 @@ from planner.hardware import DeviceSpec
 if TYPE_CHECKING:  # plan_eval builds on this module; the type is only named here
     from learned_cost.plan_eval import PlanEval
 
+log = logging.getLogger(__name__)
+
 Estimator = Any  # fit(X, y) -> self; predict(X) -> log-ratios
 Factory = Callable[[int], Estimator]
 
-# The models compared side by side: (name, factory(seed), why it is in the table).
+# The models compared side by side: (name, factory(seed), why it is in the table). A name
+# ending in TWINS is the model before it with measured twins in front (learned_cost/twins.py),
+# built from that model's fit in each fold rather than fitted again.
+TWINS = "+twins"
 MODELS: tuple[tuple[str, Factory, str], ...] = (
     ("analytical", lambda s: AnalyticalOnly(), "the roofline alone: what must be improved"),
     ("mean-bias", lambda s: MeanBias(), "one scale factor: the floor a learned model must beat"),
     ("ridge", lambda s: RidgeCorrection(random_state=s), "linear in the same features"),
     ("gbt", lambda s: GBTCorrection(random_state=s), "gradient-boosted trees, same features"),
+    (
+        "gbt+twins",
+        lambda s: TwinsOver("gbt", random_state=s),
+        "gbt, a group measured in the training rows answered by its measurements",
+    ),
     ("mlp-free", lambda s: CorrectionMLP(form="free", random_state=s), "MLP, unbounded log-ratio"),
     (
         "mlp-roofline",
@@ -60,6 +78,14 @@ MODELS: tuple[tuple[str, Factory, str], ...] = (
         "mlp-mixed",
         lambda s: CorrectionMLP(form="mixed", random_state=s),
         "the mean of the two MLPs' log-ratios",
+    ),
+    *(
+        (
+            f"mlp-{form}{TWINS}",
+            lambda s, form=form: CorrectionMLP(form=form, twins=True, random_state=s),
+            f"mlp-{form}, a group measured in the training rows answered by its measurements",
+        )
+        for form in ("free", "roofline", "mixed")
     ),
 )
 MODEL_NAMES = tuple(name for name, _, _ in MODELS)
@@ -241,6 +267,7 @@ def cross_validate(
     held_out: list[set[str]] = []
     oof = {name: np.zeros(len(design)) for name, _, _ in models}
     fitted: list[dict[str, Estimator]] = []
+    t0 = time.perf_counter()
     for k, (tr, te) in enumerate(GroupKFold(n_splits=folds).split(design.X, y, keys)):
         fold[te] = k
         held_out.append(set(keys[te]))
@@ -249,11 +276,22 @@ def cross_validate(
             est = make(seed)
             if overrides and name in overrides:
                 est.set_params(**overrides[name])
-            mixed = _mixed_from(est, per_fold)
-            est = mixed if mixed is not None else est.fit(design.X[tr], y[tr])
+            derived = _mixed_from(est, per_fold)
+            if derived is None:
+                derived = _twins_from(name, est, per_fold, design.X[tr], y[tr])
+            est = derived if derived is not None else est.fit(design.X[tr], y[tr])
             oof[name][te] = est.predict(design.X[te])
             per_fold[name] = est
         fitted.append(per_fold)
+        log.info(
+            "held out by %s: fold %d/%d fitted (%d models, %d rows; %.0f s so far)",
+            split,
+            k + 1,
+            folds,
+            len(per_fold),
+            len(tr),
+            time.perf_counter() - t0,
+        )
     graph_ids = np.array([str(r.get("graph_key")) for r in rows], dtype=object)
     return CVResult(split, design, graph_ids, fold, held_out, oof, fitted)
 
@@ -272,6 +310,23 @@ def _mixed_from(est: Estimator, fitted: Mapping[str, Estimator]) -> CorrectionML
     except CostModelError:
         return None
     return mixed if mixed.get_params() == est.get_params() else None
+
+
+def _twins_from(
+    name: str, est: Estimator, fitted: Mapping[str, Estimator], X: np.ndarray, y: np.ndarray
+) -> Estimator | None:
+    """`name` = "<model>+twins": the fold's fitted <model> with the training rows' twins in
+    front, where that model was fitted with the same settings. None: fit it."""
+    if not name.endswith(TWINS) or name.removesuffix(TWINS) not in fitted:
+        return None
+    base = fitted[name.removesuffix(TWINS)]
+    if isinstance(est, TwinsOver) and isinstance(base, TwinsOver.BASES.get(est.base, ())):
+        model = TwinsOver.of_fitted(base, X, y)
+        return model if model.get_params() == est.get_params() else None
+    if isinstance(est, CorrectionMLP) and isinstance(base, CorrectionMLP):
+        model = base.with_twins(X, y)
+        return model if model.get_params() == est.get_params() else None
+    return None
 
 
 # ---- the report -----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from learned_cost.features import FEATURE_NAMES, PART_FEATURES
+from learned_cost.twins import TwinTable
 from planner.errors import CostModelError
 from planner.hardware import one_thread
 
@@ -98,7 +99,9 @@ class CorrectionMLP:
     fits that many of each form),
     `clip_margin` (predictions are clipped to the training targets' range widened by this
     many nats: an extrapolating network must not send the search off to
-    groups that look 100x cheaper than anything it saw), `random_state`.
+    groups that look 100x cheaper than anything it saw), `twins` (a group whose feature
+    vector the training rows hold is answered with their median measured log-ratio, the
+    networks only asked about the rest: learned_cost/twins.py), `random_state`.
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class CorrectionMLP:
         loss: str = "huber",
         n_members: int = 3,
         clip_margin: float = 1.0,
+        twins: bool = False,
         random_state: int = 0,
     ):
         self.form = form
@@ -128,6 +132,7 @@ class CorrectionMLP:
         self.loss = loss
         self.n_members = n_members
         self.clip_margin = clip_margin
+        self.twins = twins
         self.random_state = random_state
 
     # ---- scikit-learn style parameters ---------------------------------------------------
@@ -148,7 +153,7 @@ class CorrectionMLP:
     def __repr__(self) -> str:
         return (
             f"CorrectionMLP(form={self.form!r}, hidden={self.hidden}, steps={self.steps}, "
-            f"loss={self.loss!r}, n_members={self.n_members})"
+            f"loss={self.loss!r}, n_members={self.n_members}, twins={self.twins})"
         )
 
     @property
@@ -192,7 +197,24 @@ class CorrectionMLP:
                 )
                 self.nets_.append(net)
         self.train_loss_ = float(np.mean(losses))
+        self._fit_twins(X, y)
         return self
+
+    def _fit_twins(self, X: np.ndarray, y: np.ndarray) -> None:
+        if self.twins:
+            self.twins_ = TwinTable.fit(X, y)
+        elif hasattr(self, "twins_"):
+            del self.twins_  # a refit without twins forgets an earlier table
+
+    def with_twins(self, X: np.ndarray, y: np.ndarray) -> CorrectionMLP:
+        """A copy of this fitted model with `twins=True` and its table built from the rows
+        it was fitted on (X, y): what fitting with twins on those rows gives, without
+        training the networks again."""
+        self._require_fit()
+        model = copy.deepcopy(self)
+        model.twins = True
+        model._fit_twins(self._check_X(X), np.asarray(y, dtype=np.float64).reshape(-1))
+        return model
 
     def net_forms(self) -> list[str]:
         """The form of each network, in order: n_members of the form, or for "mixed"
@@ -228,6 +250,8 @@ class CorrectionMLP:
         model.y_min_, model.y_max_ = free.y_min_, free.y_max_
         model.feature_names_, model.n_features_in_ = free.feature_names_, free.n_features_in_
         model.train_loss_ = float(np.mean([free.train_loss_, roofline.train_loss_]))
+        if hasattr(free, "twins_"):  # both parts hold the table of the same rows
+            model.twins_ = copy.deepcopy(free.twins_)
         return model
 
     def _init_output(self, net: nn.Sequential, y: np.ndarray, form: str) -> None:
@@ -319,7 +343,8 @@ class CorrectionMLP:
     # ---- prediction -------------------------------------------------------------------
     def predict(self, X: np.ndarray) -> np.ndarray:
         """ln(predicted / analytical) for each row of X (the members' mean), clipped to the
-        trusted range. Runs in numpy (float64) from the fitted weights (`_net_numpy`)."""
+        trusted range; with twins, a row whose features were measured gets their median
+        instead. Runs in numpy (float64) from the fitted weights (`_net_numpy`)."""
         self._require_fit()
         X = self._check_X(X)
         h = self._scale(X)
@@ -335,8 +360,12 @@ class CorrectionMLP:
             )
             ln_pred = np.logaddexp(roof, ln_tl + z[:, 2])
             rs.append(ln_pred - np.logaddexp(np.maximum(ln_tc, ln_tm), ln_tl))
-        r = np.mean(rs, axis=0)
-        return np.clip(r, self.y_min_ - self.clip_margin, self.y_max_ + self.clip_margin)
+        lo, hi = self.y_min_ - self.clip_margin, self.y_max_ + self.clip_margin
+        r = np.clip(np.mean(rs, axis=0), lo, hi)
+        if getattr(self, "twins_", None) is not None:
+            measured, hit = self.twins_.lookup(X)
+            r[hit] = measured[hit]
+        return r
 
     def predict_fractions(self, X: np.ndarray) -> np.ndarray:
         """Roofline networks only: (u_compute, u_memory, k_launch) per row, for inspection
@@ -424,6 +453,8 @@ class CorrectionMLP:
         arrays["scaler_mean"] = self.scaler_mean_
         arrays["scaler_scale"] = self.scaler_scale_
         arrays["y_range"] = np.array([self.y_min_, self.y_max_])
+        if getattr(self, "twins_", None) is not None:
+            arrays.update(self.twins_.arrays())
         return arrays
 
     @classmethod
@@ -459,4 +490,8 @@ class CorrectionMLP:
         model.y_min_, model.y_max_ = (float(v) for v in arrays["y_range"])
         model.feature_names_ = FEATURE_NAMES
         model.n_features_in_ = n_in
+        if model.twins:
+            if "twins.keys" not in arrays:
+                raise CostModelError("saved model has twins=True but no twin table")
+            model.twins_ = TwinTable.from_arrays(arrays)
         return model

@@ -152,7 +152,7 @@ def save_model(
     )
     json_path, npz_path = paths_for(path)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(npz_path, **arrays)
+    np.savez_compressed(npz_path, **arrays)  # the twin table repeats itself: it packs well
     json_path.write_text(json.dumps(meta.to_json(), indent=2, sort_keys=True, default=float) + "\n")
     return meta
 

@@ -11,6 +11,7 @@ with its metrics, data hash and the command that made it.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,7 @@ import numpy as np
 from learned_cost.data import MAX_NOISE, Profiles, group_rows, noisy_rows, plan_groups, plan_rows
 from learned_cost.evaluate import (
     MODELS,
+    TWINS,
     CVResult,
     ModelScore,
     cross_validate,
@@ -49,6 +51,8 @@ from learned_cost.plan_eval import (
 from planner.errors import CostModelError
 from planner.hardware import DeviceSpec, get_spec
 
+log = logging.getLogger(__name__)
+
 SPLIT_LABELS = {
     "family": "whole model families held out (unseen architectures)",
     "graph_key": "whole graphs held out (unseen shapes of seen families)",
@@ -63,6 +67,9 @@ class TrainConfig:
     n_splits: int = 5
     seed: int = 0
     mlp_params: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"steps": 300}
+    # the saved model answers groups its training rows measured from those measurements
+    # (learned_cost/twins.py); the form is still chosen on the networks alone
+    twins: bool = True
     # hyper-parameters of the other models, by name, e.g. {"gbt": {"n_estimators": 50}}
     baseline_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -114,9 +121,7 @@ def evaluate_all(
         )
     overrides = {
         **cfg.baseline_params,
-        "mlp-free": dict(cfg.mlp_params),
-        "mlp-roofline": dict(cfg.mlp_params),
-        "mlp-mixed": dict(cfg.mlp_params),
+        **{name: dict(cfg.mlp_params) for name, _, _ in MODELS if name.startswith("mlp-")},
     }
     results = []
     for split in cfg.splits:
@@ -128,6 +133,7 @@ def evaluate_all(
             seed=cfg.seed,
             overrides=overrides,
         )
+        log.info("held out by %s: scoring %d plan rows with every fold's models", split, len(plans))
         pe = evaluate_plans(plans, cv, lambda _name: spec, graphs) if plans else None
         results.append(SplitResult(split, cv, pe, score_models(cv, pe)))
     families = tuple(sorted({str(r.get("family")) for r in rows}))
@@ -147,11 +153,17 @@ def choose_form(run: EvalRun, form: str) -> str:
     )
 
 
+def committed_name(form: str, twins: bool) -> str:
+    """The evaluation table's name for the model `train` saves."""
+    return f"mlp-{form}{TWINS if twins else ''}"
+
+
 def fit_final(
     rows: Sequence[Mapping[str, Any]], cfg: TrainConfig, form: str, spec: DeviceSpec
 ) -> CorrectionMLP:
     d = design_matrix(rows, lambda _name: spec)
-    model = CorrectionMLP(form=form, random_state=cfg.seed).set_params(**cfg.mlp_params)
+    model = CorrectionMLP(form=form, twins=cfg.twins, random_state=cfg.seed)
+    model.set_params(**cfg.mlp_params)
     return model.fit(d.X, d.y)
 
 
@@ -175,6 +187,7 @@ def fit_final_context(
 
 def metrics_record(run: EvalRun, form: str, final: CorrectionMLP) -> dict:
     """What the saved model's JSON keeps about its evaluation."""
+    name = committed_name(form, final.twins)
     rows = run.rows
     d = design_matrix(rows, lambda _name: run.spec)
     in_sample = group_metrics(
@@ -184,6 +197,7 @@ def metrics_record(run: EvalRun, form: str, final: CorrectionMLP) -> dict:
     )
     out: dict[str, Any] = {
         "chosen_form": form,
+        "committed_model": name,
         "n_group_rows": run.n_group_rows,
         "n_plan_rows": run.n_plan_rows,
         "n_noisy_dropped": {
@@ -202,7 +216,7 @@ def metrics_record(run: EvalRun, form: str, final: CorrectionMLP) -> dict:
         out["repeatability"]["held_out_model_on_same_rows"] = {
             sr.split: asdict(
                 group_metrics(
-                    sr.cv.predicted_s(f"mlp-{form}")[rep.rows],
+                    sr.cv.predicted_s(name)[rep.rows],
                     sr.cv.design.measured_s[rep.rows],
                     sr.cv.graph_ids[rep.rows],
                 )
@@ -210,7 +224,7 @@ def metrics_record(run: EvalRun, form: str, final: CorrectionMLP) -> dict:
             for sr in run.splits
         }
     for sr in run.splits:
-        chosen = sr.score(f"mlp-{form}")
+        chosen = sr.score(name)
         out["splits"][sr.split] = {
             "label": SPLIT_LABELS.get(sr.split, sr.split),
             "n_folds": len(sr.cv.held_out),
@@ -237,6 +251,7 @@ def train(
     graphs = graphs or GraphCache()
     run = evaluate_all(profiles, cfg, spec, graphs)
     form = choose_form(run, cfg.form)
+    log.info("fitting the final mlp-%s on all %d group rows", form, run.n_group_rows)
     final = fit_final(run.rows, cfg, form, spec)
     context = fit_final_context(profiles, final, spec, graphs)
     metrics = metrics_record(run, form, final)
@@ -260,8 +275,9 @@ def train(
 
 
 # ---- what people read ------------------------------------------------------------------------
-def render_run(run: EvalRun, form: str | None = None) -> str:
-    """The side-by-side tables of a run (one per split), with the targets' verdicts."""
+def render_run(run: EvalRun, model: str | None = None) -> str:
+    """The side-by-side tables of a run (one per split), with the targets' verdicts for
+    `model` (a name of the tables, e.g. "mlp-mixed+twins") where given."""
     lines = [
         f"device {run.device}: {run.n_group_rows} group rows, {run.n_plan_rows} plan rows "
         f"({run.n_noisy[0]} group and {run.n_noisy[1]} plan rows dropped as disturbed: "
@@ -272,10 +288,10 @@ def render_run(run: EvalRun, form: str | None = None) -> str:
         lines += ["", format_scores(sr.scores, title)]
         if sr.plans and sr.plans.skipped:
             lines.append(f"({sr.plans.skipped} plan rows skipped: graph could not be recaptured)")
-        if form:
-            v = target_verdicts(sr.score(f"mlp-{form}"), sr.scores)
+        if model:
+            v = target_verdicts(sr.score(model), sr.scores)
             lines.append("")
-            lines.append(f"targets for mlp-{form}: " + "; ".join(f"{k}: {x}" for k, x in v.items()))
+            lines.append(f"targets for {model}: " + "; ".join(f"{k}: {x}" for k, x in v.items()))
     return "\n".join(lines)
 
 

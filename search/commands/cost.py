@@ -27,6 +27,7 @@ from learned_cost.persist import ModelMeta, read_meta
 from learned_cost.train import (
     SPLIT_LABELS,
     TrainConfig,
+    committed_name,
     evaluate_all,
     plot_predictions,
     render_run,
@@ -82,6 +83,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             default="auto",
             help="MLP form (mixed: the mean of a free and a roofline ensemble): auto picks "
             "the lowest held-out MAPE, averaged over the splits",
+        )
+        v.add_argument(
+            "--no-twins",
+            action="store_true",
+            help="do not answer groups the training rows measured from those measurements "
+            "(learned_cost/twins.py); the networks alone predict every group",
         )
         v.add_argument(
             "--plot",
@@ -149,6 +156,7 @@ def _config(args: argparse.Namespace, params: dict | None = None) -> TrainConfig
         n_splits=args.folds,
         seed=args.seed,
         mlp_params=mlp_params,
+        twins=not args.no_twins,
     )
 
 
@@ -164,6 +172,8 @@ def _command(args: argparse.Namespace, cfg: TrainConfig, out: str) -> str:
         parts += ["--dropout", f"{args.dropout:g}"]
     if args.hidden is not None:
         parts += ["--hidden", ",".join(map(str, args.hidden))]
+    if args.no_twins:
+        parts.append("--no-twins")
     parts += ["--out", out]
     return shlex.join(parts)
 
@@ -179,8 +189,9 @@ def run_train(args: argparse.Namespace) -> int:
         json.dump(meta.to_json(), sys.stdout, indent=2, default=float)
         sys.stdout.write("\n")
         return 0
-    print(render_run(run, form))
-    print(f"\nchose mlp-{form}; saved {meta.model_id} to {out} (+ .npz); plot {plot}")
+    name = committed_name(form, cfg.twins)
+    print(render_run(run, name))
+    print(f"\nchose mlp-{form}; saved {name} as {meta.model_id} to {out} (+ .npz); plot {plot}")
     return 0
 
 
@@ -188,7 +199,9 @@ def run_eval(args: argparse.Namespace) -> int:
     params = None
     if args.model:
         meta = read_meta(args.model)
-        params = {k: v for k, v in meta.params.items() if k not in ("form", "random_state")}
+        params = {
+            k: v for k, v in meta.params.items() if k not in ("form", "random_state", "twins")
+        }
         params["hidden"] = tuple(params.get("hidden", (64, 64)))
     cfg = _config(args, params)
     profiles = load_profiles(args.data)
@@ -204,7 +217,8 @@ def run_eval(args: argparse.Namespace) -> int:
         json.dump(payload, sys.stdout, indent=2, default=float)
         sys.stdout.write("\n")
         return 0
-    print(render_run(run, args.form if args.form != "auto" else None))
+    form = args.form if args.form != "auto" else None
+    print(render_run(run, committed_name(form, cfg.twins) if form else None))
     print(f"\nplot: {plot}")
     return 0
 
@@ -256,7 +270,8 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
             f"{'measured (device-bench)' if m.spec_figures.get('measured') else 'datasheet'}; "
             f"saved at `{path}`",
             f"- MLP form chosen: **{met.get('chosen_form')}** (lower held-out MAPE averaged over "
-            "the splits; the choice uses those folds, so its numbers are slightly optimistic)",
+            "the splits; the choice uses those folds, so its numbers are slightly optimistic); "
+            f"saved as **{_committed(met)}**",
             f"- in-sample fit of the final model (all rows, for reference only): MAPE "
             f"{100 * met.get('in_sample_final_fit', {}).get('mape', float('nan')):.1f}%",
             "",
@@ -269,7 +284,7 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
                 "",
                 _leaders(rec.get("scores", [])),
                 "",
-                f"Targets (issue 6) for mlp-{met.get('chosen_form')}: "
+                f"Targets (issue 6) for {_committed(met)}: "
                 + "; ".join(f"{k}: {v}" for k, v in rec.get("verdicts", {}).items()),
                 "",
             ]
@@ -289,6 +304,11 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _committed(met: dict) -> str:
+    """The saved model's name in the tables (models saved before twins: the bare form)."""
+    return met.get("committed_model") or f"mlp-{met.get('chosen_form')}"
 
 
 def _repeatability(rep: dict | None) -> list[str]:
