@@ -7,8 +7,8 @@ treats them alike:
   component: if the MLP cannot beat a constant, it learned nothing about groups).
 - `RidgeCorrection`: standardized features -> ridge regression.
 - `GBTCorrection`: gradient-boosted trees (Huber loss).
-- `TwinsOver`: any of them with a table of measured twins in front (learned_cost/twins.py),
-  so that the MLP's twins are compared with the same lookup in front of a baseline.
+- `TwinsOver`: ridge or gbt with a table of measured twins in front (learned_cost/twins.py),
+  so that the MLP with twins is compared with the same lookup in front of a baseline.
 
 scikit-learn is imported here and in `evaluate`, never by the modules a planning run
 needs (features, mlp, corrected, online, persist).

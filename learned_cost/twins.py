@@ -6,9 +6,9 @@ shapes, the two conv-bn-relu families share their first layers), and a tuning ru
 more of them every day. For such a group the median of its measurements is closer to the
 truth than any model of its features: identical groups timed in different graphs agree
 far better than the held-out MLP predicts them (the noise-floor table of
-docs/learned_cost.md sets the two side by side). So a correction with twins answers a group whose
-feature vector it has seen with the median log-ratio measured for it, and asks its model
-only about the rest.
+docs/learned_cost.md sets the two side by side). So a correction with twins answers a
+group whose feature vector it has seen with the median log-ratio measured for it, and
+asks its model only about the rest.
 
 A twin is an exact match of the feature vector (learned_cost.features: the descriptor's
 ops, FLOPs and bytes, dtype, realization and the device spec's figures), rounded to
