@@ -316,16 +316,14 @@ def _twins_from(
     name: str, est: Estimator, fitted: Mapping[str, Estimator], X: np.ndarray, y: np.ndarray
 ) -> Estimator | None:
     """`name` = "<model>+twins": the fold's fitted <model> with the training rows' twins in
-    front, where that model was fitted with the same settings. None: fit it."""
-    if not name.endswith(TWINS) or name.removesuffix(TWINS) not in fitted:
-        return None
-    base = fitted[name.removesuffix(TWINS)]
+    front. The row is that model by definition, so it takes that model's settings (an
+    override given for the +twins name itself does not apply). None (fit `est` itself):
+    <model> is not among the models compared."""
+    base = fitted.get(name.removesuffix(TWINS)) if name.endswith(TWINS) else None
     if isinstance(est, TwinsOver) and isinstance(base, TwinsOver.BASES.get(est.base, ())):
-        model = TwinsOver.of_fitted(base, X, y)
-        return model if model.get_params() == est.get_params() else None
+        return TwinsOver.of_fitted(base, X, y)
     if isinstance(est, CorrectionMLP) and isinstance(base, CorrectionMLP):
-        model = base.with_twins(X, y)
-        return model if model.get_params() == est.get_params() else None
+        return base.with_twins(X, y)
     return None
 
 

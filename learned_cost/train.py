@@ -26,6 +26,7 @@ import numpy as np
 
 from learned_cost.data import MAX_NOISE, Profiles, group_rows, noisy_rows, plan_groups, plan_rows
 from learned_cost.evaluate import (
+    MODEL_NAMES,
     MODELS,
     TWINS,
     CVResult,
@@ -121,7 +122,8 @@ def evaluate_all(
         )
     overrides = {
         **cfg.baseline_params,
-        **{name: dict(cfg.mlp_params) for name, _, _ in MODELS if name.startswith("mlp-")},
+        # (the +twins rows take their base model's settings: evaluate._twins_from)
+        **{n: dict(cfg.mlp_params) for n in MODEL_NAMES if n.startswith("mlp-") and TWINS not in n},
     }
     results = []
     for split in cfg.splits:
