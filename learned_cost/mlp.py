@@ -363,8 +363,7 @@ class CorrectionMLP:
         lo, hi = self.y_min_ - self.clip_margin, self.y_max_ + self.clip_margin
         r = np.clip(np.mean(rs, axis=0), lo, hi)
         if getattr(self, "twins_", None) is not None:
-            measured, hit = self.twins_.lookup(X)
-            r[hit] = measured[hit]
+            r = self.twins_.answer(X, r)
         return r
 
     def predict_fractions(self, X: np.ndarray) -> np.ndarray:

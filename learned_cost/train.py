@@ -123,7 +123,11 @@ def evaluate_all(
     overrides = {
         **cfg.baseline_params,
         # (the +twins rows take their base model's settings: evaluate._twins_from)
-        **{n: dict(cfg.mlp_params) for n in MODEL_NAMES if n.startswith("mlp-") and TWINS not in n},
+        **{
+            n: dict(cfg.mlp_params)
+            for n in MODEL_NAMES
+            if n.startswith("mlp-") and not n.endswith(TWINS)
+        },
     }
     results = []
     for split in cfg.splits:

@@ -86,6 +86,14 @@ class TwinTable:
             values[hit] = self.values[[i for i in found if i >= 0]]
         return values, hit
 
+    def answer(self, X: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+        """`predicted` (log-ratios, one per row of X) with every row that has a twin
+        answered by the twin's median instead (a new array)."""
+        out = np.array(predicted, dtype=np.float64)
+        measured, hit = self.lookup(X)
+        out[hit] = measured[hit]
+        return out
+
     def arrays(self, prefix: str = "twins.") -> dict[str, np.ndarray]:
         return {
             f"{prefix}keys": self.keys,
