@@ -16,7 +16,9 @@ trees on features of the whole plan (dtype, groups, its footprint and its larges
 against the L2, the share of GEMM FLOPs, of tiny groups), predicting log(plan / sum),
 cross-validated by graph (5 folds), so each plan is corrected by trees that never saw
 its graph; and the per-group in-plan factor the learned model fits
-(`learned_cost.plan_context.fit_plan_context_groups`), cross-validated the same way.
+(`learned_cost.plan_context.fit_plan_context_groups`), cross-validated the same way, on
+the groups' features alone and with their graph's footprint against the L2 (the form
+`fusion-plan cost train` fits).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from learned_cost.features import normalize_dtype
-from learned_cost.plan_context import fit_plan_context, fit_plan_context_groups
+from learned_cost.plan_context import fit_plan_context, fit_plan_context_groups, graph_footprint
 from learned_cost.plan_eval import GraphCache, plan_group_design
 from planner.cost import group_io
 from planner.hardware import get_spec
@@ -87,25 +89,32 @@ def plan_features(row: dict, graph, times: list[float], l2_bytes: float) -> list
     ]
 
 
-def group_factor_cv(plans: list, graphs: GraphCache, spec) -> np.ndarray:
+def group_factor_cv(plans: list, graphs: GraphCache, spec, *, footprint: bool) -> np.ndarray:
     """Each plan's groups' measured latencies through the in-plan factor of
-    learned_cost.plan_context (f(G) on the groups' features), fitted by graph (5 folds)."""
+    learned_cost.plan_context (f(G) on the groups' features, and with `footprint` on their
+    graph's footprint against the L2), fitted by graph (5 folds)."""
     from sklearn.model_selection import GroupKFold
 
-    lats, feats = [], []
+    lats, feats, fps = [], [], []
     for row, _, ts in plans:
         graph = graphs.get(row)
         groups = [g for g in json.loads(row["nodes"]) if group_io(graph, g).n_kernels]
         X, _ = plan_group_design(graph, groups, spec, normalize_dtype(str(row["dtype"])))
         lats.append(np.array(ts))
         feats.append(X if len(X) == len(ts) else None)  # None: that plan's factor is 1
+        fps.append(graph_footprint(graph, spec))
     m = np.array([m for _, m, _ in plans])
     keys = np.array([r["graph_key"] for r, _, _ in plans])
     pred = np.zeros(len(plans))
     for train, test in GroupKFold(5).split(m, m, keys):
-        ctx = fit_plan_context_groups([lats[i] for i in train], [feats[i] for i in train], m[train])
+        ctx = fit_plan_context_groups(
+            [lats[i] for i in train],
+            [feats[i] for i in train],
+            m[train],
+            footprints=[fps[i] for i in train] if footprint else None,
+        )
         for i in test:
-            pred[i] = ctx.apply_sum(lats[i], feats[i])
+            pred[i] = ctx.apply_sum(lats[i], feats[i], fps[i] if footprint else None)
     return pred
 
 
@@ -149,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.residual:
         l2 = float(get_spec(args.device).l2_bytes)
         preds.append(("plan-level trees", residual_cv(plans, graphs, l2)))
-        preds.append(("in-plan factor", group_factor_cv(plans, graphs, get_spec(args.device))))
+        spec = get_spec(args.device)
+        preds.append(("in-plan factor", group_factor_cv(plans, graphs, spec, footprint=False)))
+        preds.append(("+ graph footprint", group_factor_cv(plans, graphs, spec, footprint=True)))
     for label, pred in preds:
         e = np.abs(pred / measured - 1)
         print(f"  {label:18s} error: mean {100 * e.mean():.1f}%, median {100 * np.median(e):.1f}%")

@@ -33,7 +33,7 @@ from learned_cost.mlp import CorrectionMLP
 from learned_cost.online import Observation, OnlineBias, UpdateReport
 from learned_cost.persist import ModelMeta, load_model, save_model, spec_from_figures
 from learned_cost.plan_context import FLOOR as PLAN_FLOOR
-from learned_cost.plan_context import PlanContext
+from learned_cost.plan_context import PlanContext, graph_footprint
 from planner.cost import CostModel, GroupCost
 from planner.errors import CostModelError
 from planner.features import group_descriptor
@@ -96,15 +96,17 @@ class CorrectedModel:
         self.plan_context = plan_context or PlanContext()
         self._lock = threading.RLock()
         self._dtypes: dict[str, str] = {}  # graph.key -> compute dtype (scanning costs ~20 us)
+        self._footprints: dict[str, float] = {}  # graph.key -> plan_context.graph_footprint
 
     def __repr__(self) -> str:
         return f"CorrectedModel({self.spec.name}, {self.model_id}, bias={self.online.bias:+.3f})"
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickles (into compile workers, say) without its lock and dtype cache."""
+        """Pickles (into compile workers, say) without its lock and per-graph caches."""
         state = dict(self.__dict__)
         del state["_lock"]
         state["_dtypes"] = {}
+        state["_footprints"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -143,9 +145,16 @@ class CorrectedModel:
         )
         with self._lock:
             r = self.mlp.predict(X) + self.online.bias
+        footprint = None
+        if self.plan_context.needs_footprint:
+            footprint = self._footprints.get(graph.key)
+            if footprint is None:
+                footprint = self._footprints.setdefault(
+                    graph.key, graph_footprint(graph, self.spec)
+                )
         # every work group has latency > 0: in_plan is apply for the whole batch at once
         lats = self.plan_context.in_plan(
-            np.array([bases[i].latency_s for i in work]) * np.exp(r), X
+            np.array([bases[i].latency_s for i in work]) * np.exp(r), X, footprint
         )
         out = list(bases)
         for i, lat in zip(work, lats.tolist()):

@@ -9,21 +9,24 @@ of its groups' alone-latencies. The calibration learned from plan rows is
     plan latency = sum over work groups of C_in_plan(G) + per_plan_s
 
 with f(G) = exp(w . z(G)) on the group's standardized features, fitted where there are
-enough plans (`fit_plan_context_groups`; f = 1 in the sums-only `fit_plan_context`),
-all fitted on relative error with a Huber loss, so a few plans timed while the machine
-was busy do not drag it. `per_group_s` is what one
-more group costs in a plan beyond its own time (negative where CUDA graphs hide launches):
-it is the part that changes which plan ranks first. `per_plan_s` is the executor's fixed
-cost per call; it is the same for every plan of a graph, so it is left out of group costs
-(and of the planner's objective) and added only where a whole plan's latency is predicted.
+enough plans (`fit_plan_context_groups`; f = 1 in the sums-only `fit_plan_context`), all
+fitted on relative error with a Huber loss, so a few plans timed while the machine was
+busy do not drag it. Given each plan's graph footprint, z(G) also has three columns of
+the graph as a whole (GRAPH_FEATURES): a group whose tensors fit the L2 when it is
+replayed alone keeps them there inside a plan only while the whole graph's tensors fit
+too. The graph is the same for every plan of it, so f(G) is still a cost of the group
+once its graph is known, and the planner's objective stays a sum over groups.
+`per_group_s` is what one more group costs in a plan beyond its own time (negative where
+CUDA graphs hide launches): it is the part that changes which plan ranks first.
+`per_plan_s` is the executor's fixed cost per call; it is the same for every plan of a
+graph, so it is left out of group costs (and of the planner's objective) and added only
+where a whole plan's latency is predicted.
 
-How far from additive the data are, with the groups' *measured* latencies, is printed by
-`python benchmarks/plan_additivity.py DATA`. On the H100 (collector version 3: groups and
-plans both timed as kernels in one CUDA graph) the plain sum is within 4.4% on average;
-scale and intercepts change little, and f(G) takes it to about 3.5% (`--residual` there
-fits a plan-level model too, which does about as well: 3.4%); where plan rows time whole
-calls from the host (the CPU data, the `call_median_s` column) the form takes out the
-host's per-call cost.
+How far from additive the data are, with the groups' *measured* latencies, and how much
+of that each form takes out, is printed by `python benchmarks/plan_additivity.py DATA
+--residual` (the H100 figures are in data/README.md). Where plan rows time whole calls
+from the host (the CPU data, the `call_median_s` column) the form takes out the host's
+per-call cost.
 """
 
 from __future__ import annotations
@@ -35,9 +38,49 @@ from typing import Any
 
 import numpy as np
 
+from learned_cost.features import FEATURE_NAMES
+from planner.hardware import DeviceSpec
+from planner.ir import OpGraph
+
 FLOOR = 0.2  # a group in a plan never costs less than this fraction of its alone-latency
 LOG_CAP = math.log(3.0)  # the feature-dependent factor stays within 1/3x..3x
 MIN_PLANS_FOR_WEIGHTS = 50  # fewer plans: scale and intercepts only
+
+# Columns of the graph as a whole that the in-plan factor may read besides the group's own
+# features, in this order, from the graph's footprint a = log10(its tensors' bytes / L2):
+GRAPH_FEATURES = (
+    "graph_footprint_over_l2",  # a
+    "fits_alone_x_graph_over_l2",  # fits alone * max(a, 0): how far the graph overflows
+    "fits_alone_and_graph_over_l2",  # fits alone * (a > 0)
+)
+# "fits alone": the group's boundary bytes are below the L2 size (its features say so).
+_WORKING_SET = FEATURE_NAMES.index("working_set_over_l2")
+
+
+def graph_footprint(graph: OpGraph, spec: DeviceSpec) -> float:
+    """log10 of the bytes of all the graph's tensors (a view counted once, as its root)
+    over the device's L2 size: above 0, a plan replayed back to back cannot keep the
+    whole graph in L2, whatever groups it makes."""
+    total = sum(t.nbytes for t in graph.tensors if t.alias_of is None)
+    return math.log10(max(total, 1) / max(spec.l2_bytes, 1))
+
+
+def with_graph_features(X: np.ndarray, footprint: float) -> np.ndarray:
+    """Group features (rows of X, learned_cost.features order) with GRAPH_FEATURES
+    appended for a graph of footprint `footprint` (graph_footprint)."""
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] != len(FEATURE_NAMES):
+        raise ValueError(
+            f"group features of shape {X.shape}: want (n, {len(FEATURE_NAMES)}) "
+            "(learned_cost.features.FEATURE_NAMES)"
+        )
+    if not math.isfinite(footprint):
+        raise ValueError(f"graph footprint must be finite, got {footprint}")
+    fits = (X[:, _WORKING_SET] < 0).astype(np.float64)
+    n = len(X)
+    return np.column_stack(
+        [X, np.full(n, footprint), fits * max(footprint, 0.0), fits * float(footprint > 0)]
+    )
 
 
 @dataclass(frozen=True)
@@ -52,34 +95,68 @@ class PlanContext:
     weights: tuple[float, ...] = ()
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
+    # GRAPH_FEATURES where the weights also cover those columns of the group's graph (the
+    # callers then pass its `footprint`); () for a context fitted without them
+    graph_features: tuple[str, ...] = ()
 
-    def factors(self, X: np.ndarray | None, n: int) -> np.ndarray:
-        """The in-plan factor of each of `n` groups (rows of X); 1 without weights."""
+    @property
+    def needs_footprint(self) -> bool:
+        return bool(self.weights and self.graph_features)
+
+    def factors(self, X: np.ndarray | None, n: int, footprint: float | None = None) -> np.ndarray:
+        """The in-plan factor of each of `n` groups (rows of X; `footprint`: their graph's,
+        graph_footprint, which a context with graph features needs); 1 without weights."""
         if not self.weights or X is None or not n:
             return np.ones(n)
         X = np.asarray(X, dtype=np.float64).reshape(n, -1)
+        if self.graph_features:
+            if self.graph_features != GRAPH_FEATURES:
+                raise ValueError(
+                    f"plan context fitted on graph features {list(self.graph_features)}; "
+                    f"this version knows {list(GRAPH_FEATURES)}: refit it"
+                )
+            if footprint is None:
+                raise ValueError(
+                    "this plan context reads the graph's footprint: pass footprint="
+                    "graph_footprint(graph, spec)"
+                )
+            X = with_graph_features(X, footprint)
         if X.shape[1] != len(self.weights):
             raise ValueError(f"{X.shape[1]} features for {len(self.weights)} weights")
         z = (X - np.array(self.mean)) / np.array(self.std)
         return np.exp(np.clip(z @ np.array(self.weights), -LOG_CAP, LOG_CAP))
 
-    def in_plan(self, latencies_s: Sequence[float], X: np.ndarray | None = None) -> np.ndarray:
+    def in_plan(
+        self,
+        latencies_s: Sequence[float],
+        X: np.ndarray | None = None,
+        footprint: float | None = None,
+    ) -> np.ndarray:
         """Each work group's cost in a plan from its cost alone (and its features, rows of
-        X): the per-group term of `apply_sum`, for a batch of groups at once."""
+        X, and its graph's footprint): the per-group term of `apply_sum`, for a batch of
+        groups at once."""
         lat = np.asarray(latencies_s, dtype=np.float64)
-        f = self.factors(X, len(lat))
+        f = self.factors(X, len(lat), footprint)
         return np.maximum(self.scale * lat * f + self.per_group_s, FLOOR * lat)
 
-    def apply(self, latency_s: float, x: np.ndarray | None = None) -> float:
+    def apply(
+        self, latency_s: float, x: np.ndarray | None = None, footprint: float | None = None
+    ) -> float:
         """A group's cost in a plan from its cost alone (and its features `x`)."""
         if latency_s <= 0:
             return latency_s
-        return float(self.in_plan([latency_s], None if x is None else [x])[0])
+        return float(self.in_plan([latency_s], None if x is None else [x], footprint)[0])
 
-    def apply_sum(self, group_latencies_s: np.ndarray, X: np.ndarray | None = None) -> float:
-        """Predicted plan latency from its work groups' latencies (and features X)."""
+    def apply_sum(
+        self,
+        group_latencies_s: np.ndarray,
+        X: np.ndarray | None = None,
+        footprint: float | None = None,
+    ) -> float:
+        """Predicted plan latency from its work groups' latencies (and features X, and
+        their graph's footprint)."""
         lat = np.asarray(group_latencies_s, dtype=np.float64)
-        per_group = self.in_plan(lat, X)
+        per_group = self.in_plan(lat, X, footprint)
         return max(float(per_group.sum()) + self.per_plan_s, FLOOR * float(lat.sum()))
 
     def to_json(self) -> dict[str, Any]:
@@ -92,6 +169,7 @@ class PlanContext:
         data = dict(data)
         for k in ("weights", "mean", "std"):
             data[k] = tuple(float(v) for v in data.get(k, ()))
+        data["graph_features"] = tuple(str(v) for v in data.get("graph_features", ()))
         return cls(**data)
 
 
@@ -132,13 +210,16 @@ def fit_plan_context_groups(
     features: Sequence[np.ndarray],
     measured_s: np.ndarray,
     *,
+    footprints: Sequence[float] | None = None,
     ridge: float = 1.0,
     huber: float = 0.15,
 ) -> PlanContext:
     """Fit measured ~ sum_G (scale * C(G) * exp(w . z(G)) + per_group_s) + per_plan_s,
     z(G) the group's standardized features: what a group costs in a plan beyond its
     alone-latency, by what the group is (an L2-resident GEMM alone whose weights a plan
-    evicts, a small kernel whose launch a CUDA graph hides). Relative error, Huber loss
+    evicts, a small kernel whose launch a CUDA graph hides). With `footprints` (each plan's
+    graph_footprint) z(G) has GRAPH_FEATURES too: whether the graph as a whole fits the
+    L2 decides whether such a GEMM keeps its weights there. Relative error, Huber loss
     (as `fit_plan_context`), a ridge penalty on w. The factor is per group, so the
     planner's additive objective can use it. Fewer than MIN_PLANS_FOR_WEIGHTS plans: the
     sums-only fit."""
@@ -156,9 +237,14 @@ def fit_plan_context_groups(
     ]
     if len(keep) < MIN_PLANS_FOR_WEIGHTS:
         return base
-    Z = np.vstack(
-        [np.asarray(features[i], dtype=np.float64).reshape(len(lat[i]), -1) for i in keep]
-    )
+    if footprints is not None and len(footprints) != len(lat):
+        raise ValueError(f"{len(footprints)} footprints for {len(lat)} plans")
+
+    def design(i: int) -> np.ndarray:
+        X = np.asarray(features[i], dtype=np.float64).reshape(len(lat[i]), -1)
+        return X if footprints is None else with_graph_features(X, float(footprints[i]))
+
+    Z = np.vstack([design(i) for i in keep])
     t = np.concatenate([lat[i] for i in keep])
     plan_of = np.repeat(np.arange(len(keep)), [len(lat[i]) for i in keep])
     n_groups = np.bincount(plan_of).astype(np.float64)
@@ -187,4 +273,5 @@ def fit_plan_context_groups(
         weights=tuple(float(w) for w in p[3:]),
         mean=tuple(float(v) for v in mean),
         std=tuple(float(v) for v in std),
+        graph_features=GRAPH_FEATURES if footprints is not None else (),
     )

@@ -23,7 +23,12 @@ from learned_cost.corrected import default_realization
 from learned_cost.data import DESC_PREFIX, plan_groups
 from learned_cost.evaluate import CVResult, PlanMetrics, ape, plan_metrics
 from learned_cost.features import analytical_parts, feature_vector, normalize_dtype
-from learned_cost.plan_context import PlanContext, fit_plan_context, fit_plan_context_groups
+from learned_cost.plan_context import (
+    PlanContext,
+    fit_plan_context,
+    fit_plan_context_groups,
+    graph_footprint,
+)
 from planner import modelspec
 from planner.capture import capture
 from planner.errors import FusionPlannerError
@@ -153,6 +158,7 @@ def evaluate_plans(
     # lat[name][k][i]: predicted latency of each work group of plan i under fold k's model
     lat: dict[str, list[list[np.ndarray]]] = {n: [[] for _ in range(n_folds)] for n in names}
     feats: list[np.ndarray] = []  # each plan's work groups' features (the in-plan factor)
+    footprints: list[float] = []  # each plan's graph's (plan_context.graph_footprint)
     skipped = 0
     for r in plan_rows:
         graph = graphs.get(r)
@@ -161,11 +167,13 @@ def evaluate_plans(
             continue
         dtype = normalize_dtype(str(r["dtype"]))
         reals = json.loads(r["realizations"]) if r.get("realizations") else None
-        X, an = plan_group_design(graph, plan_groups(r), spec_for(str(r["device"])), dtype, reals)
+        spec = spec_for(str(r["device"]))
+        X, an = plan_group_design(graph, plan_groups(r), spec, dtype, reals)
         for k, models in enumerate(cv.fitted):
             for name, est in models.items():
                 lat[name][k].append(an * np.exp(est.predict(X)) if len(an) else an)
         feats.append(X)
+        footprints.append(graph_footprint(graph, spec))
         ids.append(f"{r.get('graph_key')}|{dtype}")
         measured.append(float(r["measured_median_s"]))
         own_fold.append(cv.fold_for(str(r.get(cv.split))))
@@ -185,10 +193,15 @@ def evaluate_plans(
                     m[train],
                 )
             else:
-                ctx = fit_plan_context_groups(train_lat, [feats[i] for i in train], m[train])
+                ctx = fit_plan_context_groups(
+                    train_lat,
+                    [feats[i] for i in train],
+                    m[train],
+                    footprints=[footprints[i] for i in train],
+                )
             ctxs.append(ctx)
             for i in np.flatnonzero(fold == k):
                 raw[i] = lat[name][k][i].sum()
-                pred[i] = ctx.apply_sum(lat[name][k][i], feats[i])
+                pred[i] = ctx.apply_sum(lat[name][k][i], feats[i], footprints[i])
         predicted[name], sums[name], contexts[name] = pred, raw, ctxs
     return PlanEval(tuple(ids), m, predicted, sums, contexts, skipped)

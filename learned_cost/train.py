@@ -41,7 +41,7 @@ from learned_cost.evaluate import (
 from learned_cost.features import design_matrix, normalize_dtype
 from learned_cost.mlp import FORMS, CorrectionMLP
 from learned_cost.persist import ModelMeta, save_model
-from learned_cost.plan_context import PlanContext, fit_plan_context_groups
+from learned_cost.plan_context import PlanContext, fit_plan_context_groups, graph_footprint
 from learned_cost.plan_eval import (
     GraphCache,
     PlanEval,
@@ -177,7 +177,7 @@ def fit_final_context(
     profiles: Profiles, final: CorrectionMLP, spec: DeviceSpec, graphs: GraphCache
 ) -> PlanContext:
     """The plan calibration of the final model, from all plan rows (plan_context.py)."""
-    lats, feats, measured = [], [], []
+    lats, feats, measured, footprints = [], [], [], []
     for r in plan_rows(profiles, device=spec.name):
         graph = graphs.get(r)
         if graph is None:
@@ -188,7 +188,8 @@ def fit_final_context(
         lats.append(an * np.exp(final.predict(X)) if len(an) else an)
         feats.append(X)
         measured.append(float(r["measured_median_s"]))
-    return fit_plan_context_groups(lats, feats, np.array(measured))
+        footprints.append(graph_footprint(graph, spec))
+    return fit_plan_context_groups(lats, feats, np.array(measured), footprints=footprints)
 
 
 def metrics_record(run: EvalRun, form: str, final: CorrectionMLP) -> dict:

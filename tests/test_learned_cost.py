@@ -468,3 +468,36 @@ def test_learned_cost_imports_no_optuna_or_sklearn():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_planner_passes_each_graphs_footprint_to_the_in_plan_factor(fitted, spec, tmp_path):
+    """A context whose factor reads the graph's footprint (exp(0.1 footprint), here) scales
+    every work group of that graph by it; the saved model keeps the graph features."""
+    from learned_cost.plan_context import GRAPH_FEATURES, PlanContext, graph_footprint
+
+    g = graph("zoo:mlp", "B=2,D=16,HID=32,L=1")
+    groups = [frozenset({i}) for i in range(len(g.nodes))]
+    plain = CorrectedModel(AnalyticalModel(spec), fitted)
+    n = len(FEATURE_NAMES) + len(GRAPH_FEATURES)
+    w = [0.0] * n
+    w[len(FEATURE_NAMES)] = 0.1  # graph_footprint_over_l2
+    ctx = PlanContext(
+        weights=tuple(w),
+        mean=(0.0,) * n,
+        std=(1.0,) * n,
+        n_plans=99,
+        graph_features=GRAPH_FEATURES,
+    )
+    a = graph_footprint(g, spec)
+    assert a < 0  # a toy MLP fits any L2
+    model = CorrectedModel(AnalyticalModel(spec), fitted, plan_context=ctx)
+    work = 0
+    for x, y in zip(plain.group_costs(g, groups), model.group_costs(g, groups)):
+        if x.latency_s > 0:
+            work += 1
+            assert y.latency_s == pytest.approx(x.latency_s * math.exp(0.1 * a))
+    assert work >= 2
+    model.save(tmp_path / "m.json")
+    loaded = load_corrected(str(tmp_path / "m.json"), spec.name)
+    assert loaded.plan_context == ctx and loaded.plan_context.needs_footprint
+    assert loaded.plan_cost_s(g, groups) == pytest.approx(model.plan_cost_s(g, groups))

@@ -130,6 +130,58 @@ def test_in_plan_factor_learns_which_groups_cost_more_in_a_plan():
         ctx.apply(1e-5, np.ones(5))
 
 
+def test_in_plan_factor_reads_whether_the_whole_graph_fits_the_l2():
+    """Groups that fit the L2 alone run 1.4x slower in a plan only where their graph's
+    tensors do not fit too (the plan evicts them): the groups' own features cannot tell
+    those plans apart, the graph footprint can. A context fitted with it needs it back."""
+    from learned_cost.features import FEATURE_NAMES
+    from learned_cost.plan_context import GRAPH_FEATURES, fit_plan_context_groups
+
+    ws = FEATURE_NAMES.index("working_set_over_l2")
+    rng = np.random.default_rng(1)
+    lats, feats, fps, measured = [], [], [], []
+    for _ in range(150):
+        n = int(rng.integers(2, 8))
+        t = rng.uniform(5e-6, 2e-4, n)
+        X = rng.normal(size=(n, len(FEATURE_NAMES)))
+        X[:, ws] = rng.uniform(-1.5, 0.5, n)  # log10(bytes / L2): below 0 fits alone
+        a = float(rng.uniform(-1.0, 1.0))  # the graph's footprint
+        slow = (X[:, ws] < 0) & (a > 0)
+        lats.append(t)
+        feats.append(X)
+        fps.append(a)
+        measured.append((t * np.where(slow, 1.4, 1.0)).sum() * rng.normal(1, 0.01))
+    m = np.array(measured)
+    alone = fit_plan_context_groups(lats, feats, m)
+    ctx = fit_plan_context_groups(lats, feats, m, footprints=fps)
+    assert ctx.graph_features == GRAPH_FEATURES and alone.graph_features == ()
+    assert len(ctx.weights) == len(FEATURE_NAMES) + len(GRAPH_FEATURES)
+
+    def err(c: PlanContext, with_fp: bool) -> float:
+        return np.mean(
+            [
+                abs(c.apply_sum(t, X, a if with_fp else None) / mi - 1)
+                for t, X, a, mi in zip(lats, feats, fps, m)
+            ]
+        )
+
+    assert err(ctx, True) < 0.03 < err(alone, False)
+    again = PlanContext.from_json(json.loads(json.dumps(ctx.to_json())))
+    assert again == ctx and again.needs_footprint
+    t, X, a = lats[0], feats[0], fps[0]
+    assert ctx.apply_sum(t, X, a) == pytest.approx(
+        sum(ctx.apply(ti, xi, a) for ti, xi in zip(t, X)) + ctx.per_plan_s
+    )
+    with pytest.raises(ValueError, match="footprint"):
+        ctx.apply_sum(t, X)
+    with pytest.raises(ValueError, match="refit"):
+        PlanContext.from_json({**ctx.to_json(), "graph_features": ["something_else"]}).apply(
+            t[0], X[0], a
+        )
+    with pytest.raises(ValueError, match="footprints for"):
+        fit_plan_context_groups(lats, feats, m, footprints=fps[:-1])
+
+
 def test_repeatability_predicts_each_twin_by_the_others(rows):
     """Identical groups measured again (another graph, another time) are the noise floor:
     each is predicted by the median of its twins; groups without a twin are left out."""
