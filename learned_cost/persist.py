@@ -3,8 +3,9 @@
 A saved model is two files side by side: `<name>.json` (metadata: feature schema, device,
 the device figures the analytical base used, torch version, metrics, data hash, the
 command that trained it) and `<name>.npz` (named float arrays, read with
-allow_pickle=False). Its `model_id` is a digest of both, so a plan made under it names
-exactly these weights.
+allow_pickle=False). Its `model_id` is a digest of both (the weights, the settings, the
+feature schema, the device figures and the plan context: everything a group's cost
+depends on), so a plan made under it names exactly this model.
 
 The device figures are saved because the target was ln(measured / analytical) under
 those figures: a later `device-bench` that changes the local peaks must not shift the
@@ -97,6 +98,21 @@ def spec_from_figures(figures: dict[str, Any]) -> DeviceSpec:
         raise CostModelError(f"saved device figures do not parse ({e}); retrain the model") from e
 
 
+def _digest_core(
+    params: dict[str, Any],
+    schema: str,
+    figures: dict[str, Any],
+    plan_context: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What the model_id digests besides the arrays. The plan context (the in-plan factor
+    the planner's group costs go through) joined it later: a model saved before names
+    only the rest (`plan_context` None), and still loads under that name."""
+    core = {"params": params, "schema": schema, "figures": figures}
+    if plan_context is not None:
+        core["plan_context"] = plan_context
+    return core
+
+
 def _arrays_digest(arrays: dict[str, np.ndarray], meta_core: dict[str, Any]) -> str:
     h = hashlib.sha256(json.dumps(meta_core, sort_keys=True, default=str).encode())
     for name in sorted(arrays):
@@ -133,7 +149,7 @@ def save_model(
     params = model.get_params()
     params["hidden"] = list(params["hidden"])
     figures = spec_figures(spec)
-    core = {"params": params, "schema": SCHEMA_HASH, "figures": figures}
+    core = _digest_core(params, SCHEMA_HASH, figures, plan_context or {})
     meta = ModelMeta(
         model_id=f"mlp-{model.form}-{_arrays_digest(arrays, core)}",
         form=model.form,
@@ -208,9 +224,16 @@ def load_model(path: str | Path, *, device: str | None = None) -> tuple[Correcti
     except (OSError, ValueError) as e:
         raise CostModelError(f"weights {npz_path} are missing or unreadable ({e})") from e
     model = CorrectionMLP.from_state(meta.params, arrays)
-    core = {"params": meta.params, "schema": meta.feature_schema_hash, "figures": meta.spec_figures}
-    digest = _arrays_digest(model.state_arrays(), core)
-    if not meta.model_id.endswith(digest):
+    arrays = model.state_arrays()
+    digests = [
+        _arrays_digest(
+            arrays,
+            _digest_core(meta.params, meta.feature_schema_hash, meta.spec_figures, context),
+        )
+        for context in (meta.plan_context, None)  # None: saved before the context was in it
+    ]
+    digest = digests[0]
+    if not any(meta.model_id.endswith(d) for d in digests):
         raise CostModelError(
             f"weights in {npz_path} do not match {meta.model_id} (digest {digest}): the files "
             "were changed or mixed up; retrain or restore both together"

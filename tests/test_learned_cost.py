@@ -278,6 +278,29 @@ def test_ensemble_round_trip_and_single_network_key_names(tmp_path, design, spec
     np.testing.assert_allclose(again.predict(design.X), single.predict(design.X), rtol=1e-6)
 
 
+def test_the_model_id_names_the_plan_context_too(tmp_path, fitted, spec):
+    """The planner's group costs go through the plan context, so two saves of one network
+    under different contexts are two models; a context edited in the JSON no longer
+    matches its id; a model saved before the context was digested still loads."""
+    from learned_cost import persist
+
+    a = save_model(fitted, tmp_path / "a.json", spec=spec, plan_context={"scale": 1.0})
+    b = save_model(fitted, tmp_path / "b.json", spec=spec, plan_context={"scale": 1.2})
+    assert a.model_id != b.model_id
+    assert load_model(tmp_path / "b.json")[1].model_id == b.model_id
+    data = json.loads((tmp_path / "b.json").read_text())
+    data["plan_context"]["scale"] = 1.3
+    (tmp_path / "b.json").write_text(json.dumps(data))
+    with pytest.raises(CostModelError, match="do not match"):
+        load_model(tmp_path / "b.json")
+    core = persist._digest_core(
+        data["params"], data["feature_schema_hash"], data["spec_figures"], None
+    )
+    data["model_id"] = f"mlp-{fitted.form}-{persist._arrays_digest(fitted.state_arrays(), core)}"
+    (tmp_path / "b.json").write_text(json.dumps(data))
+    assert load_model(tmp_path / "b.json")[1].model_id == data["model_id"]
+
+
 def test_tampered_weights_are_refused(tmp_path, fitted, design, spec):
     save_model(fitted, tmp_path / "m.json", spec=spec)
     other = CorrectionMLP(**FAST, random_state=9).fit(design.X, design.y)
