@@ -26,6 +26,7 @@ import torch
 
 from learned_cost.features import DTYPES, FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SCHEMA_HASH
 from learned_cost.mlp import CorrectionMLP
+from learned_cost.plan_context import GRAPH_FEATURES
 from planner.errors import CostModelError, DeviceSpecError
 from planner.hardware import TF32, DeviceSpec, get_spec
 
@@ -205,6 +206,12 @@ def check_compatible(meta: ModelMeta, device: str | None = None) -> list[str]:
         )
     if device is not None and device.lower() != meta.device:
         reasons.append(f"trained for device {meta.device!r}, asked for {device!r}")
+    graph_features = tuple((meta.plan_context or {}).get("graph_features") or ())
+    if graph_features and graph_features != GRAPH_FEATURES:
+        reasons.append(
+            f"its plan context reads graph features {list(graph_features)}, this code "
+            f"knows {list(GRAPH_FEATURES)}"
+        )
     return reasons
 
 

@@ -327,6 +327,11 @@ def test_schema_or_device_mismatch_warns_and_falls_back(tmp_path, fitted, spec):
     with pytest.warns(CostModelFallbackWarning, match="feature schema"):
         m = load_corrected(tmp_path / "m.json", "h100")
     assert isinstance(m, AnalyticalModel) and m.spec.name == "h100"
+    # a plan context that reads graph features this code does not compute
+    ctx = {"weights": [0.0], "mean": [0.0], "std": [1.0], "graph_features": ["l3_fill"]}
+    save_model(fitted, tmp_path / "g.json", spec=spec, plan_context=ctx)
+    with pytest.warns(CostModelFallbackWarning, match="graph features"):
+        assert isinstance(load_corrected(tmp_path / "g.json", "h100"), AnalyticalModel)
     # nothing there at all
     with pytest.warns(CostModelFallbackWarning, match="no saved model"):
         assert isinstance(load_corrected(tmp_path / "missing.json", "h100"), AnalyticalModel)
