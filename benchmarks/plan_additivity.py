@@ -89,10 +89,11 @@ def plan_features(row: dict, graph, times: list[float], l2_bytes: float) -> list
     ]
 
 
-def group_factor_cv(plans: list, graphs: GraphCache, spec, *, footprint: bool) -> np.ndarray:
+def group_factor_cv(plans: list, graphs: GraphCache, spec) -> dict[str, np.ndarray]:
     """Each plan's groups' measured latencies through the in-plan factor of
-    learned_cost.plan_context (f(G) on the groups' features, and with `footprint` on their
-    graph's footprint against the L2), fitted by graph (5 folds)."""
+    learned_cost.plan_context, fitted by graph (5 folds): on the groups' features alone
+    ("in-plan factor") and with their graph's footprint against the L2 ("+ graph
+    footprint"), both from one design of the plans."""
     from sklearn.model_selection import GroupKFold
 
     lats, feats, fps = [], [], []
@@ -105,17 +106,20 @@ def group_factor_cv(plans: list, graphs: GraphCache, spec, *, footprint: bool) -
         fps.append(graph_footprint(graph, spec))
     m = np.array([m for _, m, _ in plans])
     keys = np.array([r["graph_key"] for r, _, _ in plans])
-    pred = np.zeros(len(plans))
-    for train, test in GroupKFold(5).split(m, m, keys):
-        ctx = fit_plan_context_groups(
-            [lats[i] for i in train],
-            [feats[i] for i in train],
-            m[train],
-            footprints=[fps[i] for i in train] if footprint else None,
-        )
-        for i in test:
-            pred[i] = ctx.apply_sum(lats[i], feats[i], fps[i] if footprint else None)
-    return pred
+    out = {}
+    for label, footprint in (("in-plan factor", False), ("+ graph footprint", True)):
+        pred = np.zeros(len(plans))
+        for train, test in GroupKFold(5).split(m, m, keys):
+            ctx = fit_plan_context_groups(
+                [lats[i] for i in train],
+                [feats[i] for i in train],
+                m[train],
+                footprints=[fps[i] for i in train] if footprint else None,
+            )
+            for i in test:
+                pred[i] = ctx.apply_sum(lats[i], feats[i], fps[i] if footprint else None)
+        out[label] = pred
+    return out
 
 
 def residual_cv(plans: list, graphs: GraphCache, l2_bytes: float) -> np.ndarray:
@@ -156,11 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     fitted = np.array([ctx.apply_sum(np.array(ts)) for _, _, ts in plans])
     preds = [("plain sum", sums), ("plan-context form", fitted)]
     if args.residual:
-        l2 = float(get_spec(args.device).l2_bytes)
-        preds.append(("plan-level trees", residual_cv(plans, graphs, l2)))
         spec = get_spec(args.device)
-        preds.append(("in-plan factor", group_factor_cv(plans, graphs, spec, footprint=False)))
-        preds.append(("+ graph footprint", group_factor_cv(plans, graphs, spec, footprint=True)))
+        preds.append(("plan-level trees", residual_cv(plans, graphs, float(spec.l2_bytes))))
+        preds.extend(group_factor_cv(plans, graphs, spec).items())
     for label, pred in preds:
         e = np.abs(pred / measured - 1)
         print(f"  {label:18s} error: mean {100 * e.mean():.1f}%, median {100 * np.median(e):.1f}%")

@@ -145,13 +145,9 @@ class CorrectedModel:
         )
         with self._lock:
             r = self.mlp.predict(X) + self.online.bias
-        footprint = None
-        if self.plan_context.needs_footprint:
-            footprint = self._footprints.get(graph.key)
-            if footprint is None:
-                footprint = self._footprints.setdefault(
-                    graph.key, graph_footprint(graph, self.spec)
-                )
+        footprint = self._footprints.get(graph.key)
+        if footprint is None and self.plan_context.needs_footprint:
+            footprint = self._footprints.setdefault(graph.key, graph_footprint(graph, self.spec))
         # every work group has latency > 0: in_plan is apply for the whole batch at once
         lats = self.plan_context.in_plan(
             np.array([bases[i].latency_s for i in work]) * np.exp(r), X, footprint
