@@ -30,7 +30,8 @@ from planner.hardware import get_spec
 from planner.ir import OpGraph
 from planner.objective import Objective
 from planner.randgraph import random_graph
-from search.strategy import Budget, get_strategy
+from search.strategies import get_strategy
+from search.strategy import Budget
 
 ROOT = Path(__file__).resolve().parent.parent
 STRATEGIES = ("greedy", "priority", "exact")

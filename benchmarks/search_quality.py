@@ -52,7 +52,8 @@ from planner.objective import Objective
 from planner.randgraph import random_graph
 from search.encoding import build_encoding
 from search.rl_train import HELD_OUT_SEED, HELD_OUT_ZOO, TRAIN_ZOO
-from search.strategy import Budget, get_strategy
+from search.strategies import get_strategy
+from search.strategy import Budget
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = 30  # "graphs of <= 30 nodes"

@@ -32,7 +32,6 @@ import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from planner.errors import FusionPlannerError
 from planner.group_facts import never_legal_grown
@@ -43,9 +42,7 @@ from planner.opkinds import Kind, kinds
 from planner.partition import Partition, bits
 from planner.patterns import Match, match_all, resolve
 from search.merge_env import MergeEnv, OutOfBudget
-
-if TYPE_CHECKING:  # annotations only (search.strategy imports the strategies using this)
-    from search.strategy import Clock
+from search.strategy import Clock
 
 Link = tuple[int, int]  # (base unit, base unit), lower first
 MODES = ("contested", "all")

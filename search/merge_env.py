@@ -33,16 +33,13 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from planner.ir import OpGraph
 from planner.legality import FusionState, free_mask
 from planner.objective import Objective
 from planner.opkinds import Kind, kinds
 from planner.partition import Partition, bits
-
-if TYPE_CHECKING:  # annotations only: search.strategy imports every strategy, and the
-    from search.strategy import Clock  # tpe/nsga2/rl strategies import this module
+from search.strategy import Clock
 
 Pair = tuple[int, int]
 

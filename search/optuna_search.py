@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from planner.fuse_rules import default_partition
 from planner.ir import OpGraph
@@ -36,9 +36,7 @@ from planner.partition import Partition
 from search.encoding import Encoding, build_encoding
 from search.merge_env import OutOfBudget
 from search.optuna_storage import open_study, require_optuna, signature_of
-
-if TYPE_CHECKING:  # annotations only (search.strategy imports the strategies using this)
-    from search.strategy import Clock
+from search.strategy import Clock
 
 log = logging.getLogger("search.optuna")
 CHOICES = (True, False)  # True first: the categorical index 0 is "as priority"

@@ -21,7 +21,8 @@ from planner.ir import OpGraph
 from planner.objective import Objective
 from planner.partition import Partition
 from search.optuna_storage import run_workers, storage_kind
-from search.strategy import Budget, get_strategy
+from search.strategies import get_strategy
+from search.strategy import Budget
 
 OPTUNA_STRATEGIES = ("tpe", "nsga2")
 

@@ -16,7 +16,8 @@ from planner.ir import OpGraph
 from planner.objective import Objective
 from planner.partition import Partition
 from planner.plan import Plan
-from search.strategy import Budget, get_strategy
+from search.strategies import get_strategy
+from search.strategy import Budget
 
 UNFUSED = "unfused"  # every op alone: the eager baseline as a plan
 

@@ -29,7 +29,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,9 +43,7 @@ from planner.opkinds import Kind, kinds
 from planner.partition import Partition, bits
 from search.encoding import pattern_matches
 from search.merge_env import MergeEnv, OutOfBudget
-
-if TYPE_CHECKING:  # annotations only (search.strategy imports the strategies using this)
-    from search.strategy import Clock
+from search.strategy import Clock
 
 POLICY_DIR = Path(__file__).parent / "policies"
 DEFAULT_POLICY = POLICY_DIR / "fusion_policy"  # .npz (state dict) + .json (metadata)

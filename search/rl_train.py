@@ -29,7 +29,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -43,9 +43,7 @@ from planner.objective import Objective
 from planner.partition import Partition
 from planner.randgraph import random_graph
 from search.rl_policy import Episode, Policy, PolicyNet, log_probs, rollout
-
-if TYPE_CHECKING:  # annotations only (search.strategy imports the strategies using this)
-    from search.strategy import Clock
+from search.strategy import Clock
 
 log = logging.getLogger("search.rl")
 

@@ -17,7 +17,8 @@ from planner.errors import FusionPlannerError
 from planner.ir import OpGraph
 from planner.objective import Objective
 from search.parallel import OPTUNA_STRATEGIES, tune_parallel
-from search.strategy import Budget, SearchResult, get_strategy
+from search.strategies import get_strategy
+from search.strategy import Budget, SearchResult
 
 
 def add_search_options(p: argparse.ArgumentParser) -> None:

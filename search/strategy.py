@@ -16,7 +16,8 @@ registered strategy through it):
   state between calls, so one instance may plan many graphs (not concurrently).
 
 A new strategy is one new file in search/strategies/ with a `@register`ed subclass of
-`Strategy`, and one line in search/strategies/__init__.py.
+`Strategy`, and one line in search/strategies/__init__.py, which holds the table of
+strategies by name (`STRATEGIES`, `get_strategy`). This module imports none of them.
 """
 
 from __future__ import annotations
@@ -143,28 +144,9 @@ class Strategy(abc.ABC):
         )
 
 
-STRATEGIES: dict[str, type[Strategy]] = {}
-
-
 def register(cls: type[Strategy]) -> type[Strategy]:
-    """Class decorator: make a strategy available to `get_strategy` under `cls.name`."""
+    """Class decorator: checks that a strategy names itself; `search.strategies` lists the
+    registered classes and builds the name -> class table from them."""
     if not cls.name:
         raise FusionPlannerError(f"strategy {cls.__name__} has no name")
-    STRATEGIES[cls.name] = cls
     return cls
-
-
-def get_strategy(name: str, **kw: Any) -> Strategy:
-    """An instance of the strategy registered as `name`, with keyword options `kw`."""
-    try:
-        cls = STRATEGIES[name]
-    except KeyError:
-        raise FusionPlannerError(
-            f"unknown strategy {name!r}; known: {', '.join(sorted(STRATEGIES))}"
-        ) from None
-    return cls(**kw)
-
-
-# The implementations register themselves on import. Imported last, so that each of
-# them can import the base class above from this module whichever is imported first.
-import search.strategies  # noqa: E402, F401

@@ -40,7 +40,8 @@ from planner.realize import realize
 from profiling.timer import Timing, measure
 from profiling.verify import verify_against_eager
 from search.parallel import tune_parallel
-from search.strategy import Budget, get_strategy
+from search.strategies import get_strategy
+from search.strategy import Budget
 
 log = logging.getLogger(__name__)
 

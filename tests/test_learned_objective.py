@@ -12,7 +12,8 @@ from learned_cost.mlp import CorrectionMLP
 from planner.hardware import get_spec
 from planner.objective import Objective
 from planner.partition import Partition
-from search.strategy import Budget, get_strategy
+from search.strategies import get_strategy
+from search.strategy import Budget
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from planner.ir import OpGraph
 from planner.objective import Objective, peak_boundary_bytes, realization_of
 from planner.partition import Partition
 from planner.randgraph import GraphBuilder, random_graph
-from search.strategy import get_strategy
+from search.strategies import get_strategy
 from tests.partition_helpers import h100_objective, zoo_graph
 
 M = (1024, 1024)  # fp32: 4 MiB per tensor

@@ -29,8 +29,9 @@ from search.encoding import build_encoding
 from search.merge_env import MergeEnv
 from search.optuna_storage import make_storage, open_study, storage_kind, study_name
 from search.parallel import tune_parallel
+from search.strategies import get_strategy
 from search.strategies.nsga2 import pareto_front
-from search.strategy import Budget, get_strategy
+from search.strategy import Budget
 from tests.partition_helpers import h100_objective, zoo_graph
 from tests.test_cache import pg_server  # noqa: F401  (fixture: a throwaway PostgreSQL)
 
@@ -282,7 +283,7 @@ sys.meta_path.insert(0, Refuse())
 from planner.errors import FusionPlannerError
 from planner.randgraph import random_graph
 from tests.partition_helpers import h100_objective
-from search.strategy import STRATEGIES, get_strategy
+from search.strategies import STRATEGIES, get_strategy
 import search.commands.plan  # the CLI's plan command imports too
 assert {"priority", "tpe", "nsga2", "rl"} <= set(STRATEGIES)
 r = get_strategy("priority").plan(random_graph(40, 1), h100_objective())

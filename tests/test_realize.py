@@ -264,7 +264,8 @@ def test_dynamic_realization_compiled_by_inductor_serves_the_range():
 def test_plans_of_every_strategy_match_eager_on_the_zoo(name):
     from learned_cost.analytical import AnalyticalModel
     from planner.objective import Objective
-    from search.strategy import Budget, get_strategy
+    from search.strategies import get_strategy
+    from search.strategy import Budget
 
     module, inputs, c = build(name)
     objective = Objective(AnalyticalModel("cpu"))

@@ -43,7 +43,8 @@ from search.rl_train import (
     reinforce_step,
     train,
 )
-from search.strategy import Budget, get_strategy
+from search.strategies import get_strategy
+from search.strategy import Budget
 from tests.partition_helpers import h100_objective, zoo_graph
 
 HELD_OUT = [(40, HELD_OUT_SEED + 1), (90, HELD_OUT_SEED + 2), (200, HELD_OUT_SEED + 3)]

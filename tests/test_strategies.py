@@ -18,7 +18,8 @@ from planner.legality import check
 from planner.objective import Objective
 from planner.partition import Partition
 from planner.randgraph import random_graph
-from search.strategy import STRATEGIES, Budget, SearchResult, Strategy, get_strategy
+from search.strategies import STRATEGIES, get_strategy
+from search.strategy import Budget, SearchResult, Strategy
 from tests.partition_helpers import brute_force, h100_objective, zoo_graph
 from tests.test_objective import Broken, FixedModel
 

@@ -11,7 +11,7 @@ import pytest
 from planner.fuse_rules import default_partition
 from planner.legality import check
 from search.cli import main
-from search.strategy import get_strategy
+from search.strategies import get_strategy
 from tests.partition_helpers import group_with, h100_objective, zoo_graph
 
 SEARCHES = ("priority", "exact")

@@ -17,7 +17,7 @@ from profiling.timer import Timing, measure
 from profiling.verify import verify_against_eager
 from search.cli_common import emit, resolve
 from search.planning import make_plan
-from search.strategy import STRATEGIES
+from search.strategies import STRATEGIES
 
 TIMER = {"warmup": 5, "min_reps": 20, "max_reps": 300, "max_seconds": 10.0}
 

@@ -23,7 +23,8 @@ from planner.hardware import get_spec
 from planner.objective import Evaluation, Objective, realization_of
 from search.cli_common import add_model_args, capture_for_planning, emit, resolve
 from search.search_options import add_search_options, run_search
-from search.strategy import STRATEGIES, Budget, SearchResult
+from search.strategies import STRATEGIES
+from search.strategy import Budget, SearchResult
 from search.views import group_rows, render_dot, render_html
 
 

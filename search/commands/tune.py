@@ -12,7 +12,7 @@ from planner.capture import capture
 from planner.hardware import get_spec, local_device_name
 from planner.modelspec import parse_dtype, resolve
 from search.cli_common import emit
-from search.strategy import STRATEGIES
+from search.strategies import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
 
 
