@@ -150,6 +150,31 @@ class CorrectionMLP:
             setattr(self, k, v)
         return self
 
+    # scikit-learn reads these to treat the model as a regressor (is_regressor,
+    # cross_val_score's default scoring, clone, check_is_fitted); it is imported only by
+    # scikit-learn's own callers, never on the serving path.
+    _estimator_type = "regressor"  # what scikit-learn < 1.6 reads
+
+    def __sklearn_tags__(self) -> Any:
+        from sklearn.utils import InputTags, RegressorTags, Tags, TargetTags
+
+        return Tags(
+            estimator_type="regressor",
+            target_tags=TargetTags(required=True, one_d_labels=True),
+            regressor_tags=RegressorTags(),
+            input_tags=InputTags(two_d_array=True),
+        )
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return self.is_fitted
+
+    def score(self, X: np.ndarray, y: np.ndarray) -> float:
+        """R^2 of `predict(X)` against the log-ratios `y` (scikit-learn's regressor score)."""
+        y = np.asarray(y, dtype=np.float64).ravel()
+        resid = float(np.sum((y - self.predict(X)) ** 2))
+        total = float(np.sum((y - y.mean()) ** 2))
+        return 1.0 - resid / total if total > 0 else (1.0 if resid == 0 else 0.0)
+
     def __repr__(self) -> str:
         return (
             f"CorrectionMLP(form={self.form!r}, hidden={self.hidden}, steps={self.steps}, "

@@ -123,6 +123,24 @@ def test_estimator_contract(name, make, design):
     assert pred.shape == (len(design),) and np.isfinite(pred).all()
 
 
+def test_mlp_is_a_scikit_learn_regressor(design):
+    """scikit-learn's own tools take the MLP as a regressor: tags, fitted check, and
+    cross-validation with the default (R^2) scoring through `score`."""
+    from sklearn.base import is_regressor
+    from sklearn.model_selection import cross_val_score
+    from sklearn.utils.validation import check_is_fitted
+
+    est = CorrectionMLP(**FAST)
+    assert is_regressor(est)
+    with pytest.raises(Exception, match="not fitted"):
+        check_is_fitted(est)
+    scores = cross_val_score(est, design.X, design.y, cv=2)
+    assert scores.shape == (2,) and np.isfinite(scores).all()
+    est.fit(design.X, design.y)
+    check_is_fitted(est)
+    assert est.score(design.X, design.y) > 0.5  # it fits its own training rows
+
+
 def test_mlp_is_reproducible_and_refit_replaces(design):
     a = CorrectionMLP(**FAST, random_state=3).fit(design.X, design.y).predict(design.X)
     b = CorrectionMLP(**FAST, random_state=3).fit(design.X, design.y).predict(design.X)
