@@ -381,7 +381,7 @@ class RealizedPlan:
             except Exception as e:  # a kernel that cannot run is a failed realization
                 bad = Mismatch(0, f"run: {type(e).__name__}: {str(e)[:200]}")
             if bad is not None:
-                self._fall_back(unit.group.index, f"mismatch vs eager (group alone): {bad}")
+                self._fall_back(unit.group.index, f"mismatch, group alone: {bad}")
 
     def verify(self, inputs: Sequence[Any]) -> Mismatch | None:
         """Check the plan against eager on `inputs` and repair it (planner.realize_check's
@@ -451,7 +451,10 @@ class RealizedPlan:
                     mid = (lo + hi) // 2
                     m = check(mid)
                     lo, hi, why = (mid, hi, why) if m is None else (lo, mid, m)
-                culprits[live.pop(hi - 1)] = why
+                if hi == 0:  # fails with every group eager after all
+                    return why
+                g = live.pop(hi - 1)
+                culprits[g], self._impls[g] = why, eager[g]
                 hi = len(live)
                 why = check(hi)
         finally:
@@ -459,7 +462,7 @@ class RealizedPlan:
                 self._impls[g] = fn
         n_live = len(planned)
         for g, why in culprits.items():
-            self._fall_back(g, f"mismatch vs eager (whole plan, narrowed to it): {why}")
+            self._fall_back(g, f"mismatch, whole plan narrowed to it: {why}")
         if n_live > 1 and len(culprits) == n_live:
             warnings.warn(
                 f"all {n_live} compiled groups fell back: the plan runs as eager. Please "

@@ -95,12 +95,7 @@ class Mismatch:
     allowed: float = math.nan
 
     def __str__(self) -> str:
-        if not math.isnan(self.plan_err):
-            return (
-                f"output {self.output}: {self.reason} (rms err {self.plan_err:.3g}, eager's "
-                f"{self.eager_err:.3g}, allowed {self.allowed:.3g})"
-            )
-        if math.isnan(self.max_abs_err):
+        if math.isnan(self.max_abs_err) or not math.isnan(self.plan_err):
             return f"output {self.output}: {self.reason}"
         return (
             f"output {self.output}: {self.reason} (max abs err {self.max_abs_err:.3g}, "
@@ -186,8 +181,8 @@ def _compare_to_reference(
         return None
     return Mismatch(
         index,
-        f"further from the {str(high.dtype)[6:]} reference than {mult:g}x eager "
-        f"+ {FLOOR_ULPS:g} ulp",
+        f"rms err {plan_err:.3g} vs {str(high.dtype)[6:]} > {mult:g}x eager's "
+        f"{eager_err:.3g} + {FLOOR_ULPS:g} ulp = {allowed:.3g}",
         sums.max_abs,
         plan_err=plan_err,
         eager_err=eager_err,
@@ -387,15 +382,19 @@ class _HighPrecision(fx.Interpreter):
 
 
 def run_in_high_precision(
-    gm: fx.GraphModule, args: Sequence[Any], model_dtype: torch.dtype | str | None
+    gm: fx.GraphModule,
+    args: Sequence[Any],
+    model_dtype: torch.dtype | str | None,
+    dtype: torch.dtype | None = None,
 ) -> HighRun:
     """Run the aten program `gm` on `args` (its placeholders in order: parameters and
-    inputs in the model's precision) in `reference_dtype(model_dtype)`: floating inputs
-    and parameters upcast on their device, integer and bool inputs unchanged, float casts
-    and factory dtypes inside the program raised too (a cast to bf16 would otherwise round
-    the reference). Ops without support for that precision run lower (noted). Never
-    raises: a program that cannot run gives no reference (the fixed table then decides)."""
-    dtype = reference_dtype(model_dtype)
+    inputs in the model's precision) in `dtype` (default `reference_dtype(model_dtype)`):
+    floating inputs and parameters upcast on their device, integer and bool inputs
+    unchanged, float casts and factory dtypes inside the program raised too (a cast to
+    bf16 would otherwise round the reference). Ops without support for that precision
+    run lower (noted). Never raises: a program that cannot run gives no reference (the
+    fixed table then decides)."""
+    dtype = dtype or reference_dtype(model_dtype)
     if dtype is None:
         return HighRun(None, None, f"no precision above {model_dtype}")
     interp = _HighPrecision(gm, dtype)
