@@ -49,7 +49,7 @@ from planner.errors import PlanError
 from planner.ir import OpGraph
 from planner.partition import Partition
 from planner.plan import REALIZATIONS, Plan
-from planner.realize_check import Mismatch, compare_outputs, run_in_high_precision
+from planner.realize_check import HighRun, Mismatch, compare_outputs, run_in_high_precision
 from planner.realize_graph import (
     GroupGraph,
     ProgramParts,
@@ -348,6 +348,18 @@ class RealizedPlan:
             if n.op == "placeholder"
         ]
 
+    def high_reference(self, inputs: Sequence[Any]) -> HighRun:
+        """The user outputs of the exported program run in high precision on `inputs`
+        (planner.realize_check.run_in_high_precision); buffer updates left out."""
+        high = run_in_high_precision(
+            self._parts.gm, self._program_args(inputs), self._compute_dtype()
+        )
+        if high.values is None:
+            return high
+        kinds = [s.kind.name for s in self.captured.program.graph_signature.output_specs]
+        user = [v for v, k in zip(high.values, kinds) if k == "USER_OUTPUT"]
+        return dataclasses.replace(high, values=user)
+
     def check_groups(self, ref: dict[str, Any], bound: dict[Any, int] | None = None) -> None:
         """Each non-eager group on eager's values of its inputs (in the layouts the unit was
         made for) vs eager's values of its outputs, judged against the group's own ops run
@@ -390,8 +402,7 @@ class RealizedPlan:
         (`_localize`) and only those fall back. Returns what still disagrees (None when
         the plan is verified). The runtime may call it on real inputs at any time."""
         ref, expected = reference_values(self._parts, inputs)
-        dtype = self._compute_dtype()
-        high = run_in_high_precision(self._parts.gm, self._program_args(inputs), dtype)
+        high = self.high_reference(inputs)
         self.reference = high.describe()
         before = set(self.fallbacks)
         self.check_groups(ref, layout.bindings(user_input_fakes(self._parts), inputs))

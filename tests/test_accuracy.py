@@ -70,7 +70,14 @@ def gpt2_bf16():
     """GPT-2 (two layers) in bf16 with biases drawn as trained ones are (HF zeroes them)."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64, use_cache=False
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=256,
+        n_positions=64,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     torch.manual_seed(0)
     model = transformers.GPT2Model(cfg).eval()
@@ -174,7 +181,7 @@ def test_correct_bf16_llama_plan_passes_where_the_fixed_tolerance_failed():
     for _ in range(3):
         ids = fresh_inputs(inputs, gen)
         want, got = eager(module, ids), r(*ids)
-        high = run_in_high_precision(r._parts.gm, r._program_args(ids), torch.bfloat16)
+        high = r.high_reference(ids)
         assert compare_outputs([want], [got], torch.bfloat16, high=high.values) is None
         old_rule_failures += compare_outputs([want], [got], torch.bfloat16) is not None
     assert old_rule_failures >= 1
@@ -193,7 +200,7 @@ def test_a_wrong_attention_kernel_falls_back_alone(how):
     assert "vs float64 >" in r.fallbacks[bad_group]
     assert sum(x != "eager" for x in r.realizations) >= len(p) - 2  # the rest as planned
     assert r.verified and r._whole_fallback is None
-    high = run_in_high_precision(r._parts.gm, r._program_args(inputs), torch.bfloat16)
+    high = r.high_reference(inputs)
     assert compare_outputs([eager(module, inputs)], [r(*inputs)], high=high.values) is None
 
 
@@ -227,8 +234,41 @@ def test_bisection_narrows_a_whole_plan_mismatch_to_the_wrong_groups(monkeypatch
         r = realize(c, p, realizations="inductor", compiler=compile_group)
     assert set(r.fallbacks) == bad and r.verified and r._whole_fallback is None
     assert all("whole plan narrowed to it" in r.fallbacks[g] for g in bad)
-    high = run_in_high_precision(r._parts.gm, r._program_args(inputs), torch.bfloat16)
+    high = r.high_reference(inputs)
     assert compare_outputs([eager(module, inputs)], [r(*inputs)], high=high.values) is None
+
+
+class CountsCalls(torch.nn.Module):
+    """A model that updates a buffer: the program's outputs hold the update first."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+        self.register_buffer("seen", torch.zeros(32))
+
+    def forward(self, x):
+        self.seen.add_(x.sum(0))
+        return torch.relu(self.lin(x)) * 2
+
+
+def test_a_two_percent_error_inside_the_old_bf16_table_is_caught_past_buffer_updates():
+    torch.manual_seed(0)
+    module = CountsCalls().to(torch.bfloat16)
+    x = torch.randn(64, 32, dtype=torch.bfloat16)
+    c = export_model(module, (x,))
+    assert c.program.graph_signature.output_specs[0].kind.name == "BUFFER_MUTATION"
+    whole = Partition.from_groups(c.graph, [list(range(len(c.graph)))])
+
+    def two_percent_off(gm, fakes, fake_mode):
+        return lambda *a: [t * 1.02 for t in gm.forward(*a)]
+
+    with pytest.warns(RealizeWarning, match="mismatch"):
+        r = realize(c, whole, realizations="inductor", compiler=two_percent_off)
+    assert list(r.fallbacks) == [0] and r.reference == "float64 reference"
+    assert len(r.high_reference((x,)).values) == 1  # the user output, not the update
+    with torch.no_grad():
+        want = module.lin(x).relu() * 2
+    assert compare_outputs([want], [want * 1.02], torch.bfloat16) is None  # the old table
 
 
 # ---- fresh inputs --------------------------------------------------------------------------
