@@ -49,7 +49,7 @@ from planner.errors import PlanError
 from planner.ir import OpGraph
 from planner.partition import Partition
 from planner.plan import REALIZATIONS, Plan
-from planner.realize_check import HighRun, Mismatch, compare_outputs, run_in_high_precision
+from planner.realize_check import Mismatch, compare_outputs
 from planner.realize_graph import (
     GroupGraph,
     ProgramParts,
@@ -59,6 +59,7 @@ from planner.realize_graph import (
     take_apart,
     user_input_fakes,
 )
+from planner.realize_reference import HighRun, run_in_high_precision
 from planner.realize_units import (
     GroupReport,
     GroupUnit,

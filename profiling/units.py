@@ -28,9 +28,10 @@ from planner import modelspec
 from planner.capture import Captured, export_model
 from planner.partition import Partition
 from planner.realize import GroupCompiler, inductor_compiler, realize
-from planner.realize_check import compare_outputs, run_in_high_precision
+from planner.realize_check import compare_outputs
 from planner.realize_graph import ProgramParts, group_graphs, take_apart
 from planner.realize_patterns import choose_realization
+from planner.realize_reference import run_in_high_precision
 from planner.realize_units import GroupUnit, fake_mode_of, prepare_unit, reference_values
 from profiling.timer import Timing, measure, measure_in_graph
 

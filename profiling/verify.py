@@ -23,15 +23,14 @@ from planner.realize_check import (
     LOW_PRECISION_MULTIPLIER,
     MULTIPLIER,
     TOLERANCES,
-    HighRun,
     Mismatch,
     Tolerance,
     compare_outputs,
     fresh_inputs,
-    run_module_in_high_precision,
     short_reason,
     tolerance_for,
 )
+from planner.realize_reference import HighRun, run_module_in_high_precision
 
 __all__ = [
     "TOLERANCES",

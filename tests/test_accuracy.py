@@ -20,13 +20,8 @@ from planner import zoo
 from planner.capture import export_model
 from planner.partition import Partition
 from planner.realize import RealizedPlan, RealizeWarning, realize
-from planner.realize_check import (
-    compare_outputs,
-    compare_tensor,
-    fresh_inputs,
-    reference_dtype,
-    run_in_high_precision,
-)
+from planner.realize_check import compare_outputs, compare_tensor, fresh_inputs
+from planner.realize_reference import reference_dtype, run_in_high_precision
 from profiling.verify import verify_against_eager
 
 aten = torch.ops.aten
