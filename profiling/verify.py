@@ -100,24 +100,40 @@ def verify_against_eager(
     dtype = _model_dtype(eager, inputs)
     name = str(dtype).removeprefix("torch.")
     reference = ""
+    done = 0
     for t in range(trials):
         args = fresh_inputs(inputs, gen) if t else tuple(inputs)
-        if isinstance(realized, RealizedPlan):
-            bad = realized.verify(args)
-            reference = realized.reference
-        else:
-            with torch.no_grad():
-                want, got = eager(*args), realized(*args)
-            high = (
-                run_module_in_high_precision(eager, args, dtype)
-                if isinstance(eager, torch.nn.Module)
-                else HighRun(None, None, "no module to run in high precision")
-            )
-            reference = high.describe()
-            bad = compare_outputs(want, got, dtype, high=high.values)
+        try:
+            bad, reference = _check(realized, eager, args, dtype)
+        except Exception as e:  # eager itself refuses random values (e.g. offsets that
+            if t == 0:  # must be sorted): the trials on given inputs stand
+                raise
+            reference += f"; fresh inputs rejected by eager ({type(e).__name__})"
+            break
+        done += 1
         if bad is not None:
-            return VerifyReport(t + 1, bad, name, reference, _fallbacks(realized))
-    return VerifyReport(trials, None, name, reference, _fallbacks(realized))
+            return VerifyReport(done, bad, name, reference, _fallbacks(realized))
+    return VerifyReport(done, None, name, reference, _fallbacks(realized))
+
+
+def _check(
+    realized: Callable[..., Any], eager: Callable[..., Any], args: tuple[Any, ...], dtype: Any
+) -> tuple[Mismatch | None, str]:
+    """One trial: the mismatch (None: agree) and what the plan was judged against."""
+    if isinstance(realized, RealizedPlan):
+        return realized.verify(args), realized.reference
+    with torch.no_grad():
+        want = eager(*args)  # raises only for inputs the model refuses (caller's concern)
+        try:
+            got = realized(*args)
+        except Exception as e:  # a plan that cannot run disagrees
+            return Mismatch(0, f"run: {type(e).__name__}: {str(e)[:200]}"), ""
+    high = (
+        run_module_in_high_precision(eager, args, dtype)
+        if isinstance(eager, torch.nn.Module)
+        else HighRun(None, None, "no module to run in high precision")
+    )
+    return compare_outputs(want, got, dtype, high=high.values), high.describe()
 
 
 def _fallbacks(realized: Any) -> dict[int, str]:

@@ -296,6 +296,23 @@ def test_every_verification_trial_sees_new_token_ids(monkeypatch):
     assert not torch.equal(seen[1], seen[0]) and not torch.equal(seen[2], seen[1])
 
 
+def test_fresh_inputs_the_model_refuses_leave_the_given_inputs_checked():
+    def eager_sorted_offsets(offsets, x):
+        if bool((offsets[1:] < offsets[:-1]).any()):
+            raise ValueError("offsets must be sorted")
+        return x * 2
+
+    inputs = (torch.arange(0, 64, 4), torch.randn(16))
+    report = verify_against_eager(eager_sorted_offsets, eager_sorted_offsets, inputs)
+    assert report.ok and report.trials == 1 and "rejected by eager" in report.reference
+
+    def broken(offsets, x):
+        raise RuntimeError("kernel launch failed")
+
+    bad = verify_against_eager(broken, eager_sorted_offsets, inputs)
+    assert not bad.ok and "kernel launch failed" in str(bad)
+
+
 # ---- the rule's edges ---------------------------------------------------------------------
 def test_non_finite_values_only_where_eager_has_them():
     high = torch.tensor([1.0, 2.0, math.inf, 4.0], dtype=torch.float64)
@@ -397,9 +414,26 @@ def test_tune_and_measure_report_each_fallback_with_its_reason(tmp_path, monkeyp
 
 # ---- real Inductor (slow) ----------------------------------------------------------------
 @pytest.mark.slow
-def test_inductor_bf16_llama_plan_is_accepted_whole():
-    module, inputs, c = llama_bf16(layers=2, hidden=64, seq=32)
-    r = realize(c, chunks(c.graph, 40))
+def test_inductor_bf16_llama_plan_is_accepted_where_the_fixed_tolerance_failed():
+    """The first test with real Inductor kernels: no group falls back, and the previous
+    fixed bf16 table rejects the same plan's outputs."""
+    from learned_cost.analytical import AnalyticalModel
+    from planner.objective import Objective
+    from search.strategy import Budget, get_strategy
+
+    module, inputs, c = llama_bf16()
+    objective = Objective(AnalyticalModel("cpu"))
+    plan = get_strategy("greedy").plan(c.graph, objective, Budget(max_seconds=10))
+    r = realize(c, plan.partition)
     assert r.verified and not r.fallbacks, r.fallbacks
-    report = verify_against_eager(r, module, inputs, trials=2)
+    assert sum(g.compiled for g in r.groups) >= 10
+    report = verify_against_eager(r, module, inputs, trials=3)
     assert report.ok and not report.fallbacks, report
+    gen = torch.Generator().manual_seed(1)
+    old_rule_failures = 0
+    for _ in range(3):
+        ids = fresh_inputs(inputs, gen)
+        want, got = eager(module, ids), r(*ids)
+        assert compare_outputs([want], [got], high=r.high_reference(ids).values) is None
+        old_rule_failures += compare_outputs([want], [got], torch.bfloat16) is not None
+    assert old_rule_failures >= 1
