@@ -3,6 +3,7 @@ reference (docs/accuracy.md).
 
     high = run_in_high_precision(gm, args, torch.bfloat16)   # planner.realize_reference
     bad = compare_outputs(eager_outs, plan_outs, torch.bfloat16, high=high.values)
+    bad, against = check_callable(plan_fn, eager_module, args)  # any callable vs eager
 
 The rule, per floating output (`compare_tensor`): with `ref` the eager result in the
 model's dtype, `got` the plan's and `high` the same program run in fp64 (inputs and
@@ -25,12 +26,14 @@ as an elementwise `isclose`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+
+from planner.realize_reference import HighRun, run_module_in_high_precision
 
 
 @dataclass(frozen=True)
@@ -277,6 +280,37 @@ def compare_outputs(
         elif isinstance(g, torch.Tensor) or not _same_leaf(r, g):
             return Mismatch(i, f"{short_reason(repr(g), 60)} != {short_reason(repr(r), 60)}")
     return None
+
+
+def check_callable(
+    fn: Callable[..., Any], module: Callable[..., Any], args: Sequence[Any]
+) -> tuple[Mismatch | None, str]:
+    """`fn` (a plan, a compiled graph) against `module` (eager) on `args` by the rule
+    above, `module` run in high precision as the reference when it is an nn.Module (else
+    the fixed table). Returns the first mismatch (None: agree) and what was compared
+    against. A realized plan has its own `RealizedPlan.verify`, which also repairs it.
+    Raises only what `module` itself raises on `args`."""
+    dtype = model_dtype(module, args)
+    with torch.no_grad():
+        want = module(*args)
+        try:
+            got = fn(*args)
+        except Exception as e:  # a plan that cannot run disagrees
+            return Mismatch(0, f"run: {type(e).__name__}: {str(e)[:200]}"), ""
+    high = (
+        run_module_in_high_precision(module, args, dtype)
+        if isinstance(module, torch.nn.Module)
+        else HighRun(None, None, "no module to run in high precision")
+    )
+    return compare_outputs(want, got, dtype, high=high.values), high.describe()
+
+
+def model_dtype(module: Any, args: Sequence[Any]) -> torch.dtype:
+    """The coarsest floating dtype of `args` and (for a module) its parameters."""
+    found = [x.dtype for x in args if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    if isinstance(module, torch.nn.Module):
+        found += [p.dtype for p in module.parameters() if p.is_floating_point()]
+    return max(found, key=lambda d: torch.finfo(d).eps, default=torch.float32)
 
 
 # ---- fresh inputs ---------------------------------------------------------------------

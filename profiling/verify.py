@@ -25,12 +25,13 @@ from planner.realize_check import (
     TOLERANCES,
     Mismatch,
     Tolerance,
+    check_callable,
     compare_outputs,
     fresh_inputs,
+    model_dtype,
     short_reason,
     tolerance_for,
 )
-from planner.realize_reference import HighRun, run_module_in_high_precision
 
 __all__ = [
     "TOLERANCES",
@@ -72,14 +73,6 @@ class VerifyReport:
         return f"matches eager on {self.trials} random input(s) ({rule})"
 
 
-def _model_dtype(eager: Any, inputs: Sequence[Any]) -> torch.dtype:
-    """The coarsest floating dtype of the inputs and (for a module) the parameters."""
-    found = [x.dtype for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()]
-    if isinstance(eager, torch.nn.Module):
-        found += [p.dtype for p in eager.parameters() if p.is_floating_point()]
-    return max(found, key=lambda d: torch.finfo(d).eps, default=torch.float32)
-
-
 def verify_against_eager(
     realized: Callable[..., Any],
     eager: Callable[..., Any],
@@ -97,14 +90,13 @@ def verify_against_eager(
     the reference (else the fixed tolerance table decides).
     """
     gen = torch.Generator().manual_seed(seed)
-    dtype = _model_dtype(eager, inputs)
-    name = str(dtype).removeprefix("torch.")
+    name = str(model_dtype(eager, inputs)).removeprefix("torch.")
     reference = ""
     done = 0
     for t in range(trials):
         args = fresh_inputs(inputs, gen) if t else tuple(inputs)
         try:
-            bad, reference = _check(realized, eager, args, dtype)
+            bad, reference = _check(realized, eager, args)
         except Exception as e:  # eager itself refuses random values (e.g. offsets that
             if t == 0:  # must be sorted): the trials on given inputs stand
                 raise
@@ -117,23 +109,12 @@ def verify_against_eager(
 
 
 def _check(
-    realized: Callable[..., Any], eager: Callable[..., Any], args: tuple[Any, ...], dtype: Any
+    realized: Callable[..., Any], eager: Callable[..., Any], args: tuple[Any, ...]
 ) -> tuple[Mismatch | None, str]:
     """One trial: the mismatch (None: agree) and what the plan was judged against."""
     if isinstance(realized, RealizedPlan):
         return realized.verify(args), realized.reference
-    with torch.no_grad():
-        want = eager(*args)  # raises only for inputs the model refuses (caller's concern)
-        try:
-            got = realized(*args)
-        except Exception as e:  # a plan that cannot run disagrees
-            return Mismatch(0, f"run: {type(e).__name__}: {str(e)[:200]}"), ""
-    high = (
-        run_module_in_high_precision(eager, args, dtype)
-        if isinstance(eager, torch.nn.Module)
-        else HighRun(None, None, "no module to run in high precision")
-    )
-    return compare_outputs(want, got, dtype, high=high.values), high.describe()
+    return check_callable(realized, eager, args)
 
 
 def _fallbacks(realized: Any) -> dict[int, str]:
