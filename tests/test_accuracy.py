@@ -164,6 +164,7 @@ def first(graph, target: str) -> str:
 
 
 # ---- the rule on a deep bf16 model --------------------------------------------------------
+@pytest.mark.optional
 def test_correct_bf16_llama_plan_passes_where_the_fixed_tolerance_failed():
     module, inputs, c = llama_bf16()
     r = realize(c, chunks(c.graph), realizations="inductor", compiler=fused_numerics)
@@ -183,6 +184,7 @@ def test_correct_bf16_llama_plan_passes_where_the_fixed_tolerance_failed():
     assert not r.fallbacks
 
 
+@pytest.mark.optional
 @pytest.mark.parametrize("how", ["scale", "swap"])
 def test_a_wrong_attention_kernel_falls_back_alone(how):
     module, inputs, c = llama_bf16(layers=2)
@@ -199,6 +201,7 @@ def test_a_wrong_attention_kernel_falls_back_alone(how):
     assert compare_outputs([eager(module, inputs)], [r(*inputs)], high=high.values) is None
 
 
+@pytest.mark.optional
 def test_a_dropped_bias_in_gpt2_falls_back_alone():
     _module, _inputs, c = gpt2_bf16()
     addmm = first(c.graph, "aten.addmm.default")
@@ -209,6 +212,7 @@ def test_a_dropped_bias_in_gpt2_falls_back_alone():
     assert list(r.fallbacks) == [bad_group] and r.verified
 
 
+@pytest.mark.optional
 def test_bisection_narrows_a_whole_plan_mismatch_to_the_wrong_groups(monkeypatch):
     """Where the per-group checks miss a wrong group, the whole-plan check still finds it,
     and only it falls back (two wrong groups, far apart)."""
@@ -279,6 +283,7 @@ def test_fresh_inputs_redraw_token_ids_in_range_and_keep_masks():
     assert a[2].dtype == torch.bfloat16 and not torch.equal(a[2], x)
 
 
+@pytest.mark.optional
 def test_every_verification_trial_sees_new_token_ids(monkeypatch):
     module, inputs, c = llama_bf16(layers=1, hidden=64, seq=16)
     r = realize(c, chunks(c.graph, 40), realizations="inductor", compiler=fused_numerics)
@@ -366,8 +371,8 @@ def test_precision_ladder_fp64_then_fp32_then_the_fixed_table():
     assert reference_dtype(torch.float32) == reference_dtype("bfloat16") == torch.float64
 
 
-def test_fp32_zoo_plan_with_inductor_numerics_passes_and_a_wrong_scale_does_not():
-    """fp32 models: the reference rule with multiplier 2 on a zoo transformer block."""
+def test_fp32_zoo_block_a_one_percent_softmax_error_falls_back_alone():
+    """fp32 models: the reference rule (multiplier 2) on a zoo transformer block."""
     module, inputs = zoo.get("transformer-block").build({"B": 2, "S": 16, "D": 32, "H": 2})
     c = export_model(module, inputs)
     softmax = first(c.graph, "aten.softmax.int")
@@ -381,7 +386,8 @@ def test_fp32_zoo_plan_with_inductor_numerics_passes_and_a_wrong_scale_does_not(
 
     with pytest.warns(RealizeWarning, match="mismatch"):
         r = realize(c, p, realizations="inductor", compiler=off_by_a_percent)
-    assert list(r.fallbacks) == [group]
+    assert list(r.fallbacks) == [group] and r.verified
+    assert sum(x == "inductor" for x in r.realizations) >= 2  # the others as planned
 
 
 # ---- reporting through tune and measure -----------------------------------------------------
@@ -413,6 +419,7 @@ def test_tune_and_measure_report_each_fallback_with_its_reason(tmp_path, monkeyp
 
 
 # ---- real Inductor (slow) ----------------------------------------------------------------
+@pytest.mark.optional
 @pytest.mark.slow
 def test_inductor_bf16_llama_plan_is_accepted_where_the_fixed_tolerance_failed():
     """The first test with real Inductor kernels: no group falls back, and the previous
