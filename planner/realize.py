@@ -12,10 +12,11 @@ out, nothing else crosses) runs as one of `planner.plan.REALIZATIONS`:
   anything is left to fuse around it;
 - "eager": the aten ops as they are (singletons, views, opaque ops, fallbacks).
 
-Correctness first: a group whose compile fails, or whose outputs disagree with eager on
-the same inputs (dtype-aware tolerances, planner.realize_check), falls back to eager with
-a warning; the realized plan as a whole is checked against eager too. The model always
-runs and gives the right answer.
+Correctness first: a group whose compile fails, or whose outputs are less accurate than
+eager's on the same inputs (judged against a higher-precision run of the same ops,
+planner.realize_check), falls back to eager with a warning; the realized plan as a whole
+is checked the same way, and a whole-plan failure falls back only the groups it is
+narrowed to. The model always runs and gives the right answer.
 
 Shapes: a program exported with symbolic dims (planner.capture_dynamic) is compiled once
 with symbolic shapes and serves every shape in its range. With static shapes on a GPU the
@@ -58,6 +59,7 @@ from planner.realize_graph import (
     take_apart,
     user_input_fakes,
 )
+from planner.realize_reference import HighRun, run_in_high_precision
 from planner.realize_units import (
     GroupReport,
     GroupUnit,
@@ -229,6 +231,7 @@ class RealizedPlan:
         self._graph: _GraphReplay | None = None
         self._shape_graphs: _ShapeGraphs | None = None
         self.verified: bool | None = None
+        self.reference = ""  # what the last verify judged against (planner.realize_check)
         self.top = build_top(
             parts,
             [(u.inputs, u.group.outputs) for u in units],
@@ -330,10 +333,41 @@ class RealizedPlan:
             stacklevel=3,
         )
 
+    def _compute_dtype(self) -> torch.dtype | None:
+        """The model's compute dtype: the coarsest floating dtype of its inputs and state
+        (a token-id model has no floating input; its parameters say it is bf16)."""
+        found = [d for d, _ in self._guard.specs if d.is_floating_point]
+        found += [t.dtype for t in self._parts.state.values() if t.is_floating_point()]
+        return max(found, key=lambda d: torch.finfo(d).eps, default=None)
+
+    def _program_args(self, inputs: Sequence[Any]) -> list[Any]:
+        """The exported program's placeholders in order: state and the user inputs."""
+        user = dict(zip(self._parts.user_inputs, inputs))
+        return [
+            self._parts.state[n.name] if n.name in self._parts.state else user[n.name]
+            for n in self._parts.gm.graph.nodes
+            if n.op == "placeholder"
+        ]
+
+    def high_reference(self, inputs: Sequence[Any]) -> HighRun:
+        """The user outputs of the exported program run in high precision on `inputs`
+        (planner.realize_check.run_in_high_precision); buffer updates left out."""
+        high = run_in_high_precision(
+            self._parts.gm, self._program_args(inputs), self._compute_dtype()
+        )
+        if high.values is None:
+            return high
+        kinds = [s.kind.name for s in self.captured.program.graph_signature.output_specs]
+        user = [v for v, k in zip(high.values, kinds) if k == "USER_OUTPUT"]
+        return dataclasses.replace(high, values=user)
+
     def check_groups(self, ref: dict[str, Any], bound: dict[Any, int] | None = None) -> None:
-        """Each non-eager group on the reference inputs (in the layouts the unit was made
-        for) vs the reference outputs, values and, where layouts propagate, strides."""
+        """Each non-eager group on eager's values of its inputs (in the layouts the unit was
+        made for) vs eager's values of its outputs, judged against the group's own ops run
+        in high precision on those inputs (planner.realize_check); where layouts propagate,
+        strides too. A group that fails falls back."""
         bound = bound or {}
+        dtype = self._compute_dtype()
         for unit in self._units:
             if unit.is_eager:
                 continue
@@ -346,28 +380,36 @@ class RealizedPlan:
                     for i, n in enumerate(unit.inputs)
                 ]
                 got = list(self._impls[unit.group.index](*args))
-                bad = compare_outputs([ref[n] for n in unit.group.outputs], got, self._dtype)
+                high = run_in_high_precision(
+                    unit.group.module, args[: len(unit.group.inputs)], dtype
+                )
+                want = [ref[n] for n in unit.group.outputs]
+                bad = compare_outputs(want, got, dtype, high=high.values)
                 if bad is None and unit.out_fakes:
                     for j, (o, f) in enumerate(zip(got, unit.out_fakes)):
-                        want = layout.concrete_layout(f, bound)[1]
-                        if o.numel() > 1 and list(o.stride()) != want:
-                            bad = Mismatch(j, f"strides {tuple(o.stride())}, planned {tuple(want)}")
+                        strides = layout.concrete_layout(f, bound)[1]
+                        if o.numel() > 1 and list(o.stride()) != strides:
+                            bad = Mismatch(j, f"strides {tuple(o.stride())}, planned {strides}")
                             break
             except Exception as e:  # a kernel that cannot run is a failed realization
                 bad = Mismatch(0, f"run: {type(e).__name__}: {str(e)[:200]}")
             if bad is not None:
-                self._fall_back(unit.group.index, f"mismatch vs eager: {bad}")
+                self._fall_back(unit.group.index, f"mismatch, group alone: {bad}")
 
-    def verify(self, inputs: Sequence[Any]) -> None:
-        """Check the plan against eager on `inputs`; repair by falling back (see module doc)."""
+    def verify(self, inputs: Sequence[Any]) -> Mismatch | None:
+        """Check the plan against eager on `inputs` and repair it (planner.realize_check's
+        rule, against the program run in high precision): each group alone first, then the
+        whole plan; a whole-plan failure is narrowed to the groups responsible
+        (`_localize`) and only those fall back. Returns what still disagrees (None when
+        the plan is verified). The runtime may call it on real inputs at any time."""
         ref, expected = reference_values(self._parts, inputs)
+        high = self.high_reference(inputs)
+        self.reference = high.describe()
+        before = set(self.fallbacks)
         self.check_groups(ref, layout.bindings(user_input_fakes(self._parts), inputs))
-        bad = self._compare_whole(expected, inputs)
+        bad = self._compare_whole(expected, inputs, high.values)
         if bad is not None:
-            for unit in self._units:
-                if not unit.is_eager:
-                    self._fall_back(unit.group.index, f"whole plan mismatched eager: {bad}")
-            bad = self._compare_whole(expected, inputs)
+            bad = self._localize(expected, inputs, high.values, bad)
         if bad is not None:  # the cut itself is wrong: run the program as exported
             self._whole_fallback = self.captured.program.module()
             warnings.warn(
@@ -377,12 +419,79 @@ class RealizedPlan:
                 stacklevel=2,
             )
         self.verified = bad is None
+        if set(self.fallbacks) != before:
+            self._record_graphs_again()
+        return bad
 
-    def _compare_whole(self, expected: list[Any], inputs: Sequence[Any]) -> Mismatch | None:
+    def _compare_whole(
+        self, expected: list[Any], inputs: Sequence[Any], high: list[Any] | None = None
+    ) -> Mismatch | None:
         try:
-            return compare_outputs(expected, list(self._forward(*inputs)), self._dtype)
+            got = list(self._forward(*inputs))
+            return compare_outputs(expected, got, self._compute_dtype(), high=high)
         except Exception as e:  # a plan that cannot run is a failed realization too
             return Mismatch(0, f"run: {type(e).__name__}: {str(e)[:200]}")
+
+    def _localize(
+        self, expected: list[Any], inputs: Sequence[Any], high: list[Any] | None, bad: Mismatch
+    ) -> Mismatch | None:
+        """Find the groups a whole-plan mismatch comes from and fall back only those.
+
+        With the non-eager groups in execution order, "prefix k" runs the first k as
+        planned and the rest eagerly. Prefix 0 must pass (else the cut is wrong: returned);
+        bisection finds the first k whose prefix fails, group k-1 falls back, and the
+        search goes on from there until the whole plan passes: O(m log n) plan runs for m
+        culprits among n groups, no recompiling (eager runners are swapped in and out).
+        """
+        live = [g for g in self._order if not self._units[g].is_eager]
+        planned = {g: self._impls[g] for g in live}
+        eager = {g: self._units[g].eager_runner() for g in live}
+
+        def check(k: int) -> Mismatch | None:
+            for i, g in enumerate(live):
+                self._impls[g] = planned[g] if i < k else eager[g]
+            return self._compare_whole(expected, inputs, high)
+
+        culprits: dict[int, Mismatch] = {}
+        try:
+            cut = check(0)
+            if cut is not None:
+                return cut
+            lo, hi, why = 0, len(live), bad
+            while why is not None:
+                while hi - lo > 1:  # prefix lo passes, prefix hi fails with `why`
+                    mid = (lo + hi) // 2
+                    m = check(mid)
+                    lo, hi, why = (mid, hi, why) if m is None else (lo, mid, m)
+                if hi == 0:  # fails with every group eager after all
+                    return why
+                g = live.pop(hi - 1)
+                culprits[g], self._impls[g] = why, eager[g]
+                hi = len(live)
+                why = check(hi)
+        finally:
+            for g, fn in planned.items():
+                self._impls[g] = fn
+        n_live = len(planned)
+        for g, why in culprits.items():
+            self._fall_back(g, f"mismatch, whole plan narrowed to it: {why}")
+        if n_live > 1 and len(culprits) == n_live:
+            warnings.warn(
+                f"all {n_live} compiled groups fell back: the plan runs as eager. Please "
+                "report this (a plan that cannot keep any group is a realizer bug).",
+                RealizeWarning,
+                stacklevel=3,
+            )
+        return None
+
+    def _record_graphs_again(self) -> None:
+        """CUDA graphs recorded before a fallback replay the old kernels: record anew."""
+        if self._graph is not None:
+            old, self._graph = self._graph, None
+            self.capture_cuda_graph(old.static_in, old.copy_outputs)
+        if self._shape_graphs is not None:
+            s = self._shape_graphs
+            self._shape_graphs = _ShapeGraphs(self._forward, s.limit, s.max_bytes)
 
     def capture_cuda_graph(self, inputs: Sequence[Any], copy_outputs: bool = True) -> bool:
         """Record the whole plan in one CUDA graph (static shapes); False if it cannot."""

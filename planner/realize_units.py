@@ -153,8 +153,15 @@ class GroupUnit:
         self.realization, self.compiled, self.is_eager = realization, compiled, False
 
     def to_eager(self, reason: str) -> None:
-        """Run the group's aten ops as they are. Consumers may have been compiled for the
-        layouts the unit promised (out_fakes): eager's results are laid out so first."""
+        """Run the group's aten ops as they are (`eager_runner`) from now on."""
+        self.run = self.eager_runner()
+        self.realization, self.compiled, self.is_eager = "eager", False, True
+        self.fallback = reason
+
+    def eager_runner(self) -> Callable[..., Any]:
+        """The group's aten ops as they are, over the unit's call inputs. Consumers may have
+        been compiled for the layouts the unit promised (out_fakes): eager's results are
+        laid out so first."""
         eager_fwd = fwd = self.group.module.forward
         promised = self.out_fakes
         if promised:
@@ -172,9 +179,7 @@ class GroupUnit:
                     return tuple(as_layout(o, f, bound) for o, f in zip(eager_fwd(*args), promised))
 
                 fwd = relaid
-        self.run = _pick(fwd, tuple(range(len(self.group.inputs))), len(self.inputs))
-        self.realization, self.compiled, self.is_eager = "eager", False, True
-        self.fallback = reason
+        return _pick(fwd, tuple(range(len(self.group.inputs))), len(self.inputs))
 
     def report(self) -> GroupReport:
         return GroupReport(

@@ -31,6 +31,7 @@ from planner.realize import GroupCompiler, inductor_compiler, realize
 from planner.realize_check import compare_outputs
 from planner.realize_graph import ProgramParts, group_graphs, take_apart
 from planner.realize_patterns import choose_realization
+from planner.realize_reference import run_in_high_precision
 from planner.realize_units import GroupUnit, fake_mode_of, prepare_unit, reference_values
 from profiling.timer import Timing, measure, measure_in_graph
 
@@ -125,7 +126,10 @@ def measure_group(
     try:
         with torch.no_grad():
             got = unit.run(*args)
-            bad = compare_outputs([values[o] for o in unit.group.outputs], list(got), dtype)
+        # judged against the group's own ops in high precision on the same inputs
+        high = run_in_high_precision(unit.group.module, args[: len(unit.group.inputs)], dtype)
+        want = [values[o] for o in unit.group.outputs]
+        bad = compare_outputs(want, list(got), dtype, high=high.values)
     except Exception as e:
         return Outcome(None, unit.realization, unit.compile_s, f"run: {type(e).__name__}: {e}")
     if bad is not None:
@@ -180,9 +184,12 @@ def _dominant(realizations: Sequence[str]) -> str:
 
 
 def _dtype(captured: Captured) -> str:
-    for t in captured.graph.tensors:
-        if t.kind == "input" and t.dtype.startswith(("float", "bfloat")):
-            return t.dtype
+    """The model's compute dtype: its first floating input's, else its parameters' (a
+    token-id model's float inputs are its weights)."""
+    for kinds in (("input",), ("param", "buffer", "const")):
+        for t in captured.graph.tensors:
+            if t.kind in kinds and t.dtype.startswith(("float", "bfloat")):
+                return t.dtype
     return "float32"
 
 

@@ -9,7 +9,8 @@ This is the composition root of the pipeline (design.md): it wires the strategie
 2. plan with the chosen strategy (Optuna studies live in `storage`, one per graph and
    bucket) and with the baselines, under the cost model;
 3. realize the `top_k` distinct candidates (lowest predicted first), check each against
-   eager on fresh inputs, time it; a candidate that fails is dropped, never stored;
+   eager on fresh inputs (groups that fail fall back alone, and are reported), time it; a
+   candidate that cannot run or still disagrees is dropped, never stored;
 4. keep the measured best, feed every measurement to the cost model's online update
    (when it has one), and store the plan (with its measurement) for the bucket.
 """
@@ -77,6 +78,7 @@ class Candidate:
     predicted_s: float
     measured: Timing | None = None
     error: str = ""
+    fallbacks: dict[int, str] = field(default_factory=dict)  # group -> why it runs eagerly
 
 
 @dataclass(frozen=True)
@@ -198,10 +200,11 @@ def tune_bucket(
             if not check.ok:
                 raise FusionPlannerError(f"does not match eager: {check}")
             timing = _timed(lambda rp=rp: rp(*inputs), dev, dt, cfg)
-            c = Candidate(c.strategy, c.partition, c.predicted_s, timing)
+            c = Candidate(c.strategy, c.partition, c.predicted_s, timing, "", check.fallbacks)
+            fb = f"; {len(check.fallbacks)} group(s) fell back" if check.fallbacks else ""
             progress(
                 f"  {c.strategy:<9} {len(c.partition):>3} groups: predicted "
-                f"{c.predicted_s * 1e6:9.1f} us, measured {timing.median_s * 1e6:9.1f} us"
+                f"{c.predicted_s * 1e6:9.1f} us, measured {timing.median_s * 1e6:9.1f} us{fb}"
             )
         except Exception as e:  # a candidate that fails is dropped, never stored
             c = Candidate(c.strategy, c.partition, c.predicted_s, None, f"{type(e).__name__}: {e}")

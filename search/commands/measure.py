@@ -13,6 +13,7 @@ from learned_cost.analytical import AnalyticalModel
 from planner.capture import export_model
 from planner.hardware import get_spec, local_device_name
 from planner.realize import realize
+from planner.realize_check import short_reason
 from profiling.timer import Timing, measure
 from profiling.verify import verify_against_eager
 from search.cli_common import emit, resolve
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         "n_groups": len(made.partition),
         "realizations": list(realized.realizations),
         "fallbacks": {str(k): v for k, v in realized.fallbacks.items()},
+        "reference": realized.reference,
         "cuda_graph": realized.cuda_graph,
         "compile_s": realized.compile_s,
         "verified": check.ok,
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         f"plan: {args.strategy}, {len(made.partition)} groups "
         f"({', '.join(f'{k}={realized.realizations.count(k)}' for k in sorted(set(realized.realizations)))}), "
         f"cuda graph {'on' if realized.cuda_graph else 'off'}, "
-        f"{len(realized.fallbacks)} fallback(s); {check}",
+        f"{len(realized.fallbacks)} group(s) fell back; {check}",
         f"{'variant':<22} {'median us':>11} {'p99 us':>11} {'vs eager':>9} {'setup s':>9}",
     ]
     for k, v in rows.items():
@@ -122,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             f"{eager.median_s / t.median_s:8.2f}x {v['setup_s']:9.1f}"
         )
     lines.append(f"{'predicted (analytical)':<22} {made.plan.predicted_s * 1e6:11.1f}")
-    for g, why in realized.fallbacks.items():
-        lines.append(f"  group {g} fell back: {why}")
+    for g, why in realized.fallbacks.items():  # one short reason per group
+        lines.append(f"  group {g} fell back: {short_reason(why, 100)}")
     emit(args, payload, "\n".join(lines))
     return 0 if check.ok else 1

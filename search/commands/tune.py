@@ -11,6 +11,7 @@ from planner.cache import PlanCache
 from planner.capture import capture
 from planner.hardware import get_spec, local_device_name
 from planner.modelspec import parse_dtype, resolve
+from planner.realize_check import short_reason
 from search.cli_common import emit
 from search.strategies import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
@@ -141,6 +142,7 @@ def _row(r: BucketResult) -> dict[str, Any]:
                 "predicted_s": c.predicted_s,
                 "measured_s": c.measured.median_s if c.measured else None,
                 "error": c.error,
+                "fallbacks": {str(g): why for g, why in c.fallbacks.items()},
             }
             for c in r.candidates
         ],
@@ -153,7 +155,7 @@ def _row(r: BucketResult) -> dict[str, Any]:
 def _table(label: str, device: str, cache_url: str, results: list[BucketResult]) -> str:
     head = (
         f"{'bucket':<28} {'plan':<10} {'groups':>6} {'plan us':>9} {'eager us':>9} "
-        f"{'compile us':>10} {'vs eager':>8} {'vs compile':>10}"
+        f"{'compile us':>10} {'vs eager':>8} {'vs compile':>10} {'fell back':>9}"
     )
     lines = [f"tuned {label} on {device}; plans in {cache_url}", head, "-" * len(head)]
     for r in results:
@@ -167,6 +169,9 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult])
         vs_comp = f"{comp / t:9.2f}x" if comp else f"{'-':>10}"
         lines.append(
             f"{r.bucket.key:<28} {best.strategy:<10} {len(best.partition):>6} {t * 1e6:9.1f} "
-            f"{r.eager.median_s * 1e6:9.1f} {comp_us} {r.eager.median_s / t:7.2f}x {vs_comp}"
+            f"{r.eager.median_s * 1e6:9.1f} {comp_us} {r.eager.median_s / t:7.2f}x {vs_comp} "
+            f"{len(best.fallbacks):>9}"
         )
+        for g, why in best.fallbacks.items():  # one short reason per group
+            lines.append(f"{'':<4}group {g} runs eagerly: {short_reason(why, 100)}")
     return "\n".join(lines)
