@@ -129,7 +129,9 @@ def interleaved(
         for _ in range(warmup):
             fn()
     _sync(device)
-    slowest = max(_run_reps(fn, 1, device) for fn in fns.values())
+    slowest = max(
+        statistics.median(_run_reps(fn, 1, device) for _ in range(3)) for fn in fns.values()
+    )
     reps = max(1, min(200, int(round_s / max(slowest, 1e-7))))
     samples: dict[str, list[float]] = {n: [] for n in fns}
     names = list(fns)
@@ -214,6 +216,9 @@ def tune_cell(m: SuiteModel, shape: dict[str, int], args: Any, db: str) -> dict[
         b = data["buckets"][0]
         row["tune_candidates"] = b["candidates"]
         row["tune_stored"] = b["stored"]
+        failed = [c["error"] for c in b["candidates"] if c.get("error")]
+        if b.get("plan") is None and failed:
+            row["tune_error"] = failed[0][:400]
     except (json.JSONDecodeError, KeyError, IndexError):
         row["tune_error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1][:400]
     return row
