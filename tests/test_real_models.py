@@ -248,3 +248,17 @@ def test_benchmark_runs_a_tiny_cell_and_regenerates_its_table(tmp_path):
     # a second call skips the measured cell
     assert bench.main([*args, "--out", str(stem)]) == 0
     assert len(bench.read_jsonl(stem.with_suffix(".jsonl"))) == 1
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_suite_dims_are_inferred_for_every_input(name):
+    """The suite's factories carry no `dims`: the varying parameter's axes are found by
+    building them, on every input that has them (BERT's mask, both image axes)."""
+    m = BY_NAME[name]
+    spec = resolve(m.spec(tiny=True), m.tiny_shape)
+    _module, inputs = spec.build(device="meta")
+    shapes = tensor_shapes(inputs)
+    size = m.tiny_shape[m.dim]
+    expected = tuple((i, a) for i, s in enumerate(shapes) for a, d in enumerate(s) if d == size)
+    assert spec.dims[m.dim] == expected and len(expected) >= 1
+    assert spec.dims["B"] == tuple((i, 0) for i in range(len(shapes)))
