@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
 
-from benchmarks.models import SUITE, SuiteModel  # noqa: E402
+from benchmarks.models import OPTIONAL, SUITE, SuiteModel  # noqa: E402
 from planner.cache import PlanCache  # noqa: E402
 from planner.modelspec import parse_dtype, resolve  # noqa: E402
 from planner.runtime import fusion_planner_backend  # noqa: E402
@@ -75,7 +75,8 @@ def cell_name(m: SuiteModel, shape: dict[str, int]) -> str:
 
 def cells(tiny: bool, patterns: list[str]) -> list[tuple[str, SuiteModel, dict[str, int]]]:
     out = []
-    for m in SUITE:
+    models = SUITE if tiny else SUITE + tuple(m for m in OPTIONAL if m.available())
+    for m in models:
         for shape in (m.tiny_shape,) if tiny else m.shapes:
             name = cell_name(m, shape)
             if not patterns or any(fnmatch.fnmatch(name, p) or p == m.name for p in patterns):

@@ -11,6 +11,7 @@ import it, the library does not.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,10 +27,21 @@ class SuiteModel:
     dim: str  # the shape parameter that varies: "S" for text, "IMG" for vision
     shapes: tuple[dict[str, int], ...]  # realistic cells for the GPU benchmark
     tiny_shape: dict[str, int]  # the CPU tests' shape
+    factory: str = "factory"
+    needs: str = ""  # an optional package the factory imports (the suite skips it if absent)
 
     def spec(self, tiny: bool = False) -> str:
         """The `--model` spec text, e.g. ".../gpt2.py:factory"."""
-        return f"{HERE / self.file}:{'tiny' if tiny else 'factory'}"
+        return f"{HERE / self.file}:{'tiny' if tiny else self.factory}"
+
+    def available(self) -> bool:
+        if not self.needs:
+            return True
+        try:  # importing may fail in more ways than ImportError (a torch it was not built for)
+            importlib.import_module(self.needs)
+        except Exception:
+            return False
+        return True
 
 
 TEXT = ({"B": 1, "S": 128}, {"B": 4, "S": 1024})
@@ -44,4 +56,9 @@ SUITE: tuple[SuiteModel, ...] = (
     SuiteModel("resnet18", "resnet.py", "IMG", VISION, {"B": 2, "IMG": 32}),
 )
 
-BY_NAME = {m.name: m for m in SUITE}
+# Measured on the GPU when their package imports there; no tiny config.
+OPTIONAL: tuple[SuiteModel, ...] = (
+    SuiteModel("resnet18-timm", "resnet.py", "IMG", VISION, {}, "timm_factory", "timm"),
+)
+
+BY_NAME = {m.name: m for m in SUITE + OPTIONAL}
