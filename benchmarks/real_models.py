@@ -409,13 +409,16 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             for n in ("compile", "reduce-overhead", "max-autotune-no-cudagraphs", "planner")
         )
         notes = []
-        if "tune_error" in r or not stored:
-            notes.append(f"tune stored nothing: {r.get('tune_error') or r.get('tune_stored', '')}")
-        notes += [f"{n}: {e}" for n, e in r.get("errors", {}).items()]
-        notes += [f"backend: {f}" for f in st.get("fallbacks", [])[:2]]
         diff = r.get("max_abs_diff", {}).get("planner")
         if diff is not None:
             notes.append(f"planner max abs diff vs eager {diff:.3g}")
+        if "tune_error" in r or not stored:
+            why = r.get("tune_error") or r.get("tune_stored", "")
+            notes.append(f"tune stored nothing: {why[:160]}")
+        notes += [f"{n}: {e[:160]}" for n, e in r.get("errors", {}).items()]
+        notes += [f"backend: {f[:160]}" for f in st.get("fallbacks", [])[:2]]
+        reasons = sorted({x for p in plans for x in p.get("fallback_reasons", [])})
+        notes += [f"group fallback: {x[:160]}" for x in reasons[:2]]
         lines.append(
             "| "
             + " | ".join(
@@ -430,7 +433,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
                     hits,
                     f"{r.get('tune_s', 0):.0f}",
                     comp,
-                    "; ".join(notes).replace("|", "/")[:400],
+                    "; ".join(notes).replace("|", "/")[:700],
                 ]
             )
             + " |"
