@@ -218,6 +218,9 @@ def test_backend_serves_the_tuned_plan_like_eager(name, tmp_path):
     assert _tune_one_bucket(name, db)[0].plan is not None
     module, inputs = built(name)
     backend = fusion_planner_backend(db, device="cpu")
+    made = []
+    base = backend.realizer
+    backend.realizer = lambda captured, plan: made.append(base(captured, plan)) or made[-1]
     torch._dynamo.reset()
     compiled = torch.compile(module, backend=backend)
     with torch.no_grad():
@@ -227,6 +230,7 @@ def test_backend_serves_the_tuned_plan_like_eager(name, tmp_path):
     s = backend.stats
     assert s.graphs >= 1 and not s.fallbacks, s
     assert s.exact + s.bucket >= 1 and s.default == 0, s  # the tuned plan, not a default one
+    assert made and not any(rp.fallbacks for rp in made), [rp.fallbacks for rp in made]
 
 
 @pytest.mark.slow
