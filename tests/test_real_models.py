@@ -220,7 +220,12 @@ def test_backend_serves_the_tuned_plan_like_eager(name, tmp_path):
     backend = fusion_planner_backend(db, device="cpu")
     made = []
     base = backend.realizer
-    backend.realizer = lambda captured, plan: made.append(base(captured, plan)) or made[-1]
+
+    def recording(captured, plan):
+        made.append(base(captured, plan))
+        return made[-1]
+
+    backend.realizer = recording
     torch._dynamo.reset()
     compiled = torch.compile(module, backend=backend)
     with torch.no_grad():
