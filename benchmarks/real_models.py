@@ -294,6 +294,10 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
             dtype=dtype, device=device, seed=0
         )
         torch._dynamo.reset()
+        # four compiled variants of one module: keep dynamo from giving up on recompiles
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
         with torch.inference_mode():
             fns, backend, realized = contenders(module, db, device, args.modes)
             calls = {n: (lambda f=f, x=inputs: f(*x)) for n, f in fns.items()}

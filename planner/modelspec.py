@@ -110,7 +110,14 @@ class ModelSpec:
             return zoo.get(self.spec[4:]).build(self.params, dtype=dtype, device=device, seed=seed)
         factory = _load_factory(self.spec)
         torch.manual_seed(seed)
-        module, inputs = _checked(self.spec, factory(**_accepted(factory, self.params)))
+        kwargs = _accepted(factory, self.params)
+        try:
+            result = factory(**kwargs)
+        except Exception as e:  # the user's code: one clear error, the cause chained
+            raise ModelSpecError(
+                f"{self.spec} raised {type(e).__name__} when called with {kwargs}: {e}"
+            ) from e
+        module, inputs = _checked(self.spec, result)
         module = module.to(device=device, dtype=dtype).eval()
 
         def place(x: Any) -> Any:

@@ -55,6 +55,12 @@ def hidden(B=2, S=8, HID=32):
     return torch.nn.Sequential(torch.nn.Linear(16, HID), torch.nn.Linear(HID, 16)), (torch.randn(B, S, 16),)
 
 
+def picky(B=2, S=8):
+    if S % 8:
+        raise ValueError("S must be a multiple of 8")
+    return torch.nn.Identity(), (torch.randn(B, S),)
+
+
 def plain(B=2, S=8, D=16):
     return torch.nn.Linear(D, D), (torch.randn(B, S, D),)
 """
@@ -104,6 +110,13 @@ def test_unmapped_structure_changing_and_shape_only_params_are_refused(factories
         modelspec.resolve(f"{factories}:ragged").dims["S"]
     with pytest.raises(FusionPlannerError, match=r"no input axis .* follows HID"):
         parse_dynamic("HID=8..64", modelspec.resolve(f"{factories}:hidden").dims)
+
+
+def test_factory_errors_are_reported_and_probes_skip_invalid_values(factories):
+    with pytest.raises(ModelSpecError, match=r"picky raised ValueError .*'S': 12.*multiple of 8"):
+        modelspec.resolve(f"{factories}:picky", "S=12").build()
+    # the factory refuses S = 4, 9 and 7: S = 16 and 32 are probed instead
+    assert modelspec.resolve(f"{factories}:picky").dims["S"] == ((0, 1),)
 
 
 def test_declared_dims_override_inference(factories):

@@ -33,6 +33,8 @@ SIZES = {
 
 
 def factory(B: int = 1, S: int = 128, size: str = "small"):
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     cfg = BertConfig(**SIZES[size])
     model = BertModel(cfg).eval()
     ids = torch.randint(0, cfg.vocab_size, (B, S))

@@ -23,6 +23,8 @@ SIZES = {
 
 
 def factory(B: int = 1, IMG: int = 224, size: str = "small"):
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     model = ResNetModel(ResNetConfig(**SIZES[size])).eval()
     return model, (torch.randn(B, 3, IMG, IMG),)
 

@@ -20,6 +20,8 @@ SIZES = {
 
 
 def factory(B: int = 1, S: int = 128, size: str = "small"):
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     cfg = T5Config(**SIZES[size])
     model = T5EncoderModel(cfg).eval()
     return model, (torch.randint(0, cfg.vocab_size, (B, S)),)

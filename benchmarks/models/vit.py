@@ -32,6 +32,8 @@ SIZES = {
 
 
 def factory(B: int = 1, IMG: int = 224, size: str = "small"):
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     cfg = ViTConfig(image_size=IMG, add_pooling_layer=False, **SIZES[size])
     model = ViTModel(cfg, add_pooling_layer=False).eval()
     return model, (torch.randn(B, 3, IMG, IMG),)
