@@ -339,19 +339,24 @@ class BucketSpec:
     def buckets(self, base_shapes: Sequence[Sequence[int]]) -> tuple[Bucket, ...]:
         """Every bucket over `base_shapes` (whose non-dynamic dims are kept): what a tuning
         job enumerates. Needs finite policies (Pow2 with `hi`, Edges)."""
-        choices: list[list[tuple[tuple[int, int], tuple[int, int]]]] = []
+        # dims sharing a name are one size (e.g. input ids and their mask): they move together
+        by_name: dict[str, list[tuple[int, int]]] = {}
+        ranges: dict[str, tuple[tuple[int, int], ...]] = {}
         for d, p in zip(self.dims, self.policies):
             if d.input >= len(base_shapes) or d.axis >= len(base_shapes[d.input]):
                 raise BucketError(
                     f"dynamic dim {d.name} is input {d.input} axis {d.axis}, but the inputs "
                     f"have shapes {[list(s) for s in base_shapes]}"
                 )
-            choices.append([((d.input, d.axis), r) for r in p.ranges()])
+            by_name.setdefault(d.name, []).append((d.input, d.axis))
+            ranges.setdefault(d.name, p.ranges())
+        choices = [[(by_name[n], r) for r in rs] for n, rs in ranges.items()]
         out: list[Bucket] = []
         for combo in _product(choices):
             dims = [list(s) for s in base_shapes]
-            for (i, a), r in combo:
-                dims[i][a] = r  # type: ignore[call-overload]
+            for positions, r in combo:
+                for i, a in positions:
+                    dims[i][a] = r  # type: ignore[call-overload]
             out.append(Bucket(tuple(tuple(s) for s in dims)))
         return tuple(out)
 
@@ -393,11 +398,12 @@ def _product(choices: list[list[Any]]) -> Iterable[tuple[Any, ...]]:
 
 def parse_dynamic(
     text: str,
-    dims: Mapping[str, tuple[int, int]],
+    dims: Mapping[str, Any],
     policy: str = "pow2",
     histogram: Mapping[str, Mapping[int, int]] | None = None,
 ) -> BucketSpec:
-    """A spec from CLI text "S=128..4096[,B=1..32]" and a model's dim map (zoo `dims`).
+    """A spec from CLI text "S=128..4096[,B=1..32]" and a model's dim map (`ModelSpec.dims`:
+    name -> (input, axis), or a tuple of such pairs when several inputs follow one name).
 
     `policy` is parse_policy's text, applied to every listed dim; learned policies take
     their histogram per dim name from `histogram`.
@@ -420,15 +426,22 @@ def parse_dynamic(
             raise BucketError(f"bad range in {part!r}: LO and HI must be integers") from None
         if not 1 <= lo <= hi:
             raise BucketError(f"bad range in {part!r}: need 1 <= LO <= HI")
-        i, a = dims[name]
-        out_dims.append(DynamicDim(name, i, a))
         pol = parse_policy(policy, lo, hi, (histogram or {}).get(name))
         if isinstance(pol, Edges) and pol.source != "explicit":
             pol = _clip_edges(pol, lo, hi)
-        pols.append(pol)
+        for i, a in _positions(dims[name]):
+            out_dims.append(DynamicDim(name, i, a))
+            pols.append(pol)
     if not out_dims:
         raise BucketError("no dynamic dims given: expected e.g. S=128..4096")
     return BucketSpec(tuple(out_dims), tuple(pols))
+
+
+def _positions(value: Any) -> tuple[tuple[int, int], ...]:
+    """(input, axis) -> ((input, axis),); a tuple of pairs stays as it is."""
+    if len(value) == 2 and all(isinstance(v, int) for v in value):
+        return ((int(value[0]), int(value[1])),)
+    return tuple((int(i), int(a)) for i, a in value)
 
 
 def _clip_edges(p: Edges, lo: int, hi: int) -> Edges:

@@ -1,0 +1,554 @@
+"""The real-model suite measured through the user's path: `fusion-plan tune` fills a plan
+cache, then `torch.compile(model, backend=fusion_planner_backend(cache))` is timed against
+eager and torch.compile's modes, with one timer, in one process.
+
+    PYTHONPATH=. python benchmarks/real_models.py                      # GPU: bf16, all cells
+    PYTHONPATH=. python benchmarks/real_models.py --cells 'gpt2:*,bert:*'
+    PYTHONPATH=. python benchmarks/real_models.py --device cpu --tiny  # CPU, tiny configs
+    python benchmarks/real_models.py --from-jsonl benchmarks/results/real_models_h100.jsonl
+
+Cells are (model, shape) pairs of `benchmarks/models` (`SUITE`), named like
+`gpt2:B1xS128`; `--cells` takes comma-separated fnmatch patterns. Per cell:
+
+1. `fusion-plan tune` in a subprocess (strategy `priority`: deterministic, and needs no
+   optuna; `--top-k 2`, the cell's dtype) over a one-size bucket of the cell's shape,
+   into a fresh SQLite cache; its wall time is reported;
+2. in this process, under `torch.inference_mode()`: eager, `torch.compile` (default),
+   `mode="reduce-overhead"`, `mode="max-autotune-no-cudagraphs"` and the planner backend
+   on that cache. Each contender's first call is its compile time; after warm-up calls,
+   the timer runs interleaved rounds (the contenders in rotated order each round, the same
+   number of calls per round for all, CUDA events on GPU, perf_counter on CPU); a
+   contender's latency is the median per-call time over rounds, its spread the IQR over
+   the median;
+3. from the cache: the stored plan's measured latency (served / tuned: what the backend
+   delivers against what `tune` measured) and its predicted latency (the cost model's
+   plan error, predicted / measured); from the backend: its RuntimeStats (cache hits,
+   graph-level fallbacks) and, per realized plan, how many groups fell back to eager and
+   whether the whole plan did.
+
+Outputs are checked against eager (max abs difference over every output tensor, reported).
+Rows are appended as JSON lines to `<out>.jsonl`; cells already there (same device and
+dtype) are skipped unless `--redo`, so a suite larger than one call's time runs in several
+calls of the same command (`--time-limit-s`: no cell starts that the longest cell so far
+would carry past it). The Markdown table `<out>.md` is regenerated from the whole
+JSON-lines file after each call, or alone with `--from-jsonl`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.utils._pytree as pytree  # noqa: E402
+
+from benchmarks.models import OPTIONAL, SUITE, SuiteModel  # noqa: E402
+from planner.cache import PlanCache  # noqa: E402
+from planner.modelspec import parse_dtype, resolve  # noqa: E402
+from planner.runtime import fusion_planner_backend  # noqa: E402
+
+MODES = ("eager", "compile", "reduce-overhead", "max-autotune-no-cudagraphs", "planner")
+ALTERNATIVES = MODES[:4]  # what the planner is compared with
+
+
+# ---- cells ---------------------------------------------------------------------------------
+def cell_name(m: SuiteModel, shape: dict[str, int]) -> str:
+    return f"{m.name}:" + "x".join(f"{k}{v}" for k, v in shape.items())
+
+
+def cells(tiny: bool, patterns: list[str]) -> list[tuple[str, SuiteModel, dict[str, int]]]:
+    out = []
+    models = SUITE if tiny else SUITE + tuple(m for m in OPTIONAL if m.available())
+    for m in models:
+        for shape in (m.tiny_shape,) if tiny else m.shapes:
+            name = cell_name(m, shape)
+            if not patterns or any(fnmatch.fnmatch(name, p) or p == m.name for p in patterns):
+                out.append((name, m, shape))
+    return out
+
+
+# ---- one timer ------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _first_call_s(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+    """Wall time of the first call (compiles happen here) and its output."""
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - t0, out
+
+
+def _run_reps(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
+    """Mean seconds per call over `reps` back-to-back calls."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def interleaved(
+    fns: dict[str, Callable[[], Any]],
+    device: torch.device,
+    *,
+    rounds: int,
+    round_s: float,
+    warmup: int,
+) -> dict[str, dict[str, float]]:
+    """{name: {median_s, iqr_s, spread, reps, rounds}} from interleaved rounds; every
+    contender runs the same number of calls per round, sized so the slowest of them fills
+    about `round_s`."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    _sync(device)
+    slowest = max(
+        statistics.median(_run_reps(fn, 1, device) for _ in range(3)) for fn in fns.values()
+    )
+    reps = max(1, min(200, int(round_s / max(slowest, 1e-7))))
+    samples: dict[str, list[float]] = {n: [] for n in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            samples[n].append(_run_reps(fns[n], reps, device))
+    out = {}
+    for n, xs in samples.items():
+        q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
+        med = statistics.median(xs)
+        out[n] = {
+            "median_s": med,
+            "iqr_s": q[2] - q[0],
+            "spread": (q[2] - q[0]) / med,
+            "reps": reps,
+            "rounds": rounds,
+        }
+    return out
+
+
+# ---- outputs --------------------------------------------------------------------------------
+def tensors(out: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Every tensor in a model output, library objects (a KV cache) included, in order."""
+    found: list[torch.Tensor] = []
+    for leaf in pytree.tree_leaves(out):
+        if isinstance(leaf, torch.Tensor):
+            found.append(leaf)
+        elif hasattr(leaf, "__dict__") and depth < 4:
+            found += tensors(list(vars(leaf).values()), depth + 1)
+    return found
+
+
+def max_abs_diff(ref: Any, got: Any) -> float | None:
+    """Largest |got - ref| over every output tensor; None when the structures differ."""
+    rs, gs = tensors(ref), tensors(got)
+    if len(rs) != len(gs) or any(r.shape != g.shape for r, g in zip(rs, gs)):
+        return None
+    diffs = [(g.float() - r.float()).abs().max().item() for r, g in zip(rs, gs) if r.numel()]
+    return max(diffs, default=0.0)
+
+
+# ---- one cell -------------------------------------------------------------------------------
+def tune_cell(m: SuiteModel, shape: dict[str, int], args: Any, db: str) -> dict[str, Any]:
+    """`fusion-plan tune` of the cell's shape into `db`, in a subprocess."""
+    fixed = ",".join(f"{k}={v}" for k, v in shape.items() if k != m.dim)
+    v = shape[m.dim]
+    cmd = [
+        sys.executable,
+        "-m",
+        "search.cli",
+        "tune",
+        "--model",
+        m.spec(tiny=args.tiny),
+        "--shape",
+        fixed,
+        "--dynamic",
+        f"{m.dim}={v}..{v}",
+        "--strategy",
+        args.strategy,
+        "--top-k",
+        str(args.top_k),
+        "--dtype",
+        args.dtype,
+        "--cache",
+        db,
+        "--no-compile-baseline",
+        "--format",
+        "json",
+    ]
+    if args.cost_model:
+        cmd += ["--cost-model", args.cost_model]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    row: dict[str, Any] = {"tune_s": wall, "tune_rc": proc.returncode, "tune_cmd": shlex.join(cmd)}
+    try:
+        data = json.loads(proc.stdout)
+        b = data["buckets"][0]
+        row["tune_candidates"] = b["candidates"]
+        row["tune_stored"] = b["stored"]
+        failed = [c["error"] for c in b["candidates"] if c.get("error")]
+        if b.get("plan") is None and failed:
+            row["tune_error"] = failed[0][:400]
+    except (json.JSONDecodeError, KeyError, IndexError):
+        row["tune_error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1][:400]
+    return row
+
+
+def stored_plan(db: str) -> dict[str, Any]:
+    with PlanCache(db) as cache:
+        entries = cache.entries()
+    if not entries:
+        return {}
+    e = entries[0]
+    return {
+        "stored_measured_s": e.measured_s,
+        "stored_predicted_s": e.predicted_s,
+        "stored_groups": e.plan.n_groups,
+        "stored_strategy": e.plan.strategy,
+        "stored_eager_s": e.plan.eager_s,
+    }
+
+
+def contenders(
+    module: torch.nn.Module, db: str, device: torch.device, modes: list[str]
+) -> tuple[dict[str, Callable[..., Any]], Any, list[Any]]:
+    """(mode -> callable, the planner backend, its realized plans as they are made)."""
+    out: dict[str, Callable[..., Any]] = {}
+    realized: list[Any] = []
+    backend = None
+    for mode in modes:
+        if mode == "eager":
+            out[mode] = module
+        elif mode == "compile":
+            out[mode] = torch.compile(module)
+        elif mode == "planner":
+            backend = fusion_planner_backend(db, device=device)
+            base = backend.realizer
+
+            def recording(captured: Any, plan: Any, base: Any = base) -> Any:
+                rp = base(captured, plan)
+                realized.append(rp)
+                return rp
+
+            backend.realizer = recording
+            out[mode] = torch.compile(module, backend=backend)
+        else:
+            out[mode] = torch.compile(module, mode=mode)
+    return out, backend, realized
+
+
+def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict[str, Any]:
+    device = torch.device(args.device)
+    dtype = parse_dtype(args.dtype)
+    row: dict[str, Any] = {
+        "cell": name,
+        "model": m.name,
+        "shape": shape,
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "tiny": args.tiny,
+        "strategy": args.strategy,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        db = str(Path(tmp) / "plans.sqlite")
+        _say(f"{name}: tune")
+        row.update(tune_cell(m, shape, args, db))
+        row.update(stored_plan(db))
+        _say(f"{name}: tune {row['tune_s']:.0f}s, stored {row.get('stored_groups')} groups")
+        torch.manual_seed(0)
+        module, inputs = resolve(m.spec(tiny=args.tiny), shape).build(
+            dtype=dtype, device=device, seed=0
+        )
+        torch._dynamo.reset()
+        # four compiled variants of one module: keep dynamo from giving up on recompiles
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
+        with torch.inference_mode():
+            fns, backend, realized = contenders(module, db, device, args.modes)
+            calls = {n: (lambda f=f, x=inputs: f(*x)) for n, f in fns.items()}
+            ref = None
+            compile_s, errors, diffs = {}, {}, {}
+            for n, call in list(calls.items()):
+                _say(f"{name}: first call of {n}")
+                try:
+                    compile_s[n], out = _first_call_s(call, device)
+                except Exception as e:  # a contender that cannot run is reported, not fatal
+                    errors[n] = (
+                        f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                    )
+                    del calls[n]
+                    continue
+                if n == "eager":
+                    ref = out
+                elif ref is not None:
+                    diffs[n] = max_abs_diff(ref, out)
+            _say(f"{name}: timing {list(calls)}")
+            timing = interleaved(
+                calls, device, rounds=args.rounds, round_s=args.round_ms / 1e3, warmup=args.warmup
+            )
+        row.update(timing=timing, compile_s=compile_s, errors=errors, max_abs_diff=diffs)
+        if backend is not None:
+            s = backend.stats
+            row["runtime_stats"] = {
+                "graphs": s.graphs,
+                "realized": s.realized,
+                "exact": s.exact,
+                "bucket": s.bucket,
+                "default": s.default,
+                "fallbacks": list(s.fallbacks),
+            }
+            row["realized_plans"] = [
+                {
+                    "groups": len(rp.partition),
+                    "fallback_groups": len(rp.fallbacks),
+                    "fallback_reasons": sorted(set(rp.fallbacks.values()))[:5],
+                    # set when no group-level fallback made the plan agree with eager
+                    "whole_plan_fallback": getattr(rp, "_whole_fallback", None) is not None,
+                }
+                for rp in realized
+                if hasattr(rp, "partition")
+            ]
+        del fns, calls, module, inputs
+        torch._dynamo.reset()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+# ---- report ---------------------------------------------------------------------------------
+def _us(s: float | None) -> str:
+    return "—" if s is None else f"{s * 1e6:,.0f}" if s >= 1e-4 else f"{s * 1e6:.1f}"
+
+
+def _mode_cell(r: dict[str, Any], mode: str) -> str:
+    t = r.get("timing", {})
+    if mode not in t:
+        return "fail" if mode in r.get("errors", {}) else "—"
+    return f"{_us(t[mode]['median_s'])} ±{t[mode]['spread'] * 100:.0f}%"
+
+
+def markdown(rows: list[dict[str, Any]], command: str) -> str:
+    lines = [
+        "# Real-model suite through the user's path",
+        "",
+        "`fusion-plan tune --strategy priority --top-k 2` fills a cache per cell, then "
+        "`torch.compile(model, backend=fusion_planner_backend(cache))` is timed against eager "
+        "and torch.compile's modes in one process with one timer (median of interleaved "
+        "rounds, µs per call; ± is the IQR over the median). `vs best` = planner / best "
+        "alternative; `served/tuned` = planner / the plan's latency as `tune` stored it; "
+        "`pred/meas` = the cost model's predicted plan latency / the stored measurement; "
+        "`fell back` = groups run eagerly / groups, over the backend's realized plans "
+        "(`W` marks a whole-plan fallback).",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| cell | device, dtype | eager | compile | reduce-overhead | max-autotune-nocg | "
+        "planner | vs best | served/tuned | pred/meas | fell back | cache hits | tune s | "
+        "compile s (c / ro / ma / planner) | notes |",
+        "|" + "---|" * 15,
+    ]
+    ratios = []
+    for r in rows:
+        t = r.get("timing", {})
+
+        best_alt = min((t[n]["median_s"] for n in ALTERNATIVES if n in t), default=None)
+        planner = t.get("planner", {}).get("median_s")
+        vs = planner / best_alt if planner and best_alt else None
+        if vs:
+            ratios.append(vs)
+        stored = r.get("stored_measured_s")
+        pred = r.get("stored_predicted_s")
+        plans = r.get("realized_plans", [])
+        fell = (
+            " + ".join(
+                f"{p['fallback_groups']}/{p['groups']}{'W' if p['whole_plan_fallback'] else ''}"
+                for p in plans
+            )
+            or "—"
+        )
+        st = r.get("runtime_stats", {})
+        hits = (
+            f"{st.get('exact', 0) + st.get('bucket', 0)} hit / {st.get('default', 0)} miss"
+            if st
+            else "—"
+        )
+        cs = r.get("compile_s", {})
+        comp = " / ".join(
+            f"{cs[n]:.0f}" if n in cs else "—"
+            for n in ("compile", "reduce-overhead", "max-autotune-no-cudagraphs", "planner")
+        )
+        notes = []
+        diff = r.get("max_abs_diff", {}).get("planner")
+        if diff is not None:
+            notes.append(f"planner max abs diff vs eager {diff:.3g}")
+        if "tune_error" in r or not stored:
+            why = r.get("tune_error") or r.get("tune_stored", "")
+            notes.append(f"tune stored nothing: {why[:160]}")
+        notes += [f"{n}: {e[:160]}" for n, e in r.get("errors", {}).items()]
+        notes += [f"backend: {f[:160]}" for f in st.get("fallbacks", [])[:2]]
+        reasons = sorted({x for p in plans for x in p.get("fallback_reasons", [])})
+        notes += [f"group fallback: {x[:160]}" for x in reasons[:2]]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["cell"],
+                    f"{r['device']}, {r['dtype']}",
+                    *(_mode_cell(r, n) for n in MODES),
+                    f"{vs:.2f}x" if vs else "—",
+                    f"{planner / stored:.2f}" if planner and stored else "—",
+                    f"{pred / stored:.2f}" if pred and stored else "—",
+                    fell,
+                    hits,
+                    f"{r.get('tune_s', 0):.0f}",
+                    comp,
+                    "; ".join(notes).replace("|", "/")[:700],
+                ]
+            )
+            + " |"
+        )
+    if ratios:
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        lines += [
+            "",
+            f"Planner vs best alternative: geometric mean {geo:.3f}x over {len(ratios)} "
+            f"cell(s), worst {max(ratios):.2f}x.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _say(msg: str) -> None:
+    print(f"[real_models] {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, help="bf16 (GPU default) | fp32 (CPU default)")
+    p.add_argument("--tiny", action="store_true", help="the CPU tests' configs and shapes")
+    p.add_argument("--cells", default="", help="comma-separated fnmatch patterns or model names")
+    p.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
+    p.add_argument(
+        "--strategy", default="priority", help="tune strategy (priority/greedy: no optuna)"
+    )
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--cost-model", default=None, help="passed to `fusion-plan tune`")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--round-ms", type=float, default=25.0, help="time per contender per round")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=480.0,
+        help="start no cell that would end past this, judged by the longest cell so far",
+    )
+    p.add_argument("--redo", action="store_true", help="re-measure cells already in the jsonl")
+    p.add_argument("--out", default=None, help="output stem (default results/real_models_<dev>)")
+    p.add_argument("--from-jsonl", default=None, help="only regenerate the table from this file")
+    args = p.parse_args(argv)
+    if args.from_jsonl:
+        src = Path(args.from_jsonl)
+        rows = read_jsonl(src)
+        command = rows[-1].get("command", "") if rows else ""
+        src.with_suffix(".md").write_text(markdown(rows, command))
+        print(src.with_suffix(".md"))
+        return 0
+    gpu = args.device.startswith("cuda")
+    args.dtype = args.dtype or ("bf16" if gpu else "fp32")
+    args.modes = [m for m in args.modes.split(",") if m]
+    unknown = set(args.modes) - set(MODES)
+    if unknown or "eager" not in args.modes:
+        p.error(f"--modes: unknown {sorted(unknown)}; eager is required (the reference)")
+    tag = ("h100" if "H100" in torch.cuda.get_device_name() else "gpu") if gpu else "cpu"
+    stem = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"real_models_{tag}"
+    if args.tiny and not args.out:
+        stem = stem.with_name(stem.name + "_tiny")
+    jsonl = stem.with_suffix(".jsonl")
+    jsonl.parent.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/real_models.py " + shlex.join(
+        sys.argv[1:] if argv is None else argv
+    )
+    done = {
+        r["cell"]
+        for r in read_jsonl(jsonl)
+        if r.get("dtype") == args.dtype and r.get("tiny") == args.tiny
+    }
+    todo = cells(args.tiny, [c for c in args.cells.split(",") if c])
+    t_start = time.perf_counter()
+    longest_s = 0.0  # no cell starts that the longest one so far would carry past the limit
+    for name, m, shape in todo:
+        if name in done and not args.redo:
+            _say(f"{name}: in {jsonl.name} already (--redo to measure again)")
+            continue
+        elapsed = time.perf_counter() - t_start
+        if longest_s and elapsed + longest_s > args.time_limit_s:
+            _say(f"time limit: {name} and later cells left for the next call (same command)")
+            break
+        t_cell = time.perf_counter()
+        try:
+            row = run_cell(name, m, shape, args)
+        except Exception as e:  # one broken cell must not lose the others
+            traceback.print_exc()
+            row = {
+                "cell": name,
+                "model": m.name,
+                "shape": shape,
+                "dtype": args.dtype,
+                "tiny": args.tiny,
+                "device": args.device,
+                "errors": {"cell": f"{type(e).__name__}: {e}"},
+            }
+        row["command"] = command
+        row["cell_s"] = time.perf_counter() - t_cell
+        longest_s = max(longest_s, row["cell_s"])
+        with jsonl.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+    rows = read_jsonl(jsonl)
+    stem.with_suffix(".md").write_text(markdown(rows, command))
+    print(stem.with_suffix(".md"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,273 @@
+"""The real-model suite (benchmarks/models: Hugging Face models from their configs, tiny
+sizes) through the whole pipeline on CPU: capture -> plan -> realize -> verify -> tune ->
+the `torch.compile` backend, each step's output compared with eager.
+
+Capture and planning run for every model in the default suite; the later steps run for
+GPT-2 and BERT by default and for the rest with `-m slow`. Steps that wait on work in
+progress elsewhere are marked xfail(strict=False) with the failure they hit (`PENDING`).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+pytest.importorskip("transformers")
+
+from benchmarks.models import BY_NAME, SUITE
+from learned_cost.analytical import AnalyticalModel
+from planner.buckets import parse_dynamic
+from planner.cache import PlanCache
+from planner.capture import export_model
+from planner.hardware import get_spec
+from planner.legality import check
+from planner.modelspec import resolve, tensor_shapes
+from planner.objective import Objective
+from planner.realize import realize
+from planner.runtime import fusion_planner_backend
+from planner.taxonomy import Category
+from profiling.verify import verify_against_eager
+from search.strategy import get_strategy
+from search.tune import TuneConfig, tune
+
+pytestmark = pytest.mark.optional
+
+FAST_TIMER = {"warmup": 1, "min_reps": 2, "max_reps": 3, "max_seconds": 0.5}
+FULL_DEFAULT = ("gpt2", "bert")  # the models the default suite takes through every step
+STEPS = ("capture", "plan", "realize", "verify", "tune", "backend")
+
+# (model, step) -> why it fails today; every later step of that model fails with it.
+_CACHE_OUT = (
+    "capture: torch.export rejects the DynamicCache in the output (use_cache=True): "
+    "needs pytree outputs in capture"
+)
+_MODEL_OUTPUT = (
+    "verify: compare_outputs on a ModelOutput ('Boolean value of Tensor with more than one "
+    "value is ambiguous'): needs pytree outputs in realize_check/verify"
+)
+PENDING: dict[tuple[str, str], str] = {
+    ("gpt2", "capture"): _CACHE_OUT,
+    ("llama", "capture"): _CACHE_OUT,
+    **{(m, "verify"): _MODEL_OUTPUT for m in ("bert", "t5-encoder", "vit", "resnet18")},
+}
+
+
+def _pending(model: str, step: str) -> str | None:
+    for earlier in STEPS[: STEPS.index(step) + 1]:
+        if (model, earlier) in PENDING:
+            return PENDING[(model, earlier)]
+    return None
+
+
+def cases(step: str, default: tuple[str, ...] = FULL_DEFAULT) -> list[Any]:
+    """One param per suite model: slow unless in `default`, xfail where PENDING says."""
+    out = []
+    for m in SUITE:
+        marks = []
+        if m.name not in default:
+            marks.append(pytest.mark.slow)
+        if step in STEPS and (why := _pending(m.name, step)) is not None:
+            marks.append(pytest.mark.xfail(strict=False, reason=why))
+        out.append(pytest.param(m.name, marks=marks, id=m.name))
+    return out
+
+
+ALL = tuple(m.name for m in SUITE)
+
+
+@functools.cache
+def built(name: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    torch.set_num_threads(1)
+    m = BY_NAME[name]
+    return resolve(m.spec(tiny=True), m.tiny_shape).build(seed=0)
+
+
+@functools.cache
+def eager_out(name: str) -> Any:
+    module, inputs = built(name)
+    with torch.no_grad():
+        return module(*inputs)
+
+
+@functools.cache
+def captured(name: str):
+    module, inputs = built(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return export_model(module, inputs, name=name)
+
+
+@functools.cache
+def planned(name: str):
+    cap = captured(name)
+    obj = Objective(AnalyticalModel(get_spec("cpu")))
+    return get_strategy("priority").plan(cap.graph, obj).partition, obj
+
+
+@functools.cache
+def realized(name: str):
+    return realize(captured(name), planned(name)[0], device="cpu")
+
+
+def tensors(out: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Every tensor in a model output, library objects (a KV cache) included, in order."""
+    found: list[torch.Tensor] = []
+    for leaf in pytree.tree_leaves(out):
+        if isinstance(leaf, torch.Tensor):
+            found.append(leaf)
+        elif hasattr(leaf, "__dict__") and depth < 4:
+            found += tensors(list(vars(leaf).values()), depth + 1)
+    return found
+
+
+def assert_like_eager(name: str, got: Any) -> None:
+    ref = tensors(eager_out(name))
+    out = tensors(got)
+    assert len(out) == len(ref) > 0
+    for r, g in zip(ref, out):
+        torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", cases("capture", ALL))
+def test_capture_reads_every_op(name):
+    cap = captured(name)
+    g = cap.graph
+    assert len(g.nodes) >= 20
+    cats = [n.category for n in g.nodes]
+    assert cats.count(Category.COMPUTE) >= 4  # every layer's GEMMs / convolutions
+    assert Category.POINTWISE in cats
+    # the graph's inputs are the example inputs' tensor leaves, in pytree order
+    assert g.input_shapes == tensor_shapes(built(name)[1])
+
+
+@pytest.mark.parametrize("name", cases("plan", ALL))
+def test_priority_plan_is_legal_and_fuses(name):
+    part, obj = planned(name)
+    assert check(part, obj.limits).ok
+    g = captured(name).graph
+    assert len(part) < len(g.nodes)  # something fused
+    assert obj.evaluate(part).total_s < obj.evaluate(type(part).singletons(g)).total_s
+
+
+@pytest.mark.parametrize("name", cases("realize"))
+def test_realized_plan_matches_eager(name):
+    rp = realized(name)
+    assert not rp.fallbacks, rp.fallbacks
+    with torch.no_grad():
+        assert_like_eager(name, rp(*built(name)[1]))
+
+
+@pytest.mark.parametrize("name", cases("verify"))
+def test_verify_accepts_the_realized_plan(name):
+    module, inputs = built(name)
+    report = verify_against_eager(realized(name), module, inputs)
+    assert report.ok, report
+
+
+def _tune_one_bucket(name: str, db: str):
+    m = BY_NAME[name]
+    spec = resolve(m.spec(tiny=True), m.tiny_shape)
+    size = m.tiny_shape[m.dim]
+    cfg = TuneConfig(
+        spec=spec,
+        dynamic=f"{m.dim}={size // 2 + 1}..{size}",  # one pow2 bucket
+        strategy="priority",
+        top_k=1,
+        compile_baseline=False,
+        timer=FAST_TIMER,
+    )
+    with PlanCache(db) as cache:
+        return tune(cfg, AnalyticalModel(get_spec("cpu")), cache, progress=lambda _: None)
+
+
+@pytest.mark.parametrize("name", cases("tune"))
+def test_tune_stores_a_measured_plan(name, tmp_path):
+    results = _tune_one_bucket(name, str(tmp_path / "plans.sqlite"))
+    assert len(results) == 1
+    r = results[0]
+    assert r.plan is not None, [c.error for c in r.candidates]
+    assert r.plan.measured_s and r.plan.measured_s > 0
+    # the inferred dims put every input that follows the dim into the bucket
+    m = BY_NAME[name]
+    dims = parse_dynamic(f"{m.dim}=1..{m.tiny_shape[m.dim]}", resolve(m.spec(tiny=True)).dims)
+    assert len(dims.dims) == len(resolve(m.spec(tiny=True)).dims[m.dim])
+
+
+@pytest.mark.parametrize("name", cases("backend-default", ("gpt2",)))
+def test_backend_with_default_plans_matches_eager(name, tmp_path):
+    """An empty cache: every graph dynamo hands over runs a default plan."""
+    module, inputs = built(name)
+    backend = fusion_planner_backend(str(tmp_path / "empty.sqlite"), device="cpu")
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=backend)
+    with torch.no_grad():
+        assert_like_eager(name, compiled(*inputs))
+    torch._dynamo.reset()
+    s = backend.stats
+    assert s.realized >= 1 and s.default >= 1 and not s.fallbacks, s
+
+
+@pytest.mark.parametrize("name", cases("backend"))
+def test_backend_serves_the_tuned_plan_like_eager(name, tmp_path):
+    db = str(tmp_path / "plans.sqlite")
+    assert _tune_one_bucket(name, db)[0].plan is not None
+    module, inputs = built(name)
+    backend = fusion_planner_backend(db, device="cpu")
+    made = []
+    base = backend.realizer
+
+    def recording(captured, plan):
+        made.append(base(captured, plan))
+        return made[-1]
+
+    backend.realizer = recording
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=backend)
+    with torch.no_grad():
+        assert_like_eager(name, compiled(*inputs))
+        assert_like_eager(name, compiled(*inputs))
+    torch._dynamo.reset()
+    s = backend.stats
+    assert s.graphs >= 1 and not s.fallbacks, s
+    assert s.exact + s.bucket >= 1 and s.default == 0, s  # the tuned plan, not a default one
+    assert made and not any(rp.fallbacks for rp in made), [rp.fallbacks for rp in made]
+
+
+@pytest.mark.slow
+def test_benchmark_runs_a_tiny_cell_and_regenerates_its_table(tmp_path):
+    """benchmarks/real_models.py end to end on CPU: tune subprocess, one timer, report."""
+    from benchmarks import real_models as bench
+
+    stem = tmp_path / "rm"
+    args = ["--device", "cpu", "--tiny", "--cells", "resnet18", "--modes", "eager,planner"]
+    assert bench.main([*args, "--rounds", "3", "--out", str(stem)]) == 0
+    rows = bench.read_jsonl(stem.with_suffix(".jsonl"))
+    assert [r["cell"] for r in rows] == ["resnet18:B2xIMG32"]
+    r = rows[0]
+    assert set(r["timing"]) == {"eager", "planner"} and r["tune_s"] > 0
+    assert r["runtime_stats"]["graphs"] >= 1 and r["max_abs_diff"]["planner"] < 1e-3
+    table = stem.with_suffix(".md").read_text()
+    assert bench.main(["--from-jsonl", str(stem.with_suffix(".jsonl"))]) == 0
+    assert stem.with_suffix(".md").read_text() == table
+    # a second call skips the measured cell
+    assert bench.main([*args, "--out", str(stem)]) == 0
+    assert len(bench.read_jsonl(stem.with_suffix(".jsonl"))) == 1
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_suite_dims_are_inferred_for_every_input(name):
+    """The suite's factories carry no `dims`: the varying parameter's axes are found by
+    building them, on every input that has them (BERT's mask, both image axes)."""
+    m = BY_NAME[name]
+    spec = resolve(m.spec(tiny=True), m.tiny_shape)
+    _module, inputs = spec.build(device="meta")
+    shapes = tensor_shapes(inputs)
+    size = m.tiny_shape[m.dim]
+    expected = tuple((i, a) for i, s in enumerate(shapes) for a, d in enumerate(s) if d == size)
+    assert spec.dims[m.dim] == expected and len(expected) >= 1
+    assert spec.dims["B"] == tuple((i, 0) for i in range(len(shapes)))
