@@ -120,14 +120,7 @@ class CacheAdmin:
             "shapes_json",
             "shapes",
         )
-        return {
-            "format": EXPORT_FORMAT,
-            "schema": sql.CACHE_SCHEMA,
-            "exported_at": now_iso(),
-            "plans": plans,
-            "specs": specs,
-            "queue": queue,
-        }
+        return export_document(plans, specs, queue)
 
     def import_records(self, data: Mapping[str, Any]) -> dict[str, int]:
         """Merge an `export_records` document: plans by the same better-wins rule as
@@ -155,6 +148,52 @@ class CacheAdmin:
             "specs": len(checked.specs),
             "queue": len(checked.queue),
         }
+
+
+def export_document(
+    plans: list[dict[str, Any]] | None = None,
+    specs: list[dict[str, Any]] | None = None,
+    queue: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """An export document (what `cache export` writes and `cache import` reads)."""
+    return {
+        "format": EXPORT_FORMAT,
+        "schema": sql.CACHE_SCHEMA,
+        "exported_at": now_iso(),
+        "plans": plans or [],
+        "specs": specs or [],
+        "queue": queue or [],
+    }
+
+
+def plan_record(plan: Plan, bucket_key: str, *, label: str = "") -> dict[str, Any]:
+    """A plan as an export record for `bucket_key` ("bucket:[...]" or "exact:[...]")."""
+    now = now_iso()
+    return {
+        "model_key": plan.structure_key,
+        "device_fp": plan.device_fingerprint,
+        "bucket_key": bucket_key,
+        "plan": plan.to_json(),
+        "plan_id": plan.graph_key,
+        "predicted_s": plan.predicted_s,
+        "measured_s": plan.measured_s,
+        "torch_version": plan.versions.get("torch", ""),
+        "cost_model": plan.cost_model,
+        "schema_version": int(plan.versions.get("planner_schema", SCHEMA_VERSION)),
+        "label": label,
+        "created_at": plan.created_at or now,
+        "updated_at": now,
+    }
+
+
+def spec_record(model_key: str, device_fp: str, spec: BucketSpec) -> dict[str, Any]:
+    """A bucket spec as an export record."""
+    return {
+        "model_key": model_key,
+        "device_fp": device_fp,
+        "spec": spec.to_json(),
+        "updated_at": now_iso(),
+    }
 
 
 def _decoded(rows: list[dict[str, Any]], column: str, key: str) -> list[dict[str, Any]]:

@@ -41,6 +41,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+MAX_SIZE = 1 << 40  # one dimension's size; past this no tensor fits any machine
+
+
 def parse_shape(text: str | None) -> dict[str, int]:
     """ "B=8,S=512" -> {"B": 8, "S": 512}. Values may use k/M suffixes or 2^n."""
     if not text:
@@ -53,6 +56,8 @@ def parse_shape(text: str | None) -> dict[str, int]:
         m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\S+)", part)
         if not m:
             raise ModelSpecError(f"bad shape term {part!r}: expected NAME=VALUE, e.g. B=8,S=512")
+        if m.group(1) in out:
+            raise ModelSpecError(f"shape parameter {m.group(1)} is given twice in {text!r}")
         out[m.group(1)] = _parse_int(m.group(2), part)
     return out
 
@@ -68,6 +73,8 @@ def _parse_int(v: str, where: str) -> int:
         raise ModelSpecError(f"bad value in {where!r}: expected an integer") from None
     if n <= 0:
         raise ModelSpecError(f"bad value in {where!r}: sizes must be positive")
+    if n > MAX_SIZE:
+        raise ModelSpecError(f"bad value in {where!r}: sizes above 2^40 cannot be allocated")
     return n
 
 
@@ -100,12 +107,25 @@ class ModelSpec:
         factory = _load_factory(self.spec)
         torch.manual_seed(seed)
         kwargs = _accepted(factory, self.params)
-        result = factory(**kwargs)
+        try:
+            result = factory(**kwargs)
+        except Exception as e:
+            raise ModelSpecError(
+                f"{self.spec}({', '.join(f'{k}={v}' for k, v in kwargs.items())}) raised "
+                f"{type(e).__name__}: {e}"
+            ) from e
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ModelSpecError(f"{self.spec} must return (module, example_inputs)")
         module, inputs = result
         if isinstance(inputs, torch.Tensor):
             inputs = (inputs,)
+        if not isinstance(module, torch.nn.Module) or not isinstance(inputs, tuple | list):
+            raise ModelSpecError(
+                f"{self.spec} returned ({type(module).__name__}, {type(inputs).__name__}); "
+                "expected (a torch.nn.Module, a tuple of example inputs)"
+            )
+        if not any(isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves(inputs)):
+            raise ModelSpecError(f"{self.spec}'s example inputs hold no tensor")
         module = module.to(device=device, dtype=dtype).eval()
         inputs = tuple(
             x.to(device=device, dtype=dtype if x.is_floating_point() else x.dtype)

@@ -59,6 +59,24 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fusion-plan {args.command}: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        print(
+            f"fusion-plan {args.command}: error: out of memory ({first}): the model at these "
+            "sizes does not fit this machine; pass smaller --shape / --dynamic sizes",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether `e` is an allocation failure (host or device), not a bug."""
+    if isinstance(e, MemoryError):
+        return True
+    text = str(e).lower()
+    return any(m in text for m in ("can't allocate memory", "out of memory", "tried to allocate"))
 
 
 if __name__ == "__main__":
