@@ -423,12 +423,18 @@ def parse_dynamic(
         i, a = dims[name]
         out_dims.append(DynamicDim(name, i, a))
         pol = parse_policy(policy, lo, hi, (histogram or {}).get(name))
-        if isinstance(pol, Edges) and pol.source != "explicit":
-            pol = _clip_edges(pol, lo, hi)
+        if isinstance(pol, Edges):  # never a bucket (nor a tuning shape) outside LO..HI
+            pol = _clip_edges(pol, lo, hi) if pol.source != "explicit" else _cut_edges(pol, lo, hi)
         pols.append(pol)
     if not out_dims:
         raise BucketError("no dynamic dims given: expected e.g. S=128..4096")
     return BucketSpec(tuple(out_dims), tuple(pols))
+
+
+def _cut_edges(p: Edges, lo: int, hi: int) -> Edges:
+    """Explicit edges cut to the declared range [lo, hi]: edges inside it are kept, and
+    the last bucket ends at `hi` (its representative, the size tuned at, is then inside)."""
+    return Edges((*(e for e in p.edges if lo <= e < hi), hi), lo, p.source)
 
 
 def _clip_edges(p: Edges, lo: int, hi: int) -> Edges:
