@@ -65,7 +65,7 @@ def parse_shape(text: str | None) -> dict[str, int]:
 def _parse_int(v: str, where: str) -> int:
     m = re.fullmatch(r"2\^(\d+)", v)
     if m:
-        return 1 << int(m.group(1))
+        v = str(1 << min(int(m.group(1)), 63))
     mult = {"k": 1 << 10, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1], 1)
     try:
         n = int(v[:-1] if mult > 1 else v) * mult
