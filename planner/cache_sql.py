@@ -278,6 +278,11 @@ class SQLiteStore:
 
     # -- opening, checking, setting aside --
     def _connect(self, tries: int = 3) -> None:
+        if self.path.is_dir():
+            raise CacheError(
+                f"plan cache {self.path} is a directory: pass a file path, e.g. "
+                f"{self.path / 'plans.sqlite'}"
+            )
         if self.read_only or (why := _not_writable(self.path)):
             if not self.read_only:
                 self.read_only_reason = why
