@@ -602,7 +602,7 @@ class SQLAlchemyStore:
         if self._engine.dialect.name == "sqlite":
             sa.event.listen(self._engine, "connect", _sqlite_pragmas)
         try:
-            self._write([(stmt, {}) for stmt in DDL], reconnect=False)
+            self._write([(stmt, {}) for stmt in DDL], reconnect=False, what="opening")
             self._write(
                 [
                     (
@@ -612,6 +612,7 @@ class SQLAlchemyStore:
                     )
                 ],
                 reconnect=False,
+                what="opening",
             )
             meta = {r["key"]: r["value"] for r in self.execute("SELECT key, value FROM fp_meta")}
         except BaseException:
@@ -667,7 +668,11 @@ class SQLAlchemyStore:
         return self._write(statements, reconnect=True)
 
     def _write(
-        self, statements: Sequence[tuple[str, Mapping[str, Any]]], *, reconnect: bool
+        self,
+        statements: Sequence[tuple[str, Mapping[str, Any]]],
+        *,
+        reconnect: bool,
+        what: str = "write",
     ) -> list[int]:
         def once() -> list[int]:
             with self._engine.begin() as conn:
@@ -682,7 +687,7 @@ class SQLAlchemyStore:
                     log.warning("plan cache %s unreachable (%s); retrying", self.safe_url, e)
                     time.sleep(0.5)
                     continue
-                raise self._error("write", e) from e
+                raise self._error(what, e) from e
 
     def close(self) -> None:
         self._engine.dispose()

@@ -45,7 +45,7 @@ from planner.plan import Plan
 from planner.realize import realize
 from profiling.timer import Timing, measure
 from profiling.verify import verify_against_eager
-from search.optuna_storage import check_storage
+from search.optuna_storage import check_storage, storage_kind
 from search.parallel import OPTUNA_STRATEGIES, plan_through_outages, tune_parallel
 from search.strategy import Budget, get_strategy
 
@@ -128,6 +128,18 @@ def check_config(cfg: TuneConfig) -> None:
             f"--storage holds Optuna studies, which strategy {cfg.strategy!r} does not use: "
             f"drop --storage or use --strategy {' or '.join(OPTUNA_STRATEGIES)}"
         )
+    if cfg.workers > 1:
+        if cfg.strategy not in OPTUNA_STRATEGIES:
+            raise FusionPlannerError(
+                f"--workers shares an Optuna study: use --strategy "
+                f"{' or '.join(OPTUNA_STRATEGIES)}, not {cfg.strategy!r}"
+            )
+        kind = storage_kind(cfg.storage)
+        if kind in ("memory", "sqlite"):
+            raise FusionPlannerError(
+                f"--workers {cfg.workers} needs a storage the worker processes can share, not "
+                f"{kind}: pass --storage journal (local processes) or a database URL"
+            )
     if cfg.strategy in OPTUNA_STRATEGIES:
         check_storage(cfg.storage)
 

@@ -417,6 +417,21 @@ def test_tune_refuses_a_bad_storage_before_searching(tmp_path, capsys, storage, 
     assert code == 2 and "does not use" in err
 
 
+def test_workers_without_a_shared_storage_are_refused_before_searching(tmp_path, capsys):
+    argv = ["tune", "--model", "zoo:mlp", "--shape", "D=16,HID=32,L=1", "--dynamic", "B=2..4"]
+    cache = str(tmp_path / "plans.sqlite")
+    for extra in ([], ["--storage", "sqlite"]):
+        code, err = _cli(capsys, *argv, "--workers", "2", *extra, "--cache", cache)
+        assert code == 2 and "storage the worker processes can share" in err
+        assert "[tune]" not in err
+
+
+def test_a_model_too_big_to_allocate_is_a_message(capsys):
+    # 2^38 x 16 floats: refused by the allocator at once (nothing is touched)
+    code, err = _cli(capsys, "measure", "--model", "zoo:mlp", "--shape", "B=2^38,D=1024")
+    assert code == 2 and "out of memory" in err and "smaller --shape" in err
+
+
 def test_shape_values_duplicates_and_sizes(capsys):
     with pytest.raises(ModelSpecError, match="twice"):
         parse_shape("B=1,B=2")
