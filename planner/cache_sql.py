@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import random
+import re
 import sqlite3
 import threading
 import time
@@ -576,7 +577,7 @@ class SQLAlchemyStore:
                 "psycopg), or use a SQLite path"
             ) from e
         self._sa = sa
-        self.url = url
+        self.url = hide_password(url)  # for messages and listings; the engine has the rest
         self.reconnect_s = reconnect_s
         try:
             parsed = sa.engine.make_url(url)
@@ -707,7 +708,7 @@ class ReopeningStore:
         retry_s: float = 5.0,
     ):
         self._arg = url
-        self.url = f"sqlite:///{default_path()}" if url is None else os.fspath(url)
+        self.url = f"sqlite:///{default_path()}" if url is None else hide_password(os.fspath(url))
         self.on_corrupt = on_corrupt
         self.retry_s = retry_s
         self._store: Store | None = None
@@ -754,6 +755,11 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA busy_timeout = 30000")
     cur.execute("PRAGMA journal_mode = WAL")
     cur.close()
+
+
+def hide_password(url: str) -> str:
+    """`url` with the password of its user part shown as ***."""
+    return re.sub(r"^([a-z0-9+.-]+://[^:/@]+):[^@]*@", r"\1:***@", url, flags=re.IGNORECASE)
 
 
 def where_clause(**kw: str | None) -> tuple[str, dict[str, Any]]:

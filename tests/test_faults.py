@@ -591,3 +591,27 @@ def test_when_every_worker_fails_it_is_one_message(tmp_path):
     journal = f"journal:{tmp_path / 'study.log'}"
     with pytest.raises(FusionPlannerError, match=r"every worker process failed.*cannot start"):
         run_workers(2, _always_fails, (), storage_url=journal)
+
+
+# ---- the backend with a cache that is down ------------------------------------------------------
+def test_the_backend_runs_the_model_right_when_its_cache_is_down():
+    pytest.importorskip("sqlalchemy")
+    import torch
+
+    from planner.runtime import fusion_planner_backend
+    from tests.test_runtime import Counting, block, run_shapes
+
+    torch._dynamo.reset()
+    module = block()
+    count = Counting()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        be = fusion_planner_backend(
+            "postgresql+psycopg://u@127.0.0.1:1/db",
+            realizer=count.realizer,
+            exporter=count.exporter,
+        )
+        run_shapes(torch.compile(module, backend=be, dynamic=True), module, [16, 24, 40])
+    assert be.stats.default == 3 and be.stats.queued == 0  # misses; nothing could be queued
+    assert not [f for f in be.stats.fallbacks if f.startswith("capture")]  # not marked broken
+    assert be.cache is not None  # the cache object stays, to be used once the server is up

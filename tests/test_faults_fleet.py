@@ -254,3 +254,45 @@ def test_tune_on_postgresql_with_a_killed_worker_and_a_server_restart(restartabl
     for s in storage.get_all_studies():
         study = optuna.load_study(study_name=s.study_name, storage=storage)
         assert not [t for t in study.trials if t.state.name == "RUNNING"]
+
+
+# ---- the runtime backend: a server that is down at start and comes back ----------------------
+def test_the_backend_uses_the_cache_once_the_server_is_back(restartable):
+    import torch
+
+    from planner.capture import export_model
+    from planner.runtime import fusion_planner_backend
+    from tests.test_runtime import Counting, block, run_shapes
+
+    url = restartable
+    PlanCache(url).close()  # the schema exists; the server then goes down
+    torch._dynamo.reset()
+    module = block()
+    count = Counting()
+    _ctl("stop")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        be = fusion_planner_backend(url, realizer=count.realizer, exporter=count.exporter)
+        compiled = torch.compile(module, backend=be, dynamic=True)
+        run_shapes(compiled, module, [16, 24])  # right answers on default plans
+        assert be.stats.default == 2
+        _ctl("start")
+        x = torch.randn(2, 40, 32)
+        graph = export_model(module, (x,)).graph
+        part = Partition.singletons(graph)
+        for a in (11, 12, 13):  # the attention chain as one group
+            part = part.merge_nodes(a, a + 1)
+        plan = Plan.from_partition(
+            part,
+            device="cpu",
+            dtype="float32",
+            strategy="tuned-elsewhere",
+            cost_model="analytical/1",
+            predicted_s=1e-4,
+            device_fingerprint=be.cache.device_fp,
+        )
+        PlanCache(url).store_exact(plan, graph.input_shapes)  # another process tunes it
+        time.sleep(5.5)  # the runtime's cache tries its server again every 5 s
+        run_shapes(compiled, module, [40])
+    assert be.stats.exact == 1 and count.plans[-1].strategy == "tuned-elsewhere"
+    assert "fp_test:" not in " ".join(be.stats.fallbacks) and ":***@" in be.cache.url
