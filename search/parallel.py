@@ -52,8 +52,8 @@ STORAGE_OUTAGE_S = 120.0  # how long a search waits for its study's database to 
 
 def _storage_lost(e: BaseException) -> bool:
     """A database error (the server restarted, a connection dropped), not a bug."""
-    mod = type(e).__module__
-    return mod.startswith("sqlalchemy") or type(e).__name__ == "StorageInternalError"
+    lost = ("OperationalError", "InterfaceError", "DisconnectionError", "StorageInternalError")
+    return any(type(c).__name__ in lost for c in (e, e.__cause__, e.__context__) if c)
 
 
 def plan_through_outages(

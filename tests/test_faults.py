@@ -589,7 +589,10 @@ def test_when_every_worker_fails_it_is_one_message(tmp_path):
     from search.optuna_storage import run_workers
 
     journal = f"journal:{tmp_path / 'study.log'}"
-    with pytest.raises(FusionPlannerError, match=r"every worker process failed.*cannot start"):
+    with (
+        pytest.warns(UserWarning, match="stopped early"),
+        pytest.raises(FusionPlannerError, match=r"every worker process failed.*cannot start"),
+    ):
         run_workers(2, _always_fails, (), storage_url=journal)
 
 
