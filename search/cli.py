@@ -8,7 +8,7 @@ import logging
 import sys
 import warnings
 
-from planner.errors import FusionPlannerError
+from planner.errors import FusionPlannerError, is_out_of_memory
 
 # Command name -> its module in search/commands/, which registers its own parser. Only the
 # module of the command being run is imported: the others pull in Inductor, Optuna or
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fusion-plan {args.command}: interrupted", file=sys.stderr)
         return 130
     except (MemoryError, RuntimeError) as e:
-        if not out_of_memory(e):
+        if not is_out_of_memory(e):
             raise
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         print(
@@ -69,14 +69,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-
-
-def out_of_memory(e: BaseException) -> bool:
-    """Whether `e` is an allocation failure (host or device), not a bug."""
-    if isinstance(e, MemoryError):
-        return True
-    text = str(e).lower()
-    return any(m in text for m in ("can't allocate memory", "out of memory", "tried to allocate"))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from planner.cache import PlanCache
 from planner.cache_admin import export_document, plan_record, spec_record
 from planner.capture import export_model
 from planner.cost import CostModel
-from planner.errors import CacheError, FusionPlannerError
+from planner.errors import CacheError, FusionPlannerError, is_out_of_memory
 from planner.hardware import cache_dir, device_fingerprint, local_device_name
 from planner.modelspec import ModelSpec, dtype_name
 from planner.objective import Objective
@@ -368,17 +368,9 @@ def tune(
             out.append(tune_bucket(cfg, spec, b, cost_model, cache, progress=progress))
         except Exception as e:
             why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
-            if out_of_memory(e):
+            if is_out_of_memory(e):
                 why = f"out of memory at {spec.representative_params(b)} ({why})"
             progress(f"  bucket {b.key} failed: {why}")
             params = spec.representative_params(b)
             out.append(BucketResult(b, params, None, (), None, None, 0.0, 0.0, f"failed: {why}"))
     return out
-
-
-def out_of_memory(e: BaseException) -> bool:
-    """Whether `e` is an allocation failure (host or device), not a bug."""
-    if isinstance(e, MemoryError):
-        return True
-    text = str(e).lower()
-    return any(m in text for m in ("can't allocate memory", "out of memory", "tried to allocate"))
