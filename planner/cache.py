@@ -254,6 +254,10 @@ class PlanCache(CacheAdmin):
             )
         if not plan.structure_key:
             raise CacheError("the plan has no structure_key: make it with Plan.from_partition")
+        try:
+            check_plan(plan)  # a plan that would claim a hit and then not apply is refused
+        except FusionPlannerError as e:
+            raise CacheError(f"refusing to store an inconsistent plan: {e}") from e
         now = now_iso()
         row = {
             "model_key": plan.structure_key,

@@ -104,6 +104,22 @@ def test_a_plan_and_its_history_row_are_written_together(graph, tmp_path):
     assert cache.lookup(graph.structure_key, [(40, 16)], DEV, spec=_spec()).plan is None
 
 
+def test_an_inconsistent_plan_is_refused_at_store_time(graph, tmp_path):
+    import dataclasses
+
+    cache = PlanCache(str(tmp_path / "plans.sqlite"))
+    good = make_plan(graph, measured=2e-3)
+    bad_groups = (*good.groups[:-1], dataclasses.replace(good.groups[-1], nodes=(999,)))
+    for bad in (
+        dataclasses.replace(good, measured_s=0.0),
+        dataclasses.replace(good, predicted_s=float("nan")),
+        dataclasses.replace(good, groups=bad_groups),
+    ):
+        with pytest.raises(CacheError, match="inconsistent plan"):
+            cache.store(bad, _bucket())
+    assert cache.entries() == []
+
+
 # ---- read-only files and directories ----------------------------------------------------------
 def test_a_cache_seen_as_read_only_is_read_and_never_written(graph, tmp_path, monkeypatch):
     """The read-only path on any user (root writes everything): os.access says no."""
