@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "is skipped for that shape), or 'auto' for each model's built-in sweep",
     )
     p.add_argument("--dtypes", default="fp32", help="comma-separated: fp32,bf16,fp16")
-    p.add_argument("--groups-per-graph", type=positive_int, default=12, help="random legal groups")
+    p.add_argument("--groups-per-graph", type=nonneg_int, default=12, help="random legal groups")
     p.add_argument(
         "--random-plans", type=nonneg_int, default=2, help="random whole plans per graph"
     )
