@@ -433,6 +433,15 @@ def test_tune_refuses_a_bad_storage_before_searching(tmp_path, capsys, storage, 
     assert code == 2 and "does not use" in err
 
 
+def test_plan_refuses_a_bad_storage_instead_of_an_unfused_plan(capsys):
+    pytest.importorskip("optuna")
+    argv = ["plan", "--model", "zoo:mlp", "--strategy", "tpe", "--trials", "4"]
+    code, err = _cli(capsys, *argv, "--storage", "foo")
+    assert code == 2 and "not a known form" in err
+    code, err = _cli(capsys, *argv, "--workers", "0")
+    assert code == 2 and "--workers" in err
+
+
 def test_workers_without_a_shared_storage_are_refused_before_searching(tmp_path, capsys):
     argv = ["tune", "--model", "zoo:mlp", "--shape", "D=16,HID=32,L=1", "--dynamic", "B=2..4"]
     cache = str(tmp_path / "plans.sqlite")
