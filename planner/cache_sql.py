@@ -19,7 +19,14 @@ at once both succeed, the better plan wins, and neither record is lost.
 
 A file that is not SQLite, is damaged, or belongs to another application is never
 overwritten: it is renamed aside (`plans.sqlite.corrupt-<time>`) with a warning saying
-so, and a fresh cache is created in its place.
+so, and a fresh cache is created in its place. A store opened `read_only` (and one whose
+file or directory cannot be written) never creates, renames or writes anything: it reads
+(as an immutable file where SQLite cannot make its WAL index) and refuses writes with a
+CacheError.
+
+Every database error leaves a store as a CacheError. `ReopeningStore` opens its store on
+first use and again after a failure: what the runtime reads through, so a database that
+is down at start is used once it is back.
 """
 
 from __future__ import annotations
