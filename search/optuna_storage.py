@@ -59,6 +59,7 @@ HEARTBEAT_INTERVAL_S = 60
 GRACE_PERIOD_S = 180
 MAX_RETRY = 3
 
+UNREACHABLE = "cannot reach Optuna storage"  # the server did not answer (search.parallel retries)
 R = TypeVar("R")
 log = logging.getLogger(__name__)
 
@@ -150,9 +151,11 @@ def make_storage(
         raise
     except Exception as e:  # a URL that does not parse, a missing driver, a server down
         first = (str(e).strip().splitlines() or [""])[0][:300]
+        down = type(e).__name__ in ("OperationalError", "InterfaceError")
         raise FusionPlannerError(
-            f"cannot open Optuna storage {_safe(url)}: {type(e).__name__}: {first} (check the "
-            "URL and that the server is up; pip install 'fusion-planner[fleet]' for postgresql)"
+            f"{UNREACHABLE if down else 'cannot open Optuna storage'} {_safe(url)}: "
+            f"{type(e).__name__}: {first} (check the URL and that the server is up; "
+            "pip install 'fusion-planner[fleet]' for postgresql)"
         ) from e
 
 

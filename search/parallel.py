@@ -23,7 +23,7 @@ from planner.errors import FusionPlannerError
 from planner.ir import OpGraph
 from planner.objective import Objective
 from planner.partition import Partition
-from search.optuna_storage import run_workers, storage_kind
+from search.optuna_storage import UNREACHABLE, run_workers, storage_kind
 from search.strategy import Budget, SearchResult, get_strategy
 
 log = logging.getLogger(__name__)
@@ -72,12 +72,18 @@ def plan_through_outages(
     deadline = time.monotonic() + outage_s
     while True:
         try:
-            return get_strategy(strategy, **kwargs).plan(graph, objective, budget, seed=seed)
+            res = get_strategy(strategy, **kwargs).plan(graph, objective, budget, seed=seed)
         except Exception as e:
             if not _storage_lost(e) or time.monotonic() > deadline:
                 raise
             log.warning("study storage unreachable (%s: %s); retrying", type(e).__name__, e)
             time.sleep(1.0)
+            continue
+        if UNREACHABLE in res.notes and time.monotonic() < deadline:  # down when opened
+            log.warning("study storage unreachable (%s); retrying", res.notes[:300])
+            time.sleep(1.0)
+            continue
+        return res
 
 
 def _worker(

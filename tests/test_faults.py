@@ -414,7 +414,7 @@ def test_out_of_range_numbers_are_refused_by_the_parser(capsys, argv, flag):
     [
         ("foo", "not a known form"),
         ("sqlite:/x", "not a database URL|cannot open"),
-        ("postgresql+psycopg://u@127.0.0.1:1/db", "cannot open Optuna storage"),
+        ("postgresql+psycopg://u@127.0.0.1:1/db", "cannot reach Optuna storage"),
     ],
 )
 def test_tune_refuses_a_bad_storage_before_searching(tmp_path, capsys, storage, match):

@@ -171,7 +171,14 @@ def _heartbeat_worker(index: int, url: str, name: str) -> int:
         time.sleep(0.1)
         return x * x
 
-    study.optimize(objective, timeout=6)
+    def until_retried(study, _trial) -> None:
+        """Run on until the dead worker's trial was retried and finished (4 s at least)."""
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if time.monotonic() - t0 > 4 and any("failed_trial" in t.system_attrs for t in done):
+            study.stop()
+
+    t0 = time.monotonic()
+    study.optimize(objective, timeout=60, callbacks=[until_retried])
     return index
 
 
