@@ -361,7 +361,10 @@ class SQLiteStore:
         if empty:
             self._empty = True
             return
-        problem = inspect_sqlite_file(self.path)
+        try:
+            problem = inspect_sqlite_file(self.path)
+        except OSError as e:
+            raise CacheError(f"cannot read plan cache {self.path}: {e}") from e
         if problem is not None:
             raise CacheError(
                 f"plan cache {self.path} is {problem}; expected a fusion-planner plan cache "

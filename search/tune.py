@@ -140,6 +140,15 @@ def check_config(cfg: TuneConfig) -> None:
                 f"--workers {cfg.workers} needs a storage the worker processes can share, not "
                 f"{kind}: pass --storage journal (local processes) or a database URL"
             )
+    if cfg.heartbeat_s is not None and (
+        cfg.heartbeat_s < 1
+        or cfg.strategy not in OPTUNA_STRATEGIES
+        or storage_kind(cfg.storage) != "rdb"
+    ):
+        raise FusionPlannerError(
+            f"--heartbeat {cfg.heartbeat_s}: heartbeats (>= 1 s) are kept by database "
+            "storages only: pass --storage postgresql+psycopg://... with --strategy tpe or nsga2"
+        )
     if cfg.strategy in OPTUNA_STRATEGIES:
         check_storage(cfg.storage)
 

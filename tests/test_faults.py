@@ -433,6 +433,13 @@ def test_tune_refuses_a_bad_storage_before_searching(tmp_path, capsys, storage, 
     assert code == 2 and "does not use" in err
 
 
+def test_a_heartbeat_without_a_database_storage_is_refused(tmp_path, capsys):
+    argv = ["tune", "--model", "zoo:mlp", "--shape", "D=16,HID=32,L=1", "--dynamic", "B=2..4"]
+    cache = str(tmp_path / "plans.sqlite")
+    code, err = _cli(capsys, *argv, "--heartbeat", "5", "--storage", "journal", "--cache", cache)
+    assert code == 2 and "database storages only" in err
+
+
 def test_plan_refuses_a_bad_storage_instead_of_an_unfused_plan(capsys):
     pytest.importorskip("optuna")
     argv = ["plan", "--model", "zoo:mlp", "--strategy", "tpe", "--trials", "4"]
