@@ -708,7 +708,9 @@ class ReopeningStore:
     """A store opened on first use, and opened again after a failure (at most once per
     `retry_s`): what the runtime reads through, so a cache that is down when the model
     starts (a database server not up yet, a file being replaced) is used once it is back.
-    Until then every call raises CacheError at once, which a lookup reads as a miss."""
+    A read that fails on an open store likewise holds reads off for `retry_s`. Meanwhile
+    every call raises CacheError at once (no connection attempt, no connect timeout),
+    which a lookup reads as a miss."""
 
     def __init__(
         self,
@@ -728,10 +730,10 @@ class ReopeningStore:
 
     def _get(self) -> Store:
         with self._lock:
+            if time.monotonic() - self._failed_at < self.retry_s and self._error is not None:
+                raise self._error  # fail fast: no connection attempt per lookup while down
             if self._store is not None:
                 return self._store
-            if time.monotonic() - self._failed_at < self.retry_s and self._error is not None:
-                raise self._error
             try:
                 self._store = open_store(self._arg, on_corrupt=self.on_corrupt)
             except CacheError as e:
@@ -748,7 +750,13 @@ class ReopeningStore:
             return False
 
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-        return self._get().execute(sql, params)
+        store = self._get()
+        try:
+            return store.execute(sql, params)
+        except CacheError as e:  # unreadable now: reads fail fast until retry_s has passed
+            with self._lock:
+                self._failed_at, self._error = time.monotonic(), e
+            raise
 
     def write(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> list[int]:
         return self._get().write(statements)

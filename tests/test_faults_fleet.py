@@ -131,6 +131,10 @@ def test_plan_cache_on_postgresql_through_a_server_restart(graph, restartable):
         down = runtime.lookup(graph.structure_key, [(3, 16)], DEV, cache=cache)
         fresh = runtime.lookup(graph.structure_key, [(3, 16)], DEV, cache=url)  # opened now
         assert time.perf_counter() - t0 < 15
+        t0 = time.perf_counter()  # while down, the shared cache answers at once
+        for b in range(5, 9):
+            assert runtime.lookup(graph.structure_key, [(b, 16)], DEV, cache=url).plan is None
+        assert time.perf_counter() - t0 < 0.05
     assert down.plan is None and fresh.plan is None  # a miss, not an exception
     outcome: list = []
     writer = threading.Thread(
