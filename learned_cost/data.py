@@ -84,7 +84,10 @@ def load_profiles(paths: str | Path | Sequence[str | Path]) -> Profiles:
                 f"profile dataset {path} does not exist; collect one with "
                 "`fusion-plan collect --out data/<device>_profiles.parquet` or pass --data"
             )
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise CostModelError(f"{path} is not a readable Parquet dataset ({e})") from e
         missing = [c for c, _ in REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
             raise CostModelError(

@@ -183,6 +183,10 @@ def read_meta(path: str | Path) -> ModelMeta:
         )
     try:
         data = json.loads(json_path.read_text())
+        if not isinstance(data, dict):
+            raise CostModelError(
+                f"{json_path} holds a JSON {type(data).__name__}, not a saved learned_cost model"
+            )
         if data.get("format_version") != FORMAT_VERSION:
             raise CostModelError(
                 f"{json_path} has format {data.get('format_version')}, expected "

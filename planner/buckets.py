@@ -427,8 +427,8 @@ def parse_dynamic(
         if not 1 <= lo <= hi:
             raise BucketError(f"bad range in {part!r}: need 1 <= LO <= HI")
         pol = parse_policy(policy, lo, hi, (histogram or {}).get(name))
-        if isinstance(pol, Edges) and pol.source != "explicit":
-            pol = _clip_edges(pol, lo, hi)
+        if isinstance(pol, Edges):  # never a bucket (nor a tuning shape) outside LO..HI
+            pol = _clip_edges(pol, lo, hi) if pol.source != "explicit" else _cut_edges(pol, lo, hi)
         for i, a in _positions(dims[name]):
             out_dims.append(DynamicDim(name, i, a))
             pols.append(pol)
@@ -442,6 +442,12 @@ def _positions(value: Any) -> tuple[tuple[int, int], ...]:
     if len(value) == 2 and all(isinstance(v, int) for v in value):
         return ((int(value[0]), int(value[1])),)
     return tuple((int(i), int(a)) for i, a in value)
+
+
+def _cut_edges(p: Edges, lo: int, hi: int) -> Edges:
+    """Explicit edges cut to the declared range [lo, hi]: edges inside it are kept, and
+    the last bucket ends at `hi` (its representative, the size tuned at, is then inside)."""
+    return Edges((*(e for e in p.edges if lo <= e < hi), hi), lo, p.source)
 
 
 def _clip_edges(p: Edges, lo: int, hi: int) -> Edges:

@@ -40,9 +40,9 @@ from typing import Any
 
 from planner import cache_sql as sql
 from planner.buckets import Bucket, BucketSpec, exact_key
-from planner.cache_admin import CacheAdmin
-from planner.cache_sql import CacheWarning, Store, open_store
-from planner.errors import CacheError, FusionPlannerError
+from planner.cache_admin import CacheAdmin, check_plan, check_shapes
+from planner.cache_sql import CacheWarning, ReopeningStore, Store, open_store
+from planner.errors import CacheError, FusionPlannerError, PlanError
 from planner.hardware import device_fingerprint
 from planner.plan import SCHEMA_VERSION, Plan, now_iso, versions
 
@@ -145,7 +145,9 @@ class PlanCache(CacheAdmin):
     Thread-safe within a process; each process opens its own (connections are per
     process). `cost_model` pins the cost model ("name/version") entries must have been
     made under; empty accepts any. `url`: None for the default SQLite file, a path,
-    sqlite:///path or another SQLAlchemy URL.
+    sqlite:///path or another SQLAlchemy URL. `read_only`: never create, set aside or write
+    (commands that only read). `reopen`: open the database on first use and again after a
+    failure, never raising here (the runtime's shared caches; planner.cache_sql.ReopeningStore).
     """
 
     def __init__(
@@ -157,9 +159,13 @@ class PlanCache(CacheAdmin):
         l1_ttl_s: float = 300.0,
         negative_ttl_s: float = 5.0,
         on_corrupt: str = "set_aside",
+        read_only: bool = False,
+        reopen: bool = False,
         store: Store | None = None,
     ):
-        self.db: Store = store or open_store(url, on_corrupt=on_corrupt)
+        if store is None and reopen:
+            store = ReopeningStore(url, on_corrupt=on_corrupt)
+        self.db: Store = store or open_store(url, on_corrupt=on_corrupt, read_only=read_only)
         self.cost_model = cost_model
         self.torch_version = versions()["torch"]
         self.l1_size, self.l1_ttl_s, self.negative_ttl_s = l1_size, l1_ttl_s, negative_ttl_s
@@ -178,6 +184,11 @@ class PlanCache(CacheAdmin):
     @property
     def url(self) -> str:
         return self.db.url
+
+    @property
+    def writable(self) -> bool:
+        """False for a cache opened read-only or on a read-only file or directory."""
+        return bool(getattr(self.db, "writable", True))
 
     @property
     def device_fp(self) -> str:
@@ -243,6 +254,10 @@ class PlanCache(CacheAdmin):
             )
         if not plan.structure_key:
             raise CacheError("the plan has no structure_key: make it with Plan.from_partition")
+        try:
+            check_plan(plan)  # a plan that would claim a hit and then not apply is refused
+        except FusionPlannerError as e:
+            raise CacheError(f"refusing to store an inconsistent plan: {e}") from e
         now = now_iso()
         row = {
             "model_key": plan.structure_key,
@@ -261,14 +276,14 @@ class PlanCache(CacheAdmin):
         }
         cur = self._current_params()
         upsert = {**row, **cur, "always": int(replace == "always")}
-        won = self.db.write([(sql.UPSERT_PLAN, upsert)])[0] > 0
-        hist = {**row, "id": sql.history_id(), "won": int(won)}
+        hist = {**row, "id": sql.history_id()}
         queue = {"model_key": plan.structure_key, "device_fp": dev}
         if shape_key:
             mark = (sql.MARK_QUEUE_SHAPE, {**queue, "shape_key": shape_key})
         else:
             mark = (sql.MARK_QUEUE_BUCKET, {**queue, "bucket_key": queue_bucket})
-        self.db.write([(sql.INSERT_HISTORY, hist), mark])
+        # One transaction: the plan, its history row and the queue mark land together.
+        won = self.db.write([(sql.UPSERT_PLAN, upsert), (sql.INSERT_HISTORY, hist), mark])[0] > 0
         self._forget(plan.structure_key, dev, bucket_key)
         return StoreOutcome(won, entry_id(plan.structure_key, dev, bucket_key), bucket_key)
 
@@ -346,12 +361,17 @@ class PlanCache(CacheAdmin):
             item = self._specs.get((model_key, dev))
         if item is not None and item[0] > now:
             return item[1]
-        rows = self.db.execute(sql.SELECT_SPEC, {"model_key": model_key, "device_fp": dev})
+        try:
+            rows = self.db.execute(sql.SELECT_SPEC, {"model_key": model_key, "device_fp": dev})
+        except Exception as e:  # the runtime asks this on its first call: never raise
+            self.stats["errors"] += 1
+            self._warn_once("spec-read", f"plan cache {self.url} unreadable ({e}); no bucket spec")
+            return None  # not remembered: asked again, a cache that came back answers
         spec = None
         if rows:
             try:
                 spec = BucketSpec.from_json(json.loads(rows[0]["spec_json"]))
-            except (ValueError, FusionPlannerError) as e:
+            except (ValueError, TypeError, FusionPlannerError) as e:
                 self._warn_once("spec", f"ignoring an unreadable bucket spec for {model_key}: {e}")
         ttl = self.l1_ttl_s if spec is not None else self.negative_ttl_s
         with self._lock:
@@ -488,20 +508,31 @@ class PlanCache(CacheAdmin):
         rows = self.db.execute(
             f"SELECT {cols} FROM fp_queue{where} ORDER BY count DESC, shape_key", params
         )
-        return [
-            QueueItem(
-                r["model_key"],
-                r["device_fp"],
-                tuple(tuple(int(d) for d in s) for s in json.loads(r["shapes_json"])),
-                r["bucket_key"],
-                r["label"],
-                int(r["count"]),
-                r["status"],
-                r["first_seen"],
-                r["last_seen"],
-            )
-            for r in rows
-        ]
+        out = []
+        for r in rows:
+            try:
+                shapes = json.loads(r["shapes_json"])
+                check_shapes(shapes)
+                out.append(
+                    QueueItem(
+                        str(r["model_key"]),
+                        str(r["device_fp"]),
+                        tuple(tuple(int(d) for d in s) for s in shapes),
+                        str(r["bucket_key"]),
+                        str(r["label"]),
+                        int(r["count"]),
+                        str(r["status"]),
+                        str(r["first_seen"]),
+                        str(r["last_seen"]),
+                    )
+                )
+            except (ValueError, TypeError, FusionPlannerError) as e:
+                self._warn_once(
+                    f"queue:{r.get('shape_key')}",
+                    f"ignoring an unreadable tuning-queue row {r.get('shape_key')!r} of "
+                    f"{r.get('model_key')}: {e} (drop it with `fusion-plan cache prune --queue`)",
+                )
+        return out
 
     def pending_buckets(
         self, model_key: str, spec: BucketSpec, device_fp: str | None = None
@@ -548,28 +579,35 @@ class PlanCache(CacheAdmin):
         }
 
     def _parse(self, row: Mapping[str, Any]) -> CacheEntry | None:
+        """The entry of a row, or None (with a warning, once) when the row is unreadable:
+        a broken row is never served, and never takes a listing or a lookup down."""
         try:
-            plan = Plan.from_json(json.loads(row["plan_json"]))
-        except (ValueError, FusionPlannerError) as e:
+            data = json.loads(row["plan_json"])
+            if not isinstance(data, dict):
+                raise PlanError(f"plan_json holds a JSON {type(data).__name__}, not an object")
+            plan = Plan.from_json(data)
+            check_plan(plan)
+            return CacheEntry(
+                row["model_key"],
+                row["device_fp"],
+                row["bucket_key"],
+                plan,
+                row["predicted_s"],
+                row["measured_s"],
+                row["torch_version"],
+                row["cost_model"],
+                int(row["schema_version"]),
+                row["label"],
+                row["created_at"],
+                row["updated_at"],
+            )
+        except (ValueError, TypeError, KeyError, AttributeError, FusionPlannerError) as e:
             self._warn_once(
-                f"parse:{row['bucket_key']}",
-                f"ignoring an unreadable plan for {row['model_key']} {row['bucket_key']}: {e}",
+                f"parse:{row.get('model_key')}:{row.get('bucket_key')}",
+                f"ignoring an unreadable plan for {row.get('model_key')} "
+                f"{row.get('bucket_key')}: {e}",
             )
             return None
-        return CacheEntry(
-            row["model_key"],
-            row["device_fp"],
-            row["bucket_key"],
-            plan,
-            row["predicted_s"],
-            row["measured_s"],
-            row["torch_version"],
-            row["cost_model"],
-            int(row["schema_version"]),
-            row["label"],
-            row["created_at"],
-            row["updated_at"],
-        )
 
     def _trusted(self, row: Mapping[str, Any]) -> CacheEntry | None:
         entry = self._parse(row)

@@ -40,3 +40,12 @@ class CacheError(FusionPlannerError):
 
 class CostModelError(FusionPlannerError):
     """A cost model was used before it was fitted, or loaded for the wrong setting."""
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether `e` is an allocation failure (host or device memory), not a bug: the
+    model at the sizes asked for does not fit the machine."""
+    if isinstance(e, MemoryError):
+        return True
+    text = str(e).lower()
+    return any(m in text for m in ("can't allocate memory", "out of memory", "tried to allocate"))

@@ -51,6 +51,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+MAX_SIZE = 1 << 40  # one dimension's size; past this no tensor fits any machine
+
+
 def parse_shape(text: str | None) -> dict[str, int]:
     """ "B=8,S=512" -> {"B": 8, "S": 512}. Values may use k/M suffixes or 2^n."""
     if not text:
@@ -63,6 +66,8 @@ def parse_shape(text: str | None) -> dict[str, int]:
         m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\S+)", part)
         if not m:
             raise ModelSpecError(f"bad shape term {part!r}: expected NAME=VALUE, e.g. B=8,S=512")
+        if m.group(1) in out:
+            raise ModelSpecError(f"shape parameter {m.group(1)} is given twice in {text!r}")
         out[m.group(1)] = _parse_int(m.group(2), part)
     return out
 
@@ -70,7 +75,7 @@ def parse_shape(text: str | None) -> dict[str, int]:
 def _parse_int(v: str, where: str) -> int:
     m = re.fullmatch(r"2\^(\d+)", v)
     if m:
-        return 1 << int(m.group(1))
+        v = str(1 << min(int(m.group(1)), 63))
     mult = {"k": 1 << 10, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1], 1)
     try:
         n = int(v[:-1] if mult > 1 else v) * mult
@@ -78,6 +83,8 @@ def _parse_int(v: str, where: str) -> int:
         raise ModelSpecError(f"bad value in {where!r}: expected an integer") from None
     if n <= 0:
         raise ModelSpecError(f"bad value in {where!r}: sizes must be positive")
+    if n > MAX_SIZE:
+        raise ModelSpecError(f"bad value in {where!r}: sizes above 2^40 cannot be allocated")
     return n
 
 
@@ -115,7 +122,8 @@ class ModelSpec:
             result = factory(**kwargs)
         except Exception as e:  # the user's code: one clear error, the cause chained
             raise ModelSpecError(
-                f"{self.spec} raised {type(e).__name__} when called with {kwargs}: {e}"
+                f"{self.spec}({', '.join(f'{k}={v}' for k, v in kwargs.items())}) raised "
+                f"{type(e).__name__}: {e}"
             ) from e
         module, inputs = _checked(self.spec, result)
         module = module.to(device=device, dtype=dtype).eval()
@@ -170,6 +178,8 @@ def _checked(spec: str, result: Any) -> tuple[torch.nn.Module, tuple[Any, ...]]:
             f"{spec} returned example_inputs of type {type(inputs).__name__}; expected a tensor "
             "or a tuple of positional args (nested dicts/lists of tensors are fine inside it)"
         )
+    if not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(inputs)):
+        raise ModelSpecError(f"{spec}'s example inputs hold no tensor")
     return module, tuple(inputs)
 
 

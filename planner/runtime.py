@@ -100,13 +100,17 @@ _shared_lock = threading.Lock()
 
 
 def open_cache(cache: PlanCache | str | None = None) -> PlanCache:
-    """A PlanCache: `cache` itself, or one shared per URL in this process (None: default)."""
+    """A PlanCache: `cache` itself, or one shared per URL in this process (None: default).
+
+    Never raises for a database that is down, missing or damaged: the shared cache opens
+    its database on first use and again after a failure (`PlanCache(reopen=True)`), so its
+    lookups read as misses until the database answers, and then find plans again."""
     if isinstance(cache, PlanCache):
         return cache
     key = cache or ""
     with _shared_lock:
         if key not in _shared:
-            _shared[key] = PlanCache(cache)
+            _shared[key] = PlanCache(cache, reopen=True)
         return _shared[key]
 
 
@@ -129,10 +133,10 @@ def lookup(
     `source == "default"` with no plan: run `plan_for(graph)`'s default. Never raises."""
     try:
         c = open_cache(cache)
-    except FusionPlannerError as e:
+        return c.lookup(structure_key, shapes, _fingerprint(device), spec=spec)
+    except Exception as e:  # a lookup must never take the model down
         _warn_once(f"cache:{cache}", f"plan cache unavailable ({e}); using default plans")
         return LookupResult(None, DEFAULT, None)
-    return c.lookup(structure_key, shapes, _fingerprint(device), spec=spec)
 
 
 def plan_for(
@@ -149,7 +153,7 @@ def plan_for(
         try:
             result.plan.partition_for(graph)
             return result.plan, result.source
-        except FusionPlannerError as e:
+        except Exception as e:  # a plan that does not fit this graph: the default runs
             _warn_once(f"fit:{graph.structure_key}", f"cached plan does not fit ({e})")
     return default_plan(graph, device), DEFAULT
 

@@ -8,7 +8,7 @@ import logging
 import sys
 import warnings
 
-from planner.errors import FusionPlannerError
+from planner.errors import FusionPlannerError, is_out_of_memory
 
 # Command name -> its module in search/commands/, which registers its own parser. Only the
 # module of the command being run is imported: the others pull in Inductor, Optuna or
@@ -59,6 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fusion-plan {args.command}: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        print(
+            f"fusion-plan {args.command}: error: out of memory ({first}): the model at these "
+            "sizes does not fit this machine; pass smaller --shape / --dynamic sizes",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,46 @@ import torch
 from planner import hardware, modelspec
 from planner.capture import Captured, export_model
 from planner.modelspec import ModelSpec
+
+
+# ---- argument types: a bad number is refused by the parser, with its flag named ----------
+def _number(text: str, kind: type, lo: float, lo_open: bool, hi: float | None = None) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {kind.__name__} value, got {text!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    if value < lo or (lo_open and value == lo):
+        raise argparse.ArgumentTypeError(f"must be {'>' if lo_open else '>='} {lo:g}, got {text}")
+    if hi is not None and value > hi:
+        raise argparse.ArgumentTypeError(f"must be <= {hi:g}, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _number(text, int, 1, False)
+
+
+def nonneg_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _number(text, int, 0, False)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (nan and inf refused)."""
+    return _number(text, float, 0.0, True)
+
+
+def nonneg_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (nan and inf refused)."""
+    return _number(text, float, 0.0, False)
+
+
+def days(text: str) -> float:
+    """argparse type: an age in days, finite, 0 to 36500."""
+    return _number(text, float, 0.0, False, 36500.0)
 
 
 def add_model_args(

@@ -35,7 +35,17 @@ from planner.objective import Evaluation, Objective
 from planner.partition import Partition
 from search.encoding import Encoding, build_encoding
 from search.merge_env import OutOfBudget
-from search.optuna_storage import open_study, require_optuna, signature_of
+from search.optuna_storage import (
+    WORKER_ATTR,
+    fail_dead_trials,
+    make_storage,
+    open_study,
+    require_optuna,
+    signature_of,
+    storage_kind,
+    worker_tag,
+)
+
 from search.strategy import Clock
 
 log = logging.getLogger("search.optuna")
@@ -56,6 +66,8 @@ class OptunaSettings:
     storage: str | None = None
     bucket_id: str = "adhoc"
     progress_every_s: float = 10.0
+    heartbeat_s: int | None = None  # database storages: heartbeat interval (None: default)
+    sweep_every_s: float = 2.0  # how often to fail trials of this host's dead workers
 
 
 @dataclass
@@ -97,6 +109,8 @@ class _Loop:
         self.t_last_log = time.perf_counter()
         self.default = enc.default()
         self.reference = math.inf  # priority's score, for progress lines
+        self.tag = worker_tag()
+        self.t_last_sweep = time.perf_counter()
 
     def _stop(self, trial: Any, why: str) -> Exception:
         self.out_of_budget = True
@@ -104,6 +118,8 @@ class _Loop:
         return require_optuna().TrialPruned(why)
 
     def __call__(self, trial: Any) -> float | tuple[float, float]:
+        if self.s.storage is not None:  # shared study: who runs it, for fail_dead_trials
+            trial.set_user_attr(WORKER_ATTR, self.tag)
         genome = {d.name: trial.suggest_categorical(d.name, CHOICES) for d in self.enc.decisions}
         if self.clock.exhausted(1):
             raise self._stop(trial, "budget exhausted")
@@ -150,6 +166,9 @@ class _Loop:
         if self.trials >= self.max_trials or self.since_best >= self.patience:
             study.stop()
         now = time.perf_counter()
+        if self.s.storage is not None and now - self.t_last_sweep >= self.s.sweep_every_s:
+            self.t_last_sweep = now
+            fail_dead_trials(study)
         if now - self.t_last_log >= self.s.progress_every_s:
             self.t_last_log = now
             rel = self.best / self.reference - 1 if math.isfinite(self.reference) else math.nan
@@ -205,6 +224,13 @@ def optimize(
         objective.cost_model_label, enc.mode, enc.names, list(directions), objective.limits.source
     )
     pruner = opt.pruners.MedianPruner(n_startup_trials=10) if settings.prune else None
+    storage = None
+    if settings.heartbeat_s is not None and storage_kind(settings.storage) == "rdb":
+        storage = make_storage(
+            settings.storage,
+            heartbeat_interval_s=settings.heartbeat_s,
+            grace_period_s=3 * settings.heartbeat_s,
+        )
     study = open_study(
         graph,
         settings.bucket_id,
@@ -213,10 +239,13 @@ def optimize(
         sampler=sampler,
         pruner=pruner or opt.pruners.NopPruner(),
         signature=signature,
+        storage=storage,
     )
     for genome in _seeds(graph, objective, clock, enc, settings, enumerate_all):
         study.enqueue_trial(genome, skip_if_exists=True)
     study.optimize(loop, callbacks=[loop.after_trial], catch=(), gc_after_trial=False)
+    if settings.storage is not None:
+        fail_dead_trials(study)
     return _outcome(study, enc, loop, enumerate_all)
 
 

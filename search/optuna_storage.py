@@ -31,10 +31,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
 import multiprocessing
+import multiprocessing.connection as mp_connection
+import os
+import socket
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,7 +59,9 @@ HEARTBEAT_INTERVAL_S = 60
 GRACE_PERIOD_S = 180
 MAX_RETRY = 3
 
+UNREACHABLE = "cannot reach Optuna storage"  # the server did not answer (search.parallel retries)
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 
 def require_optuna() -> Any:
@@ -86,6 +91,29 @@ def storage_kind(url: str | None) -> str:
     )
 
 
+def check_storage(url: str | None) -> None:
+    """Refuse a `--storage` that does not parse or cannot be opened, with a message
+    saying what would work, before any search starts (a search whose storage fails
+    would otherwise hand back the unfused plan, and the baselines would win silently)."""
+    kind = storage_kind(url)
+    if kind in ("sqlite", "rdb"):
+        assert url is not None
+        if url != "sqlite":
+            try:
+                import sqlalchemy as sa
+
+                sa.engine.make_url(url)
+            except ImportError:
+                pass  # make_storage below says what to install
+            except Exception as e:
+                raise FusionPlannerError(
+                    f"storage {url!r} is not a database URL ({e}): expected e.g. "
+                    "sqlite:////abs/path.db, sqlite:///rel/path.db or "
+                    "postgresql+psycopg://user@host/db"
+                ) from e
+    make_storage(url)  # opens it (creates the tables of a new database): errors are clear
+
+
 def make_storage(
     url: str | None,
     *,
@@ -105,12 +133,51 @@ def make_storage(
         path = url.split(":", 1)[1] if url.startswith("journal:") else url
         if url == "journal" or not path:
             path = str(cache_dir() / DEFAULT_JOURNAL)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return opt.storages.JournalStorage(opt.storages.journal.JournalFileBackend(path))
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            return opt.storages.JournalStorage(opt.storages.journal.JournalFileBackend(path))
+        except OSError as e:
+            raise FusionPlannerError(f"cannot open the journal storage {path}: {e}") from e
     assert url is not None
     if url == "sqlite":
         url = f"sqlite:///{cache_dir() / DEFAULT_SQLITE}"
-    engine = {"connect_args": {"timeout": 30}} if kind == "sqlite" else None
+    # pool_pre_ping: a connection the server dropped (a restart) is replaced, not used.
+    engine: dict[str, Any] = {"pool_pre_ping": True}
+    if kind == "sqlite":
+        engine["connect_args"] = {"timeout": 30}
+    try:
+        return _rdb_storage(opt, url, kind, engine, heartbeat, heartbeat_interval_s, grace_period_s)
+    except FusionPlannerError:
+        raise
+    except Exception as e:  # a URL that does not parse, a missing driver, a server down
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        down = type(e).__name__ in ("OperationalError", "InterfaceError")
+        raise FusionPlannerError(
+            f"{UNREACHABLE if down else 'cannot open Optuna storage'} {_safe(url)}: "
+            f"{type(e).__name__}: {first} (check the URL and that the server is up; "
+            "pip install 'fusion-planner[fleet]' for postgresql)"
+        ) from e
+
+
+def _safe(url: str) -> str:
+    """`url` with its password hidden."""
+    head, at, tail = url.rpartition("@")
+    if not at or "://" not in head:
+        return url
+    scheme, _, cred = head.partition("://")
+    user = cred.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{tail}" if ":" in cred else url
+
+
+def _rdb_storage(
+    opt: Any,
+    url: str,
+    kind: str,
+    engine: dict[str, Any],
+    heartbeat: bool | None,
+    heartbeat_interval_s: int,
+    grace_period_s: int,
+) -> Any:
     if not (kind == "rdb" if heartbeat is None else heartbeat):
         return opt.storages.RDBStorage(url, engine_kwargs=engine)
     # Optuna 4.9 renamed the stale-trial callback; both names do the same (retry the trial).
@@ -182,9 +249,15 @@ def signature_of(*parts: Any) -> str:
 def run_workers(
     n_workers: int, target: Callable[..., R], args: Sequence[Any] = (), *, storage_url: str | None
 ) -> list[R]:
-    """Run `target(worker_index, *args)` in `n_workers` fresh local processes; their
-    results in worker order. `target` must be a module-level function (it is imported
-    by name in each process). Refuses storages that processes cannot share."""
+    """Run `target(worker_index, *args)` in `n_workers` fresh local processes; the results
+    of the workers that finished, in worker order. `target` must be a module-level
+    function (it is imported by name in each process). Refuses storages that processes
+    cannot share.
+
+    A worker that dies (killed, out of memory) or raises does not take the others down:
+    they finish, its running trials are failed and queued again for the study
+    (`fail_trials_of_dead_workers`), and a warning says what happened. Only when no
+    worker finished is it an error."""
     if n_workers < 1:
         raise FusionPlannerError(f"--workers must be >= 1, got {n_workers}")
     kind = storage_kind(storage_url)
@@ -201,11 +274,121 @@ def run_workers(
     if n_workers == 1:
         return [target(0, *args)]
     ctx = multiprocessing.get_context("spawn")  # no forked torch/optuna/SQL state
+    pipes = [ctx.Pipe(duplex=False) for _ in range(n_workers)]
+    procs = [
+        ctx.Process(target=_child, args=(send, target, i, tuple(args)))
+        for i, (_recv, send) in enumerate(pipes)
+    ]
+    for p in procs:
+        p.start()
+    for _recv, send in pipes:
+        send.close()  # the parent's copy: a dead child's pipe then reads as closed
+    outcomes: dict[int, tuple[str, Any]] = {}
     try:
-        with ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as pool:
-            futures = [pool.submit(target, i, *args) for i in range(n_workers)]
-            return [f.result() for f in futures]
-    except FusionPlannerError:
-        raise
-    except Exception as e:
-        raise FusionPlannerError(f"a worker process failed: {type(e).__name__}: {e}") from e
+        _collect(procs, [r for r, _ in pipes], outcomes)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+    dead = [p.pid for i, p in enumerate(procs) if outcomes[i][0] == "died" and p.pid]
+    if dead:
+        n = fail_trials_of_dead_workers(storage_url, set(dead))
+        log.warning("failed and re-queued %d trial(s) of dead worker(s) %s", n, dead)
+    results = [v for i in range(n_workers) if (k := outcomes[i])[0] == "ok" for v in [k[1]]]
+    problems = [f"worker {i}: {why}" for i, (k, why) in sorted(outcomes.items()) if k != "ok"]
+    for line in problems:
+        warnings.warn(f"a tuning worker stopped early ({line}); the others went on", stacklevel=2)
+        log.warning("a tuning worker stopped early (%s); the others went on", line)
+    if not results:
+        raise FusionPlannerError(f"every worker process failed: {'; '.join(problems)}")
+    return results
+
+
+def _child(conn: Any, target: Callable[..., Any], index: int, args: tuple[Any, ...]) -> None:
+    """A worker process: run `target`, send ("ok", result) or ("error", text) back."""
+    try:
+        msg: tuple[str, Any] = ("ok", target(index, *args))
+    except BaseException as e:
+        msg = ("error", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")
+    conn.send(msg)
+    conn.close()
+
+
+def _collect(procs: Sequence[Any], readers: Sequence[Any], out: dict[int, tuple[str, Any]]) -> None:
+    """Wait for every worker: its message, or its death (exit code, signal)."""
+    pending = set(range(len(procs)))
+    while pending:
+        ready = mp_connection.wait([readers[i] for i in pending])
+        for i in [i for i in pending if readers[i] in ready]:
+            try:
+                out[i] = readers[i].recv()
+            except (EOFError, OSError):  # closed without a message: the process died
+                procs[i].join()
+                code = procs[i].exitcode
+                why = (
+                    f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}"
+                )
+                out[i] = ("died", f"process {procs[i].pid} died ({why})")
+            pending.discard(i)
+
+
+# ---- trials of dead local workers -------------------------------------------------------
+WORKER_ATTR = "fp_worker"  # user attr of each trial: "host:pid" of the process running it
+
+
+def worker_tag() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fail_dead_trials(study: Any, dead: set[int] | None = None) -> int:
+    """Fail the RUNNING trials of this host's dead worker processes (`dead` pids, or any
+    whose process is gone) and queue each again once (Optuna's RetryFailedTrialCallback):
+    the local counterpart of the heartbeat, which catches workers on other machines.
+    Returns how many trials were failed."""
+    opt = require_optuna()
+    host = socket.gethostname()
+    retry = opt.storages.RetryFailedTrialCallback(max_retry=MAX_RETRY)
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(opt.trial.TrialState.RUNNING,)):
+        tag = str(t.user_attrs.get(WORKER_ATTR, ""))
+        t_host, _, pid_text = tag.rpartition(":")
+        if t_host != host or not pid_text.isdigit():
+            continue
+        pid = int(pid_text)
+        if (pid not in dead) if dead is not None else _pid_alive(pid):
+            continue
+        try:
+            done = study._storage.set_trial_state_values(t._trial_id, opt.trial.TrialState.FAIL)
+        except Exception:  # another worker failed it first
+            continue
+        if done:
+            n += 1
+            retry(study, study._storage.get_trial(t._trial_id))
+    return n
+
+
+def fail_trials_of_dead_workers(storage_url: str | None, pids: set[int]) -> int:
+    """`fail_dead_trials` over every study of `storage_url` (what the parent of local
+    workers runs when one of them died)."""
+    opt = require_optuna()
+    try:
+        storage = make_storage(storage_url, heartbeat=False)
+        n = 0
+        for s in storage.get_all_studies():
+            study = opt.load_study(study_name=s.study_name, storage=storage)
+            n += fail_dead_trials(study, pids)
+        return n
+    except Exception as e:  # cleaning up is a courtesy; the heartbeat is the backstop
+        log.warning("could not fail the trials of dead workers %s: %s", sorted(pids), e)
+        return 0

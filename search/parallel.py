@@ -13,16 +13,21 @@ machines with a database URL instead of a journal file.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from planner.errors import FusionPlannerError
 from planner.ir import OpGraph
 from planner.objective import Objective
 from planner.partition import Partition
-from search.optuna_storage import run_workers, storage_kind
+from search.optuna_storage import UNREACHABLE, run_workers, storage_kind
 from search.strategies import get_strategy
-from search.strategy import Budget
+from search.strategy import Budget, SearchResult
+
+log = logging.getLogger(__name__)
 
 OPTUNA_STRATEGIES = ("tpe", "nsga2")
 
@@ -43,6 +48,45 @@ class WorkerResult:
         return Partition.from_groups(graph, self.groups)
 
 
+STORAGE_OUTAGE_S = 120.0  # how long a search waits for its study's database to come back
+
+
+def _storage_lost(e: BaseException) -> bool:
+    """A database error (the server restarted, a connection dropped), not a bug."""
+    lost = ("OperationalError", "InterfaceError", "DisconnectionError", "StorageInternalError")
+    return any(type(c).__name__ in lost for c in (e, e.__cause__, e.__context__) if c)
+
+
+def plan_through_outages(
+    strategy: str,
+    kwargs: dict[str, Any],
+    graph: OpGraph,
+    objective: Objective,
+    budget: Budget | None,
+    seed: int,
+    *,
+    outage_s: float = STORAGE_OUTAGE_S,
+) -> SearchResult:
+    """`get_strategy(strategy, **kwargs).plan(...)`, started again on the same study when
+    its database goes away mid-search, for up to `outage_s` of outage: the trials already
+    stored are kept, the one running is failed by the heartbeat and retried."""
+    deadline = time.monotonic() + outage_s
+    while True:
+        try:
+            res = get_strategy(strategy, **kwargs).plan(graph, objective, budget, seed=seed)
+        except Exception as e:
+            if not _storage_lost(e) or time.monotonic() > deadline:
+                raise
+            log.warning("study storage unreachable (%s: %s); retrying", type(e).__name__, e)
+            time.sleep(1.0)
+            continue
+        if UNREACHABLE in res.notes and time.monotonic() < deadline:  # down when opened
+            log.warning("study storage unreachable (%s); retrying", res.notes[:300])
+            time.sleep(1.0)
+            continue
+        return res
+
+
 def _worker(
     index: int,
     graph: OpGraph,
@@ -53,12 +97,15 @@ def _worker(
     trials: int,
     budget: Budget | None,
     seed: int,
+    heartbeat_s: int | None = None,
 ) -> WorkerResult:
     """One worker process: its own strategy instance on the shared study."""
-    strat = get_strategy(
-        strategy, storage=storage_url, bucket_id=bucket_id, max_trials=trials, patience=trials
+    kwargs: dict[str, Any] = dict(
+        storage=storage_url, bucket_id=bucket_id, max_trials=trials, patience=trials
     )
-    r = strat.plan(graph, objective, budget, seed=seed + index)
+    if heartbeat_s is not None:
+        kwargs["heartbeat_s"] = heartbeat_s
+    r = plan_through_outages(strategy, kwargs, graph, objective, budget, seed + index)
     return WorkerResult(
         index,
         os.getpid(),
@@ -81,14 +128,26 @@ def tune_parallel(
     strategy: str = "tpe",
     budget: Budget | None = None,
     seed: int = 0,
+    heartbeat_s: int | None = None,
 ) -> list[WorkerResult]:
     """Run `n_workers` processes on the study of (graph, bucket) in `storage_url`; one
-    result per worker, in worker order. Pick the best with min(..., key=total_s)."""
+    result per worker that finished, in worker order (a worker that died is left out,
+    search.optuna_storage.run_workers). Pick the best with min(..., key=total_s)."""
     if strategy not in OPTUNA_STRATEGIES:
         raise FusionPlannerError(
             f"--workers shares an Optuna study: use --strategy {' or '.join(OPTUNA_STRATEGIES)}, "
             f"not {strategy!r}"
         )
     storage_kind(storage_url)  # a clear error for a malformed URL before any process starts
-    args = (graph, objective, strategy, storage_url, bucket_id, trials_per_worker, budget, seed)
+    args = (
+        graph,
+        objective,
+        strategy,
+        storage_url,
+        bucket_id,
+        trials_per_worker,
+        budget,
+        seed,
+        heartbeat_s,
+    )
     return run_workers(n_workers, _worker, args, storage_url=storage_url)

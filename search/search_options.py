@@ -16,20 +16,26 @@ from typing import Any
 from planner.errors import FusionPlannerError
 from planner.ir import OpGraph
 from planner.objective import Objective
+from search.cli_common import positive_int
+from search.optuna_storage import check_storage
 from search.parallel import OPTUNA_STRATEGIES, tune_parallel
 from search.strategies import get_strategy
 from search.strategy import Budget, SearchResult
 
 
 def add_search_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trials", type=int, default=None, help="tpe/nsga2: trials (per worker)")
+    p.add_argument(
+        "--trials", type=positive_int, default=None, help="tpe/nsga2: trials (per worker)"
+    )
     p.add_argument(
         "--storage",
         default=None,
         help="tpe/nsga2 study storage: memory (default), sqlite[:///path], journal[:path] "
         "(several local workers), or a database URL such as postgresql://... (a fleet)",
     )
-    p.add_argument("--workers", type=int, default=1, help="local processes sharing the study")
+    p.add_argument(
+        "--workers", type=positive_int, default=1, help="local processes sharing the study"
+    )
     p.add_argument("--bucket", default="adhoc", help="shape-bucket id: one study per bucket")
 
 
@@ -42,6 +48,7 @@ def strategy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 f"not to {args.strategy!r}"
             )
         return {}
+    check_storage(args.storage)  # a bad storage is an error, not an unfused plan
     kw: dict[str, Any] = {"storage": args.storage, "bucket_id": args.bucket}
     if args.trials is not None:
         kw["max_trials"] = args.trials

@@ -17,11 +17,16 @@ This is the composition root of the pipeline (design.md): it wires the strategie
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,10 +34,11 @@ import torch
 from learned_cost.online import Observation
 from planner.buckets import Bucket, BucketSpec, parse_dynamic
 from planner.cache import PlanCache
+from planner.cache_admin import export_document, plan_record, spec_record
 from planner.capture import export_model
 from planner.cost import CostModel
-from planner.errors import FusionPlannerError
-from planner.hardware import device_fingerprint, local_device_name
+from planner.errors import CacheError, FusionPlannerError, is_out_of_memory
+from planner.hardware import cache_dir, device_fingerprint, local_device_name
 from planner.modelspec import ModelSpec, dtype_name
 from planner.objective import Objective
 from planner.partition import Partition
@@ -40,7 +46,8 @@ from planner.plan import Plan
 from planner.realize import realize
 from profiling.timer import Timing, measure
 from profiling.verify import verify_against_eager
-from search.parallel import tune_parallel
+from search.optuna_storage import check_storage, storage_kind
+from search.parallel import OPTUNA_STRATEGIES, plan_through_outages, tune_parallel
 from search.strategies import get_strategy
 from search.strategy import Budget
 
@@ -64,6 +71,7 @@ class TuneConfig:
     dtype: torch.dtype = torch.float32
     storage: str | None = None  # Optuna storage URL (None: in memory)
     workers: int = 1
+    heartbeat_s: int | None = None  # database storages: heartbeat interval (None: Optuna's 60)
     seed: int = 0
     compile_baseline: bool = True
     timer: dict[str, Any] = field(
@@ -87,11 +95,11 @@ class BucketResult:
     params: dict[str, int]
     plan: Plan | None
     candidates: tuple[Candidate, ...]
-    eager: Timing
+    eager: Timing | None  # None: the bucket failed before eager was timed (see `stored`)
     compiled: Timing | None
     search_s: float
     realize_s: float
-    stored: str  # what the cache did with the plan
+    stored: str  # what the cache did with the plan, or why the bucket failed
 
     @property
     def best(self) -> Candidate | None:
@@ -103,11 +111,71 @@ def bucket_spec(cfg: TuneConfig) -> BucketSpec:
     return parse_dynamic(cfg.dynamic, cfg.spec.dims, cfg.buckets)
 
 
+def check_config(cfg: TuneConfig) -> None:
+    """Refuse a job that could only fail or silently do something else, before any search:
+    numbers out of range, a storage that does not parse, open or fit the strategy."""
+    if cfg.budget_seconds is not None and not (
+        math.isfinite(cfg.budget_seconds) and cfg.budget_seconds > 0
+    ):
+        raise FusionPlannerError(
+            f"budget_seconds must be a finite number > 0, got {cfg.budget_seconds}"
+        )
+    for name in ("budget_evals", "trials"):
+        v = getattr(cfg, name)
+        if v is not None and v < 1:
+            raise FusionPlannerError(f"{name} must be >= 1, got {v}")
+    if cfg.top_k < 1 or cfg.workers < 1:
+        raise FusionPlannerError(f"top_k and workers must be >= 1, got {cfg.top_k}, {cfg.workers}")
+    if cfg.storage is not None and cfg.strategy not in OPTUNA_STRATEGIES:
+        raise FusionPlannerError(
+            f"--storage holds Optuna studies, which strategy {cfg.strategy!r} does not use: "
+            f"drop --storage or use --strategy {' or '.join(OPTUNA_STRATEGIES)}"
+        )
+    if cfg.workers > 1:
+        if cfg.strategy not in OPTUNA_STRATEGIES:
+            raise FusionPlannerError(
+                f"--workers shares an Optuna study: use --strategy "
+                f"{' or '.join(OPTUNA_STRATEGIES)}, not {cfg.strategy!r}"
+            )
+        kind = storage_kind(cfg.storage)
+        if kind in ("memory", "sqlite"):
+            raise FusionPlannerError(
+                f"--workers {cfg.workers} needs a storage the worker processes can share, not "
+                f"{kind}: pass --storage journal (local processes) or a database URL"
+            )
+    if cfg.heartbeat_s is not None and (
+        cfg.heartbeat_s < 1
+        or cfg.strategy not in OPTUNA_STRATEGIES
+        or storage_kind(cfg.storage) != "rdb"
+    ):
+        raise FusionPlannerError(
+            f"--heartbeat {cfg.heartbeat_s}: heartbeats (>= 1 s) are kept by database "
+            "storages only: pass --storage postgresql+psycopg://... with --strategy tpe or nsga2"
+        )
+    if cfg.strategy in OPTUNA_STRATEGIES:
+        check_storage(cfg.storage)
+
+
+def unstored_path(plan: Plan) -> Path:
+    """Where a plan the cache would not take is saved instead (an export document)."""
+    name = f"unstored-{time.strftime('%Y%m%dT%H%M%S')}-{plan.graph_key[:10]}.json"
+    for folder in (cache_dir() / "unstored-plans", Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if os.access(folder, os.W_OK):
+                return folder / name
+        except OSError:
+            continue
+    return Path(name)
+
+
 def _strategy_kwargs(cfg: TuneConfig, bucket_key: str) -> dict[str, Any]:
     if cfg.strategy in ("tpe", "nsga2"):
         kw: dict[str, Any] = {"storage": cfg.storage, "bucket_id": bucket_key}
         if cfg.trials:
             kw["max_trials"] = cfg.trials
+        if cfg.heartbeat_s is not None:
+            kw["heartbeat_s"] = cfg.heartbeat_s
         return kw
     return {}
 
@@ -131,11 +199,15 @@ def search_candidates(
                 budget=budget,
                 seed=cfg.seed,
                 trials_per_worker=cfg.trials or 50,
+                heartbeat_s=cfg.heartbeat_s,
             )
             part = Partition.from_groups(graph, min(results, key=lambda r: r.total_s).groups)
         elif name == cfg.strategy:
-            strat = get_strategy(name, **_strategy_kwargs(cfg, bucket_key))
-            part = strat.plan(graph, objective, budget, cfg.seed).partition
+            kw = _strategy_kwargs(cfg, bucket_key)
+            res = plan_through_outages(name, kw, graph, objective, budget, cfg.seed)
+            if res.notes.startswith("failed:"):  # said out loud: the baselines compete alone
+                _say(f"  {name} search {res.notes[:300]}; measuring the baselines' plans")
+            part = res.partition
         else:  # the deterministic baselines: milliseconds, no budget needed
             part = (
                 get_strategy(name)
@@ -226,13 +298,40 @@ def tune_bucket(
             device_fingerprint=device_fingerprint(dev),
         )
         if cache is not None:
-            cache.set_bucket_spec(graph.structure_key, spec)
-            stored = str(cache.store(plan, bucket, label=mspec.label))
+            stored = _store(cache, plan, spec, bucket, mspec.label, progress)
         else:
             stored = "not stored (no cache)"
     return BucketResult(
         bucket, params, plan, tuple(measured), eager, compiled, search_s, realize_s, stored
     )
+
+
+def _store(
+    cache: PlanCache,
+    plan: Plan,
+    spec: BucketSpec,
+    bucket: Bucket,
+    label: str,
+    progress: Callable[[str], None],
+) -> str:
+    """Store the plan (and the bucket spec); if the cache refuses, the measured plan is
+    written to a file `fusion-plan cache import` takes, so it is never lost."""
+    try:
+        cache.set_bucket_spec(plan.structure_key, spec)
+        return str(cache.store(plan, bucket, label=label))
+    except FusionPlannerError as e:
+        doc = export_document(
+            plans=[plan_record(plan, f"bucket:{bucket.key}", label=label)],
+            specs=[spec_record(plan.structure_key, plan.device_fingerprint, spec)],
+        )
+        path = unstored_path(plan)
+        try:
+            path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        except OSError as w:
+            progress(f"  plan NOT stored ({e}) and not saved ({w}): {json.dumps(doc)}")
+            return f"NOT stored: {e}"
+        progress(f"  plan NOT stored ({e}); saved to {path}")
+        return f"NOT stored ({e}); saved to {path}: load it with `fusion-plan cache import {path}`"
 
 
 def _online_update(
@@ -257,7 +356,16 @@ def tune(
     only_buckets: set[str] | None = None,
     progress: Callable[[str], None] = _say,
 ) -> list[BucketResult]:
-    """Tune every bucket of `cfg.dynamic` (or only `only_buckets`)."""
+    """Tune every bucket of `cfg.dynamic` (or only `only_buckets`).
+
+    A bucket that fails (the model does not build at its sizes, a search or measurement
+    error) is reported in its BucketResult and the next bucket is tuned."""
+    check_config(cfg)
+    if cache is not None and not cache.writable:
+        raise CacheError(
+            f"plan cache {cache.url} is read-only: tune stores its plans there; pass a "
+            "writable --cache (nothing was searched or measured)"
+        )
     spec = bucket_spec(cfg)
     _module, inputs = cfg.spec.build(dtype=cfg.dtype, device="meta")
     base = [tuple(x.shape) for x in inputs if isinstance(x, torch.Tensor)]
@@ -269,5 +377,13 @@ def tune(
     out = []
     for i, b in enumerate(buckets, 1):
         progress(f"[{i}/{len(buckets)}] bucket {b.key}")
-        out.append(tune_bucket(cfg, spec, b, cost_model, cache, progress=progress))
+        try:
+            out.append(tune_bucket(cfg, spec, b, cost_model, cache, progress=progress))
+        except Exception as e:
+            why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+            if is_out_of_memory(e):
+                why = f"out of memory at {spec.representative_params(b)} ({why})"
+            progress(f"  bucket {b.key} failed: {why}")
+            params = spec.representative_params(b)
+            out.append(BucketResult(b, params, None, (), None, None, 0.0, 0.0, f"failed: {why}"))
     return out

@@ -15,7 +15,11 @@ from typing import Any
 from planner.cache import CacheEntry, PlanCache
 from planner.errors import CacheError
 from planner.hardware import device_fingerprint
-from search.cli_common import add_model_args, capture_for_planning, resolve
+from search.cli_common import add_model_args, capture_for_planning, days, resolve
+
+# Actions that only read: they open the cache read-only, so they never create a file,
+# set one aside or write to it (`cache ls --cache notes.txt` leaves notes.txt alone).
+READ_ONLY = ("ls", "show", "queue", "lookup", "export")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -59,7 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     a = acts.add_parser("prune", parents=[common], help="delete stale or selected entries")
     a.add_argument("--stale", action="store_true", help="entries of another torch/schema")
-    a.add_argument("--older-than", type=float, default=None, metavar="DAYS")
+    a.add_argument(
+        "--older-than", type=days, default=None, metavar="DAYS", help="not updated for DAYS"
+    )
     a.add_argument("--model", default=None)
     a.add_argument("--device", default=None)
     a.add_argument("--queue", choices=("none", "tuned", "all"), default="none")
@@ -69,7 +75,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with PlanCache(args.cache) as cache:
+    read_only = args.action in READ_ONLY or (args.action == "prune" and args.dry_run)
+    with PlanCache(args.cache, read_only=read_only) as cache:
         return ACTIONS[args.action](cache, args)
 
 
@@ -159,7 +166,12 @@ def _lookup(cache: PlanCache, args: argparse.Namespace) -> int:
         return _json(payload)
     print(f"{r.spec.label} ({r.dtype_name}) model key {graph.structure_key} on {dev}")
     if result.plan is None:
-        where = f"bucket {bucket}" if bucket else "no bucket (outside the stored spec)"
+        if bucket:
+            where = f"bucket {bucket}"
+        elif cache.bucket_spec(graph.structure_key, dev) is None:
+            where = "no bucket spec stored for this model on this device: nothing tuned yet"
+        else:
+            where = "outside every bucket of the stored spec"
         print(f"miss -> default plan ({where}); the runtime would queue this shape for tuning")
         return 0
     p = result.plan
@@ -178,7 +190,10 @@ def _export(cache: PlanCache, args: argparse.Namespace) -> int:
     if args.file == "-":
         sys.stdout.write(text)
     else:
-        Path(args.file).write_text(text)
+        try:
+            Path(args.file).write_text(text)
+        except OSError as e:
+            raise CacheError(f"cannot write export file {args.file}: {e}") from e
         print(
             f"exported {len(doc['plans'])} plans, {len(doc['specs'])} bucket specs, "
             f"{len(doc['queue'])} queued shapes to {args.file}",

@@ -15,6 +15,7 @@ from planner import zoo
 from planner.errors import FusionPlannerError
 from planner.hardware import get_spec, local_device_name
 from profiling.collector import CollectConfig, Collector
+from search.cli_common import nonneg_int, positive_float, positive_int
 from search.planning import plan_maker
 
 
@@ -34,8 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "is skipped for that shape), or 'auto' for each model's built-in sweep",
     )
     p.add_argument("--dtypes", default="fp32", help="comma-separated: fp32,bf16,fp16")
-    p.add_argument("--groups-per-graph", type=int, default=12, help="random legal groups")
-    p.add_argument("--random-plans", type=int, default=2, help="random whole plans per graph")
+    p.add_argument("--groups-per-graph", type=nonneg_int, default=12, help="random legal groups")
+    p.add_argument(
+        "--random-plans", type=nonneg_int, default=2, help="random whole plans per graph"
+    )
     p.add_argument(
         "--strategies", default="greedy,priority", help="strategies whose plans are measured"
     )
@@ -56,16 +59,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, help="Parquet file, e.g. data/h100_profiles.parquet")
     p.add_argument("--resume", action="store_true", help="add to --out, skipping known keys")
-    p.add_argument("--max-seconds", type=float, default=None, help="stop (cleanly) after this")
-    p.add_argument("--workers", type=int, default=0, help="compile-warming processes")
+    p.add_argument(
+        "--max-seconds", type=positive_float, default=None, help="stop (cleanly) after this"
+    )
+    p.add_argument("--workers", type=nonneg_int, default=0, help="compile-warming processes")
     p.add_argument(
         "--time-beside-compiles",
         action="store_true",
         help="with --workers: start timing while workers still compile (faster, noisier; "
         "by default every graph is compiled first)",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch threads while measuring")
-    p.add_argument("--max-jobs", type=int, default=None, help="at most this many graphs")
+    p.add_argument(
+        "--threads", type=positive_int, default=None, help="torch threads while measuring"
+    )
+    p.add_argument("--max-jobs", type=positive_int, default=None, help="at most this many graphs")
     p.add_argument("--no-singles", action="store_true", help="skip single-op groups")
     p.add_argument(
         "--no-plan-groups",

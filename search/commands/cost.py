@@ -34,6 +34,7 @@ from learned_cost.train import (
     train,
 )
 from planner import hardware
+from search.cli_common import positive_int
 
 DEFAULT_MODELS_DIR = Path("learned_cost/models")
 DEFAULT_DOC = Path("docs/learned_cost.md")
@@ -62,9 +63,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             help="grouped CV keys, comma-separated: family (unseen model families), "
             "graph_key (unseen graphs) (default: %(default)s)",
         )
-        v.add_argument("--folds", type=int, default=5, help="GroupKFold splits (default 5)")
+        v.add_argument(
+            "--folds", type=positive_int, default=5, help="GroupKFold splits (default 5)"
+        )
         v.add_argument("--seed", type=int, default=0)
-        v.add_argument("--steps", type=int, default=None, help="MLP gradient steps")
+        v.add_argument("--steps", type=positive_int, default=None, help="MLP gradient steps")
         v.add_argument(
             "--dropout",
             type=_dropout,

@@ -16,7 +16,7 @@ from planner.realize import realize
 from planner.realize_check import short_reason
 from profiling.timer import Timing, measure
 from profiling.verify import verify_against_eager
-from search.cli_common import emit, resolve
+from search.cli_common import emit, positive_float, positive_int, resolve
 from search.planning import make_plan
 from search.strategies import STRATEGIES
 
@@ -31,11 +31,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shape", default="", help="e.g. B=8,S=512,D=768,H=12")
     p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on GPU)")
     p.add_argument("--strategy", default="priority", choices=sorted([*STRATEGIES, "unfused"]))
-    p.add_argument("--budget-seconds", type=float, default=10.0, help="search time")
+    p.add_argument("--budget-seconds", type=positive_float, default=10.0, help="search time")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--no-cuda-graphs", action="store_true", help="realize without CUDA graphs")
     p.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (1 is steadier on a busy host)"
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads (1 is steadier on a busy host)",
     )
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.set_defaults(run=run, device=None)

@@ -21,7 +21,14 @@ from learned_cost.corrected import load_corrected
 from planner.cost import CostModel
 from planner.hardware import get_spec
 from planner.objective import Evaluation, Objective, realization_of
-from search.cli_common import add_model_args, capture_for_planning, emit, resolve
+from search.cli_common import (
+    add_model_args,
+    capture_for_planning,
+    emit,
+    positive_float,
+    positive_int,
+    resolve,
+)
 from search.search_options import add_search_options, run_search
 from search.strategies import STRATEGIES
 from search.strategy import Budget, SearchResult
@@ -32,8 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="partition a model into fused groups with one strategy")
     add_model_args(p)
     p.add_argument("--strategy", default="priority", choices=sorted(STRATEGIES))
-    p.add_argument("--budget-evals", type=int, default=None, help="objective evaluations")
-    p.add_argument("--budget-seconds", type=float, default=None, help="wall-clock seconds")
+    p.add_argument("--budget-evals", type=positive_int, default=None, help="objective evaluations")
+    p.add_argument("--budget-seconds", type=positive_float, default=None, help="wall-clock seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--cost-model",
@@ -41,8 +48,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="saved learned correction (JSON), or 'realized' for the roofline per kernel "
         "the realizer launches (default: the analytical roofline)",
     )
-    p.add_argument("--latency-bound-us", type=float, default=None, help="L_max, seed 7.1.4")
-    p.add_argument("--memory-bound-mb", type=float, default=None, help="peak boundary memory")
+    p.add_argument(
+        "--latency-bound-us", type=positive_float, default=None, help="L_max, seed 7.1.4"
+    )
+    p.add_argument(
+        "--memory-bound-mb", type=positive_float, default=None, help="peak boundary memory"
+    )
     p.add_argument("--html", default=None, help="write the coloured graph as an HTML page")
     p.add_argument("--dot", default=None, help="write the coloured graph as Graphviz DOT")
     p.add_argument("--save-plan", default=None, help="write the Plan record as JSON")

@@ -14,6 +14,7 @@ import dataclasses
 import shlex
 import sys
 
+from search.cli_common import positive_float, positive_int
 from search.rl_policy import DEFAULT_POLICY, save_policy
 from search.rl_train import TrainConfig, train
 
@@ -21,9 +22,11 @@ from search.rl_train import TrainConfig, train
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-policy", help="train the RL fusion policy (REINFORCE)")
     p.add_argument("--out", default=str(DEFAULT_POLICY), help="path without suffix (.npz/.json)")
-    p.add_argument("--minutes", type=float, default=20.0, help="wall-clock cap of REINFORCE")
+    p.add_argument(
+        "--minutes", type=positive_float, default=20.0, help="wall-clock cap of REINFORCE"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rl-iters", type=int, default=TrainConfig.rl_iters)
+    p.add_argument("--rl-iters", type=positive_int, default=TrainConfig.rl_iters)
     p.add_argument("--quick", action="store_true", help="a tiny corpus: minutes, for smoke tests")
     p.set_defaults(run=run)
 

@@ -12,7 +12,7 @@ from planner.capture import capture
 from planner.hardware import get_spec, local_device_name
 from planner.modelspec import parse_dtype, resolve
 from planner.realize_check import short_reason
-from search.cli_common import emit
+from search.cli_common import emit, positive_float, positive_int
 from search.strategies import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
 
@@ -26,10 +26,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dynamic", default="S=128..1024", help="dynamic dims, e.g. S=128..4096")
     p.add_argument("--buckets", default="pow2", help="bucket policy: pow2 | edges:a,b,c | learned")
     p.add_argument("--strategy", default="tpe", choices=sorted(STRATEGIES))
-    p.add_argument("--budget-evals", type=int, default=None, help="objective evaluations")
-    p.add_argument("--budget-seconds", type=float, default=30.0, help="search seconds per bucket")
-    p.add_argument("--trials", type=int, default=None, help="Optuna trials (tpe, nsga2)")
-    p.add_argument("--top-k", type=int, default=3, help="candidates realized and measured")
+    p.add_argument("--budget-evals", type=positive_int, default=None, help="objective evaluations")
+    p.add_argument(
+        "--budget-seconds", type=positive_float, default=30.0, help="search seconds per bucket"
+    )
+    p.add_argument("--trials", type=positive_int, default=None, help="Optuna trials (tpe, nsga2)")
+    p.add_argument("--top-k", type=positive_int, default=3, help="candidates realized and measured")
     p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on GPU)")
     p.add_argument("--cache", default=None, help="plan cache URL (default: SQLite, user cache)")
     p.add_argument(
@@ -37,7 +39,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="Optuna storage: sqlite[:path] | journal[:path] | a database URL",
     )
-    p.add_argument("--workers", type=int, default=1, help="local worker processes per study")
+    p.add_argument(
+        "--heartbeat",
+        type=positive_int,
+        default=None,
+        metavar="SECONDS",
+        help="database storages: trial heartbeat interval; a worker silent for 3 intervals "
+        "has its trial failed and retried (default: 60)",
+    )
+    p.add_argument(
+        "--workers", type=positive_int, default=1, help="local worker processes per study"
+    )
     p.add_argument(
         "--cost-model",
         default=None,
@@ -83,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=dtype,
         storage=args.storage,
         workers=args.workers,
+        heartbeat_s=args.heartbeat,
         seed=args.seed,
         compile_baseline=not args.no_compile_baseline,
     )
@@ -105,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
             },
             _table(label, device, cache.url, results),
         )
-    return 0 if all(r.plan is not None for r in results) else 1
+    ok = all(r.plan is not None and not r.stored.startswith("NOT stored") for r in results)
+    return 0 if ok else 1
 
 
 def _label(spec: Any, dynamic: str) -> str:
@@ -131,7 +145,7 @@ def _row(r: BucketResult) -> dict[str, Any]:
         "bucket": r.bucket.key,
         "params": r.params,
         "plan": r.plan.to_json() if r.plan else None,
-        "eager_s": r.eager.median_s,
+        "eager_s": r.eager.median_s if r.eager else None,
         "compile_s": r.compiled.median_s if r.compiled else None,
         "best_s": best.measured.median_s if best else None,
         "best_strategy": best.strategy if best else None,
@@ -174,4 +188,6 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult])
         )
         for g, why in best.fallbacks.items():  # one short reason per group
             lines.append(f"{'':<4}group {g} runs eagerly: {short_reason(why, 100)}")
+        if r.stored.startswith("NOT stored"):
+            lines.append(f"  {r.stored}")
     return "\n".join(lines)
