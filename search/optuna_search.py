@@ -45,7 +45,6 @@ from search.optuna_storage import (
     storage_kind,
     worker_tag,
 )
-
 from search.strategy import Clock
 
 log = logging.getLogger("search.optuna")
