@@ -502,7 +502,7 @@ def huge(B: int = 2):
     "factory, match",
     [
         ("raises", "raised ValueError: no such variant"),
-        ("not_a_module", "expected \\(a torch.nn.Module"),
+        ("not_a_module", "returned a str as its module; expected a torch.nn.Module"),
         ("no_tensor", "hold no tensor"),
         ("huge", "raised RuntimeError"),
     ],
