@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from planner.pytrees import flat_values
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -66,9 +68,8 @@ class Mismatch:
 
 
 def _flat(x: Any) -> list[Any]:
-    if isinstance(x, list | tuple):
-        return [y for item in x for y in _flat(item)]
-    return [x]
+    """Every leaf of an output, whatever its structure (planner.pytrees.flat_values)."""
+    return flat_values(x)
 
 
 def looser(a: Tolerance, b: Tolerance) -> Tolerance:
