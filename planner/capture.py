@@ -152,6 +152,7 @@ def export_model(
     if not isinstance(module, torch.nn.Module):
         raise CaptureError(f"capture expects a torch.nn.Module, got {type(module).__name__}")
     args, kwargs = _as_call(example_inputs)
+    _check_call(module, args, kwargs)
     try:
         in_structure, leaves = Structure.of((args, kwargs))
     except StructureError as e:
@@ -214,6 +215,21 @@ def _as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         "example_inputs must be a tensor, a tuple of positional arguments or a dict of "
         f"keyword arguments, got {type(example_inputs).__name__}"
     )
+
+
+def _check_call(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse example inputs forward() cannot take, before tracing hides why."""
+    try:
+        sig = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return  # a forward without a signature: export will tell
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise CaptureError(
+            f"example_inputs do not fit {type(module).__name__}.forward{sig}: {e}. Pass a "
+            "tuple of positional arguments or a dict of keyword arguments that forward() takes"
+        ) from None
 
 
 def _as_args(example_inputs: Any) -> tuple[Any, ...]:
