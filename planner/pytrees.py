@@ -8,7 +8,8 @@ Capture exports a wrapper whose program takes and returns flat tuples of tensors
 
 `Structure.of(value)` walks a value depth first:
 - a tensor is a leaf (the same tensor object twice is one leaf);
-- a type registered with `torch.utils._pytree` (tuple, list, dict, namedtuple,
+- a plain list, tuple or dict is walked item by item and rebuilt directly; another
+  type registered with `torch.utils._pytree` (namedtuple, OrderedDict,
   `ModelOutput`, ...) is split into its children with that registration, and rebuilt
   with it;
 - any other object with a `__dict__` or `__slots__` (a dataclass, a cache object) is
@@ -18,10 +19,10 @@ Capture exports a wrapper whose program takes and returns flat tuples of tensors
   strings, dtypes, devices, modules) are shared, other values are copied on each rebuild,
   so that a caller who mutates one output (a cache grows) never changes the next.
 
-`Structure.build(flat)` rebuilds the value with `flat[i]` in place of leaf `i` in well
-under a millisecond for a large model's output, cheaper than `copy.deepcopy` (which a
-realized plan would pay on every call). `Structure.signature` describes the structure
-without values: two walks of one model (eager and traced) must give the same one.
+`Structure.build(flat)` rebuilds the value with `flat[i]` in place of leaf `i`; a realized
+plan pays it on every call, so it is kept cheaper than `copy.deepcopy` of a template
+(docs/capture.md has the figures). `Structure.signature` describes the structure without
+values: two walks of one model (eager and traced) must give the same one.
 """
 
 from __future__ import annotations
@@ -124,6 +125,24 @@ class _Tree(_Node):
         )
 
 
+class _Builtin(_Node):
+    """A plain list, tuple or dict: rebuilt directly (faster than through its pytree spec)."""
+
+    has_leaf = True
+
+    def __init__(self, kind: type, keys: list[Any] | None, children: list[_Node]):
+        self.kind, self.keys, self.children = kind, keys, children
+
+    def build(self, flat: Sequence[Any], memo: dict[int, Any]) -> Any:
+        values = [c.build(flat, memo) for c in self.children]
+        if self.keys is not None:
+            return dict(zip(self.keys, values))
+        return values if self.kind is list else tuple(values)
+
+    def signature(self) -> Any:
+        return (self.kind.__qualname__, self.keys, [c.signature() for c in self.children])
+
+
 class _Object(_Node):
     """An unregistered object holding tensors, rebuilt attribute by attribute. Built once
     per rebuild (`memo`), so an object reached twice stays one object."""
@@ -206,6 +225,13 @@ class _Walker:
             self.active.discard(id(v))
 
     def _walk_container(self, v: Any, where: str) -> _Node:
+        if type(v) in (list, tuple, dict):
+            keys = list(v) if type(v) is dict else None
+            values = list(v.values()) if keys is not None else list(v)
+            nodes = [self.walk(c, f"{where}[{i!r}]") for i, c in zip(keys or range(len(v)), values)]
+            if not any(n.has_leaf for n in nodes):
+                return _Const(v)
+            return _Builtin(type(v), keys, nodes)
         reg = _registered(v)
         if reg is not None:
             children, spec = reg
@@ -264,11 +290,11 @@ class Structure:
         """Whether this is the structure of a call `(args, {})` whose positional arguments
         are distinct tensors, nothing else: its flat tensors are the arguments themselves."""
         r = self.root
-        if not (isinstance(r, _Tree) and r.kind is tuple and len(r.children) == 2):
+        if not (isinstance(r, _Builtin) and r.kind is tuple and len(r.children) == 2):
             return False
         args, kwargs = r.children
         return (
-            isinstance(args, _Tree)
+            isinstance(args, _Builtin)
             and args.kind is tuple
             and all(isinstance(c, _Leaf) and c.index == i for i, c in enumerate(args.children))
             and isinstance(kwargs, _Const)
