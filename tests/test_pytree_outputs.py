@@ -114,6 +114,34 @@ def test_realized_plan_returns_the_models_structure_for_keyword_inputs():
         rp(x=x)
 
 
+class EmptyCacheAppend(nn.Module):
+    """A KV cache's first update, as transformers' DynamicLayer does it: `cat` onto an
+    empty 1-D tensor, of a key in transposed layout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self.proj(x).view(1, 6, 2, 4).transpose(1, 2)
+        keys = torch.cat([torch.tensor([]), k], dim=-2)
+        return keys * 2, keys
+
+
+def test_a_cat_onto_an_empty_cache_compiles_without_falling_back():
+    torch.manual_seed(0)
+    m = EmptyCacheAppend().eval()
+    x = torch.randn(1, 6, 8)
+    captured = export_model(m, (x,))
+    part = Partition.from_groups(captured.graph, [list(range(len(captured.graph)))])
+    rp = realize(captured, part, realizations="inductor")
+    # Inductor drops the empty input and hands back `k`'s transposed layout unless the
+    # realizer makes the cat the contiguous copy eager makes
+    assert rp.fallbacks == {} and rp.realizations == ("inductor",)
+    ref, got = m(x), rp(x)
+    assert compare_outputs(ref, got) is None and got[1].stride() == ref[1].stride()
+
+
 def test_capture_errors_are_whole_words_with_advice():
     class Branchy(nn.Module):
         def forward(self, x):
