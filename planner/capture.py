@@ -24,7 +24,9 @@ import keyword
 import logging
 import math
 import operator
+import os
 import re
+import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
 from planner import taxonomy
 from planner.errors import CaptureError, PlanError
@@ -348,16 +350,33 @@ def _capture_error(module: torch.nn.Module, e: Exception) -> CaptureError:
         "make forward() traceable by torch.export (no Python control flow on tensor "
         "values) and pass example inputs forward() accepts",
     )
+    # torch's pointers to its own debug logs do not help here
+    for tail in ("For more information, run with", "For extended logs"):
+        text = text.split(tail)[0].strip()
+    reason = _clip(text, 400)
+    where = _model_frame(e)
     return CaptureError(
-        f"torch.export could not trace {type(module).__name__}: {type(e).__name__}: "
-        f"{_clip(text, 400)}. To fix: {advice}."
+        f"torch.export could not trace {type(module).__name__}"
+        f"{f' at {where}' if where else ''}: {type(e).__name__}: "
+        f"{reason}{'' if reason.endswith('...') else '.'} To fix: {advice}."
     )
+
+
+def _model_frame(e: BaseException) -> str:
+    """`file:line (code)` of the deepest frame of the failure in the model's own code (not
+    torch's, not the planner's), or "" when there is none."""
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(skip)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno} ({(f.line or '').strip()})"
 
 
 def _clip(text: str, limit: int) -> str:
     """`text` up to `limit` characters, cut at a word boundary with an ellipsis."""
     if len(text) <= limit:
-        return text.rstrip(".")
+        return text.rstrip(" .")
     cut = text.rfind(" ", 0, limit)
     return text[: cut if cut > limit // 2 else limit].rstrip(" ,;:.") + " ..."
 
@@ -397,6 +416,13 @@ def _static_shape(val: torch.Tensor, where: str) -> tuple[int, ...]:
     try:
         return tuple(int(d) for d in val.shape)
     except (TypeError, RuntimeError) as e:
+        if free_unbacked_symbols(val):
+            raise CaptureError(
+                f"{where} has shape {tuple(val.shape)}, whose size depends on tensor values "
+                "(nonzero, masked_select, unique, .item() as a size). To fix: keep sizes a "
+                "function of input shapes (a mask multiplied in, torch.where) so the graph "
+                "has one shape per input shape"
+            ) from e
         raise CaptureError(
             f"{where} has a symbolic shape {tuple(val.shape)}; capture works on concrete shapes "
             "(plan per shape bucket instead)"

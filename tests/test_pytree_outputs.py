@@ -151,6 +151,7 @@ def test_capture_errors_are_whole_words_with_advice():
         export_model(Branchy(), (torch.randn(3),))
     msg = str(e.value)
     assert "To fix:" in msg and "torch._check" in msg
+    assert "test_pytree_outputs.py:" in msg and "x.sum() > 0" in msg  # the model's own line
     reason = msg.split("To fix:")[0]
     # cut at a word boundary (an ellipsis after a whole word), or not cut at all
     assert reason.rstrip(" .").endswith("...") or len(reason) < 500
