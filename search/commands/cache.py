@@ -159,7 +159,12 @@ def _lookup(cache: PlanCache, args: argparse.Namespace) -> int:
         return _json(payload)
     print(f"{r.spec.label} ({r.dtype_name}) model key {graph.structure_key} on {dev}")
     if result.plan is None:
-        where = f"bucket {bucket}" if bucket else "no bucket (outside the stored spec)"
+        if bucket:
+            where = f"bucket {bucket}"
+        elif cache.bucket_spec(graph.structure_key, dev) is None:
+            where = "no plans stored for this model key on this device"
+        else:
+            where = "no bucket: the shape is outside the stored spec"
         print(f"miss -> default plan ({where}); the runtime would queue this shape for tuning")
         return 0
     p = result.plan
