@@ -77,6 +77,8 @@ class ModelIO:
 
     def rebuild_outputs(self, flat: Any) -> Any:
         """The model's output structure around the program's flat outputs."""
+        if self.outputs.flat_tuple:
+            return tuple(flat)
         return self.outputs.build(list(flat))
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import functools
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -281,11 +282,21 @@ class Structure:
             raise StructureError(f"{len(flat)} values for a structure of {self.n_leaves} tensors")
         return self.root.build(flat, {})
 
-    @property
+    @functools.cached_property
     def signature(self) -> Any:
         return self.root.signature()
 
-    @property
+    @functools.cached_property
+    def flat_tuple(self) -> bool:
+        """Whether the value is a tuple of distinct tensors in leaf order (flat already)."""
+        r = self.root
+        return (
+            isinstance(r, _Builtin)
+            and r.kind is tuple
+            and all(isinstance(c, _Leaf) and c.index == i for i, c in enumerate(r.children))
+        )
+
+    @functools.cached_property
     def plain_call(self) -> bool:
         """Whether this is the structure of a call `(args, {})` whose positional arguments
         are distinct tensors, nothing else: its flat tensors are the arguments themselves."""
@@ -294,9 +305,7 @@ class Structure:
             return False
         args, kwargs = r.children
         return (
-            isinstance(args, _Builtin)
-            and args.kind is tuple
-            and all(isinstance(c, _Leaf) and c.index == i for i, c in enumerate(args.children))
+            Structure(args, self.n_leaves).flat_tuple
             and isinstance(kwargs, _Const)
             and kwargs.value == {}
         )
