@@ -182,6 +182,16 @@ def export_model(
     return Captured(graph, program, tuple(leaves), io, planning_only=fake)
 
 
+def flat_module(module: torch.nn.Module, captured: Captured) -> torch.nn.Module:
+    """`module` as `captured`'s program sees it: the example call's tensors in (flat, in
+    `captured.example_inputs` order), the output's tensors out. For exporting the same
+    model again (with dynamic shapes, say); `captured.io` still maps the new program."""
+    if captured.io is None:
+        raise CaptureError("this capture has no input/output structure (made by export_model?)")
+    names = [t.name for t in captured.graph.tensors if t.kind == "input"]
+    return _FlatCall(module, captured.io.inputs, names, [])
+
+
 class _FlatCall(torch.nn.Module):
     """The model as torch.export sees it: flat tensors in, flat tensors out.
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from learned_cost.analytical import AnalyticalModel
 from planner.cache import PlanCache
-from planner.capture import export_model, trace_device
+from planner.capture import export_model, flat_module, trace_device
 from planner.errors import CaptureError, PlanError
 from planner.hardware import get_spec
 from planner.partition import Partition
@@ -140,6 +140,22 @@ def test_a_cat_onto_an_empty_cache_compiles_without_falling_back():
     assert rp.fallbacks == {} and rp.realizations == ("inductor",)
     ref, got = m(x), rp(x)
     assert compare_outputs(ref, got) is None and got[1].stride() == ref[1].stride()
+
+
+def test_flat_module_exports_again_with_dynamic_shapes():
+    """What a dynamic export of a model with any output structure needs: the same flat
+    wrapper, exported with symbolic sizes, mapped back by the first capture's io."""
+    m = CacheModel().eval()
+    x = torch.randn(4, 8)
+    captured = export_model(m, (x,))
+    batch = torch.export.Dim("batch", min=2, max=16)
+    program = torch.export.export(
+        flat_module(m, captured), captured.example_inputs, dynamic_shapes=({0: batch},)
+    )
+    x6 = torch.randn(6, 8)
+    flat = program.module()(x6)
+    assert len(flat) == captured.io.outputs.n_leaves
+    _same_structure(m(x6), captured.io.rebuild_outputs(flat))
 
 
 def test_capture_errors_are_whole_words_with_advice():
