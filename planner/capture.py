@@ -11,6 +11,13 @@ Why torch.export (non-strict) followed by `run_decompositions({})`:
   The default core-aten decomposition would split a LayerNorm into ~10 nodes;
 - the program is also what `planner.realize` splits into groups and compiles, so the
   OpGraph node names map 1:1 onto FX nodes.
+
+What is exported is the model behind a wrapper that takes the example call's tensors flat
+and returns the output's tensors flat (`_FlatCall`, planner.pytrees): real models return
+library objects (a `ModelOutput` holding a `DynamicCache`) that torch.export cannot
+return. A model without data (on the meta device, or `trace_as`) is traced as fake
+tensors on the device it will run on, so its graph is that device's. docs/capture.md
+says why both.
 """
 
 from __future__ import annotations
