@@ -78,7 +78,7 @@ class ModelIO:
             return args  # the program's own flat inputs
         raise PlanError(
             "the call's arguments are not structured like the example inputs the model was "
-            f"captured with ({describe_mismatch(self.inputs.signature, structure.signature)}); "
+            f"captured with ({describe_mismatch(self.inputs.signature, structure.signature, 'call')}); "
             "call it as it was captured, or capture it again with inputs like these"
         )
 

@@ -347,13 +347,65 @@ def _flat_into(v: Any, out: list[Any], active: set[int]) -> None:
     active.discard(id(v))
 
 
-def describe_mismatch(expected: Any, got: Any) -> str:
-    """A short text for two signatures that differ: where they first part."""
-    if expected == got:
-        return "same structure"
-    return f"expected {_short(expected)}, got {_short(got)}"
+def describe_mismatch(expected: Any, got: Any, where: str = "value") -> str:
+    """Where two signatures (`Structure.signature`) first differ, in words. `where="call"`
+    names the parts of a call signature `(args, kwargs)` as such."""
+    if where == "call" and _is_builtin(expected, "tuple") and _is_builtin(got, "tuple"):
+        for name, a, b in zip(("args", "kwargs"), expected[2], got[2]):
+            if a != b:
+                return describe_mismatch(a, b, name)
+    return _diff(expected, got, where) or "the same structure"
 
 
-def _short(sig: Any, limit: int = 160) -> str:
-    text = repr(sig)
-    return text if len(text) <= limit else text[: text.rfind(" ", 0, limit)] + " ..."
+def _is_builtin(sig: Any, kind: str) -> bool:
+    return isinstance(sig, tuple) and len(sig) == 3 and sig[0] == kind and isinstance(sig[2], list)
+
+
+def _diff(a: Any, b: Any, where: str) -> str | None:
+    if a == b:
+        return None
+    if not (isinstance(a, tuple) and isinstance(b, tuple) and a[0] == b[0]):
+        return f"{where}: expected {_what(a)}, got {_what(b)}"
+    tag = a[0]
+    if tag == "const":
+        return f"{where}: expected {_what(a)}, got {_what(b)}"
+    if tag == "object" or tag == "tree":
+        if a[1] != b[1] or (tag == "tree" and a[2] != b[2]):
+            return f"{where}: expected {_what(a)}, got {_what(b)}"
+        pairs_a = a[2] if tag == "object" else list(enumerate(a[3]))
+        pairs_b = b[2] if tag == "object" else list(enumerate(b[3]))
+        fmt = ".{}" if tag == "object" else "[{}]"
+    elif tag in ("tuple", "list", "dict"):
+        if a[1] != b[1] or len(a[2]) != len(b[2]):
+            return f"{where}: expected {_what(a)}, got {_what(b)}"
+        keys = a[1] if a[1] is not None else range(len(a[2]))
+        pairs_a, pairs_b, fmt = list(zip(keys, a[2])), list(zip(keys, b[2])), "[{!r}]"
+    else:
+        return f"{where}: expected {_what(a)}, got {_what(b)}"
+    if len(pairs_a) != len(pairs_b):
+        return f"{where}: expected {_what(a)}, got {_what(b)}"
+    for (k, x), (_, y) in zip(pairs_a, pairs_b):
+        found = _diff(x, y, where + fmt.format(k))
+        if found:
+            return found
+    return f"{where}: expected {_what(a)}, got {_what(b)}"
+
+
+def _what(sig: Any) -> str:
+    """A signature node in words: 'a tensor', 'bool False', 'a dict with keys [...]'."""
+    if not isinstance(sig, tuple) or not sig:
+        return repr(sig)
+    tag = sig[0]
+    if tag == "leaf":
+        return "a tensor"
+    if tag == "const":
+        if sig[1] == "NoneType":
+            return "None"
+        return f"{sig[1]} {sig[2]!r}" if sig[2] is not None else f"a {sig[1]} without tensors"
+    if tag in ("object", "tree"):
+        return f"a {sig[1]}"
+    if tag == "dict":
+        return f"a dict with keys {sig[1]}"
+    if tag in ("tuple", "list"):
+        return f"a {tag} of {len(sig[2])}"
+    return repr(sig)
