@@ -84,7 +84,7 @@ class BucketResult:
     params: dict[str, int]
     plan: Plan | None
     candidates: tuple[Candidate, ...]
-    eager: Timing
+    eager: Timing | None  # None: the bucket failed before eager was timed (`stored` says why)
     compiled: Timing | None
     search_s: float
     realize_s: float
@@ -171,6 +171,14 @@ def tune_bucket(
     mspec = cfg.spec.with_params(**params)
     module, inputs = mspec.build(dtype=cfg.dtype, device=dev, seed=cfg.seed)
     captured = export_model(module, inputs, name=mspec.label)
+    try:
+        with torch.no_grad():
+            module(*inputs)
+    except Exception as e:  # the model's own failure at this shape, not the planner's
+        raise FusionPlannerError(
+            f"{mspec.label} fails when run eagerly at {params}: {type(e).__name__}: "
+            f"{str(e).strip()[:200]}. Narrow --dynamic to the shapes the model supports"
+        ) from e
     graph = captured.graph
     objective = Objective(cost_model)
     t0 = time.perf_counter()
@@ -265,5 +273,10 @@ def tune(
     out = []
     for i, b in enumerate(buckets, 1):
         progress(f"[{i}/{len(buckets)}] bucket {b.key}")
-        out.append(tune_bucket(cfg, spec, b, cost_model, cache, progress=progress))
+        try:
+            out.append(tune_bucket(cfg, spec, b, cost_model, cache, progress=progress))
+        except FusionPlannerError as e:  # one bucket's failure: reported, the rest tuned
+            progress(f"  bucket {b.key} failed: {e}")
+            params = spec.representative_params(b)
+            out.append(BucketResult(b, params, None, (), None, None, 0.0, 0.0, f"failed: {e}"))
     return out

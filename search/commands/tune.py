@@ -8,10 +8,9 @@ from typing import Any
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import load_corrected
 from planner.cache import PlanCache
-from planner.capture import capture
 from planner.hardware import get_spec, local_device_name
 from planner.modelspec import parse_dtype, resolve
-from search.cli_common import emit
+from search.cli_common import Resolved, capture_for_planning, emit
 from search.strategy import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
 
@@ -119,8 +118,8 @@ def _label(spec: Any, dynamic: str) -> str:
 
 def _queued_buckets(cache: PlanCache, cfg: TuneConfig) -> set[str]:
     """Buckets holding shapes the runtime met without a plan (its tuning queue)."""
-    module, inputs = cfg.spec.build(dtype=cfg.dtype, device="meta")
-    key = capture(module, inputs).structure_key
+    resolved = Resolved(cfg.spec, local_device_name(), cfg.dtype)
+    key = capture_for_planning(resolved).graph.structure_key  # the runtime's key
     return {b.key for b, _count in cache.pending_buckets(key, bucket_spec(cfg))}
 
 
@@ -130,7 +129,7 @@ def _row(r: BucketResult) -> dict[str, Any]:
         "bucket": r.bucket.key,
         "params": r.params,
         "plan": r.plan.to_json() if r.plan else None,
-        "eager_s": r.eager.median_s,
+        "eager_s": r.eager.median_s if r.eager else None,
         "compile_s": r.compiled.median_s if r.compiled else None,
         "best_s": best.measured.median_s if best else None,
         "best_strategy": best.strategy if best else None,
@@ -159,7 +158,7 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult])
     for r in results:
         best = r.best
         comp = r.compiled.median_s if r.compiled else None
-        if best is None:
+        if best is None or r.eager is None:
             lines.append(f"{r.bucket.key:<28} {'(none)':<10}  {r.stored}")
             continue
         t = best.measured.median_s
