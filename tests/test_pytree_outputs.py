@@ -280,3 +280,12 @@ def test_tune_stores_a_plan_for_gpt2_and_lookup_finds_it(factory_file, tmp_path,
     spec = f"{factory_file}:gpt2"
     assert main(["cache", "lookup", "--cache", db, "--model", spec, "--shape", "S=16"]) == 0
     assert "hit (" in capsys.readouterr().out
+
+
+def test_tune_reports_a_bucket_the_model_cannot_run_and_goes_on(factory_file):
+    """GPT-2 with 64 positions cannot run at S=100: that bucket is reported, not raised."""
+    r = _resolved(factory_file, "gpt2")
+    cfg = TuneConfig(spec=r.spec, dynamic="S=100..100", strategy="priority", top_k=1)
+    (result,) = tune(cfg, AnalyticalModel(get_spec("cpu")), None, progress=lambda m: None)
+    assert result.plan is None and result.eager is None
+    assert result.stored.startswith("failed") and "Narrow --dynamic" in result.stored
