@@ -13,7 +13,7 @@ Why torch.export (non-strict) followed by `run_decompositions({})`:
   OpGraph node names map 1:1 onto FX nodes.
 
 What is exported is the model behind a wrapper that takes the example call's tensors flat
-and returns the output's tensors flat (`_FlatCall`, planner.pytrees): real models return
+and returns the output's tensors flat (`flat_forward`, planner.pytrees): real models return
 library objects (a `ModelOutput` holding a `DynamicCache`) that torch.export cannot
 return. A model without data (on the meta device, or `trace_as`) is traced as fake
 tensors on the device it will run on, so its graph is that device's. docs/capture.md
@@ -177,52 +177,75 @@ def export_model(
     if fake:
         traced, trace_inputs = _faked_on(module, leaves, target)
     seen: list[Structure] = []  # the output's structure, recorded while tracing
-    flat = _FlatCall(traced, in_structure, _input_names(module, args, kwargs, leaves), seen)
+    names = _input_names(module, args, kwargs, leaves)
+    # An FX GraphModule (dynamo's graph, lifted by the runtime) takes and returns flat
+    # tensors already, and its call ignores a patched forward: it is exported as it is.
+    direct = isinstance(traced, fx.GraphModule)
     try:
+        if direct:
+            t_args, t_kwargs = in_structure.build(trace_inputs)
+            with _quiet_torch():
+                program = torch.export.export(traced, t_args, t_kwargs, strict=False)
+        else:
+            with _quiet_torch(), flat_forward(traced, in_structure, names, seen) as flat:
+                program = torch.export.export(flat, trace_inputs, strict=False)
         with _quiet_torch():
-            program = torch.export.export(flat, trace_inputs, strict=False)
             program = program.run_decompositions({})
     except Exception as e:  # torch raises many types here; the user needs one
         raise _capture_error(module, e) from e
     graph = graph_from_program(program, name=name or type(module).__name__, meta=meta)
-    io = ModelIO(in_structure, seen[-1])
+    io = None if direct else ModelIO(in_structure, seen[-1])
     return Captured(graph, program, tuple(leaves), io, planning_only=fake)
 
 
-def flat_module(module: torch.nn.Module, captured: Captured) -> torch.nn.Module:
-    """`module` as `captured`'s program sees it: the example call's tensors in (flat, in
-    `captured.example_inputs` order), the output's tensors out. For exporting the same
-    model again (with dynamic shapes, say); `captured.io` still maps the new program."""
+def flat_module(module: torch.nn.Module, captured: Captured) -> Any:
+    """A context in which `module` is what `captured`'s program was exported from: the
+    example call's tensors in (flat, in `captured.example_inputs` order), the output's
+    tensors out. For exporting the same model again (with dynamic shapes, say):
+
+        with flat_module(model, captured) as m:
+            program = torch.export.export(m, captured.example_inputs, dynamic_shapes=...)
+
+    `captured.io` maps the new program's inputs and outputs as it maps the first's."""
     if captured.io is None:
         raise CaptureError("this capture has no input/output structure (made by export_model?)")
     names = [t.name for t in captured.graph.tensors if t.kind == "input"]
-    return _FlatCall(module, captured.io.inputs, names, [])
+    return flat_forward(module, captured.io.inputs, names, [])
 
 
-class _FlatCall(torch.nn.Module):
-    """The model as torch.export sees it: flat tensors in, flat tensors out.
+@contextlib.contextmanager
+def flat_forward(
+    module: torch.nn.Module, inputs: Structure, names: list[str], seen: list[Structure]
+) -> Iterator[torch.nn.Module]:
+    """`module` with a forward that takes the example call's tensors flat and returns the
+    output's tensors flat, while the context lasts (an instance attribute over the class's
+    forward, removed on exit; not thread-safe for one module).
 
-    forward rebuilds the example call's structure around its tensors, calls the model
-    and returns the tensors of whatever it returned, recording that structure.
-    """
+    The forward rebuilds the call's structure around its tensors, calls the model's own
+    forward and returns the tensors of whatever came back, appending that structure to
+    `seen`. Patching the module rather than wrapping it keeps the program's parameter
+    names those of a direct export (a wrapper would prefix them all)."""
+    original = module.forward
+    had_own = "forward" in module.__dict__
 
-    def __init__(
-        self, model: torch.nn.Module, inputs: Structure, names: list[str], seen: list[Structure]
-    ):
-        super().__init__()
-        self.model = model
+    def forward(*flat: Any) -> tuple[Any, ...]:
+        args, kwargs = inputs.build(flat)
+        structure, leaves = Structure.of(original(*args, **kwargs))
+        seen.append(structure)  # a list held here, not on the module: export restores those
+        return tuple(leaves)
 
-        def forward(*flat: Any) -> tuple[Any, ...]:
-            args, kwargs = inputs.build(flat)
-            structure, leaves = Structure.of(self.model(*args, **kwargs))
-            seen.append(structure)  # `seen` is not an attribute: export restores those
-            return tuple(leaves)
-
-        # export names the program's input placeholders after forward's parameters
-        forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
-        )
-        self.forward = forward
+    # export names the program's input placeholders after forward's parameters
+    forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+    )
+    module.forward = forward  # type: ignore[method-assign]
+    try:
+        yield module
+    finally:
+        if had_own:
+            module.forward = original  # type: ignore[method-assign]
+        else:
+            del module.forward
 
 
 def _as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -149,9 +149,9 @@ def test_flat_module_exports_again_with_dynamic_shapes():
     x = torch.randn(4, 8)
     captured = export_model(m, (x,))
     batch = torch.export.Dim("batch", min=2, max=16)
-    program = torch.export.export(
-        flat_module(m, captured), captured.example_inputs, dynamic_shapes=({0: batch},)
-    )
+    with flat_module(m, captured) as flat:
+        program = torch.export.export(flat, captured.example_inputs, dynamic_shapes=({0: batch},))
+    assert "forward" not in vars(m)  # the model is itself again
     x6 = torch.randn(6, 8)
     flat = program.module()(x6)
     assert len(flat) == captured.io.outputs.n_leaves
