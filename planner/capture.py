@@ -12,7 +12,7 @@ Why torch.export (non-strict) followed by `run_decompositions({})`:
 - the program is also what `planner.realize` splits into groups and compiles, so the
   OpGraph node names map 1:1 onto FX nodes.
 
-What is exported is the model behind a wrapper that takes the example call's tensors flat
+What is exported is the model with a forward that takes the example call's tensors flat
 and returns the output's tensors flat (`flat_forward`, planner.pytrees): real models return
 library objects (a `ModelOutput` holding a `DynamicCache`) that torch.export cannot
 return. A model without data (on the meta device, or `trace_as`) is traced as fake

@@ -3,7 +3,7 @@
 Real models return library objects: a `transformers` `ModelOutput` (a dict registered
 with torch's pytree), a `DynamicCache` (a plain object holding lists of layer objects that
 hold tensors, registered with nothing), dataclasses, nested tuples with `None` entries.
-Capture exports a wrapper whose program takes and returns flat tuples of tensors
+Capture exports the model with a forward that takes and returns flat tuples of tensors
 (planner.capture), and a realized plan hands the user back the structure eager returned.
 
 `Structure.of(value)` walks a value depth first:
