@@ -11,15 +11,29 @@ Why torch.export (non-strict) followed by `run_decompositions({})`:
   The default core-aten decomposition would split a LayerNorm into ~10 nodes;
 - the program is also what `planner.realize` splits into groups and compiles, so the
   OpGraph node names map 1:1 onto FX nodes.
+
+What is exported is the model with a forward that takes the example call's tensors flat
+and returns the output's tensors flat (`flat_forward`, planner.pytrees): real models return
+library objects (a `ModelOutput` holding a `DynamicCache`) that torch.export cannot
+return. A model without data (on the meta device, or `trace_as`) is traced as fake
+tensors on the device it will run on, so its graph is that device's. docs/capture.md
+says why both.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import inspect
 import io
+import itertools
+import keyword
 import logging
 import math
 import operator
+import os
+import re
+import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,10 +41,13 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
 from planner import taxonomy
-from planner.errors import CaptureError
+from planner.errors import CaptureError, PlanError
 from planner.ir import DTYPE_BYTES, Category, OpGraph, OpNode, TensorInfo
+from planner.pytrees import Structure, StructureError, describe_mismatch
 
 
 class UnknownOpWarning(UserWarning):
@@ -38,12 +55,54 @@ class UnknownOpWarning(UserWarning):
 
 
 @dataclass(frozen=True)
+class ModelIO:
+    """How the model's call maps onto the program's flat tensors (planner.pytrees).
+
+    `inputs` is the structure of the example call `(args, kwargs)`, whose tensors are the
+    program's inputs in order; `outputs` the structure the model returned, whose tensors
+    are the program's outputs in order.
+    """
+
+    inputs: Structure
+    outputs: Structure
+
+    def flat_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The program's inputs for a call like the example's (or already flat tensors)."""
+        if not kwargs and self.inputs.plain_call and len(args) == self.inputs.n_leaves:
+            return args
+        structure, leaves = Structure.of((args, kwargs))
+        if structure.signature == self.inputs.signature:
+            return tuple(leaves)
+        flat = not kwargs and len(args) == self.inputs.n_leaves
+        if flat and all(isinstance(a, torch.Tensor) for a in args):
+            return args  # the program's own flat inputs
+        raise PlanError(
+            "the call's arguments are not structured like the example inputs the model was "
+            f"captured with ({describe_mismatch(self.inputs.signature, structure.signature, 'call')}); "
+            "call it as it was captured, or capture it again with inputs like these"
+        )
+
+    def rebuild_outputs(self, flat: Any) -> Any:
+        """The model's output structure around the program's flat outputs."""
+        if self.outputs.flat_tuple:
+            return tuple(flat)
+        return self.outputs.build(list(flat))
+
+
+@dataclass(frozen=True)
 class Captured:
-    """An OpGraph together with the exported program it was read from."""
+    """An OpGraph together with the exported program it was read from.
+
+    The program takes `example_inputs`, the tensors of the example call in order, and
+    returns the tensors of the model's output in order; `io` puts the user's structures
+    around them (None for programs exported elsewhere: they take and return flat tuples).
+    """
 
     graph: OpGraph
     program: torch.export.ExportedProgram
     example_inputs: tuple[Any, ...]
+    io: ModelIO | None = None
+    planning_only: bool = False  # traced without data (fake tensors): never realized
 
     @property
     def graph_module(self) -> fx.GraphModule:
@@ -73,30 +132,295 @@ def capture(
     return export_model(module, example_inputs, name=name, meta=meta).graph
 
 
+def trace_device() -> torch.device:
+    """The device a model captured on the meta device is traced as: the one `tune` and
+    the runtime capture on here (CUDA when present, else the CPU)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def export_model(
     module: torch.nn.Module,
     example_inputs: Any,
     *,
     name: str = "",
     meta: dict[str, Any] | None = None,
+    trace_as: str | torch.device | None = None,
 ) -> Captured:
-    """Export `module` and read its aten program into an OpGraph; see module docstring."""
+    """Export `module` and read its aten program into an OpGraph; see module docstring.
+
+    `example_inputs`: a tensor, a tuple (or list) of positional arguments, or a dict of
+    keyword arguments; arguments may be any pytree of tensors (planner.pytrees). The
+    program takes the example call's tensors flat and returns the output's tensors flat;
+    `Captured.io` maps both back.
+
+    `trace_as`: trace the model without data (fake tensors) as if it were on that device;
+    a model on the meta device is traced as if on `trace_device()`. Its graph (and
+    structure key) is then the one a capture there with real weights gives: kernels choose
+    output layouts per device (SDPA's output is transposed on CPU and CUDA, contiguous on
+    meta) and `.contiguous()` records a copy only where a layout needs one. Such a capture
+    is for planning only (`Captured.planning_only`).
+    """
     if not isinstance(module, torch.nn.Module):
         raise CaptureError(f"capture expects a torch.nn.Module, got {type(module).__name__}")
-    args = _as_args(example_inputs)
+    args, kwargs = _as_call(example_inputs)
+    _check_call(module, args, kwargs)
     try:
+        in_structure, leaves = Structure.of((args, kwargs))
+    except StructureError as e:
+        raise CaptureError(f"the example inputs cannot be captured: {e}") from e
+    traced, trace_inputs = module, tuple(leaves)
+    devices = _devices(module, leaves)
+    target = torch.device(trace_as) if trace_as is not None else None
+    if target is None and "meta" in devices:
+        target = trace_device()
+    fake = target is not None and devices != {target.type}
+    if fake:
+        traced, trace_inputs = _faked_on(module, leaves, target)
+    seen: list[Structure] = []  # the output's structure, recorded while tracing
+    names = _input_names(module, args, kwargs, leaves)
+    # An FX GraphModule (dynamo's graph, lifted by the runtime) takes and returns flat
+    # tensors already, and its call ignores a patched forward: it is exported as it is.
+    direct = isinstance(traced, fx.GraphModule)
+    try:
+        if direct:
+            t_args, t_kwargs = in_structure.build(trace_inputs)
+            with _quiet_torch():
+                program = torch.export.export(traced, t_args, t_kwargs, strict=False)
+        else:
+            with _quiet_torch(), flat_forward(traced, in_structure, names, seen) as flat:
+                program = torch.export.export(flat, trace_inputs, strict=False)
         with _quiet_torch():
-            program = torch.export.export(module, args, strict=False)
             program = program.run_decompositions({})
     except Exception as e:  # torch raises many types here; the user needs one
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CaptureError(
-            f"torch.export could not trace {type(module).__name__} "
-            f"({type(e).__name__}: {first[:300]}). Make forward() traceable: no data-dependent "
-            "Python control flow or .item() on tensors, and pass inputs the model accepts."
-        ) from e
+        raise _capture_error(module, e) from e
     graph = graph_from_program(program, name=name or type(module).__name__, meta=meta)
-    return Captured(graph, program, args)
+    io = None if direct else ModelIO(in_structure, seen[-1])
+    return Captured(graph, program, tuple(leaves), io, planning_only=fake)
+
+
+def flat_module(module: torch.nn.Module, captured: Captured) -> Any:
+    """A context in which `module` is what `captured`'s program was exported from: the
+    example call's tensors in (flat, in `captured.example_inputs` order), the output's
+    tensors out. For exporting the same model again (with dynamic shapes, say):
+
+        with flat_module(model, captured) as m:
+            program = torch.export.export(m, captured.example_inputs, dynamic_shapes=...)
+
+    `captured.io` maps the new program's inputs and outputs as it maps the first's."""
+    if captured.io is None:
+        raise CaptureError("this capture has no input/output structure (made by export_model?)")
+    names = [t.name for t in captured.graph.tensors if t.kind == "input"]
+    return flat_forward(module, captured.io.inputs, names, [])
+
+
+@contextlib.contextmanager
+def flat_forward(
+    module: torch.nn.Module, inputs: Structure, names: list[str], seen: list[Structure]
+) -> Iterator[torch.nn.Module]:
+    """`module` with a forward that takes the example call's tensors flat and returns the
+    output's tensors flat, while the context lasts (an instance attribute over the class's
+    forward, removed on exit; not thread-safe for one module).
+
+    The forward rebuilds the call's structure around its tensors, calls the model's own
+    forward and returns the tensors of whatever came back, appending that structure to
+    `seen`. Patching the module rather than wrapping it keeps the program's parameter
+    names those of a direct export (a wrapper would prefix them all)."""
+    original = module.forward
+    had_own = "forward" in module.__dict__
+
+    def forward(*flat: Any) -> tuple[Any, ...]:
+        args, kwargs = inputs.build(flat)
+        structure, leaves = Structure.of(original(*args, **kwargs))
+        seen.append(structure)  # a list held here, not on the module: export restores those
+        return tuple(leaves)
+
+    # export names the program's input placeholders after forward's parameters
+    forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+    )
+    module.forward = forward  # type: ignore[method-assign]
+    try:
+        yield module
+    finally:
+        if had_own:
+            module.forward = original  # type: ignore[method-assign]
+        else:
+            del module.forward
+
+
+def _as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if isinstance(example_inputs, list | tuple):
+        return tuple(example_inputs), {}
+    if isinstance(example_inputs, dict) and all(isinstance(k, str) for k in example_inputs):
+        return (), dict(example_inputs)
+    raise CaptureError(
+        "example_inputs must be a tensor, a tuple of positional arguments or a dict of "
+        f"keyword arguments, got {type(example_inputs).__name__}"
+    )
+
+
+def _check_call(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse example inputs forward() cannot take, before tracing hides why."""
+    try:
+        sig = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return  # a forward without a signature: export will tell
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise CaptureError(
+            f"example_inputs do not fit {type(module).__name__}.forward{sig}: {e}. Pass a "
+            "tuple of positional arguments or a dict of keyword arguments that forward() takes"
+        ) from None
+
+
+def _as_args(example_inputs: Any) -> tuple[Any, ...]:
+    """Positional example inputs as a tuple (keyword inputs are refused)."""
+    args, kwargs = _as_call(example_inputs)
+    if kwargs:
+        raise CaptureError("this capture takes positional inputs only (a tensor or a tuple)")
+    return args
+
+
+def _input_names(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any]
+) -> list[str]:
+    """A name per input tensor, after the forward() parameter it is passed as."""
+    try:
+        params = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        params = []
+    named = [(params[i] if i < len(params) else f"arg{i}", a) for i, a in enumerate(args)]
+    named += list(kwargs.items())
+    by_id: dict[int, str] = {}
+    for base, value in named:
+        inner = [t for t in Structure.of(value)[1] if id(t) not in by_id]
+        for j, t in enumerate(inner):
+            by_id[id(t)] = base if len(inner) == 1 else f"{base}_{j}"
+    names: list[str] = []
+    for i, t in enumerate(leaves):
+        n = re.sub(r"\W", "_", by_id.get(id(t), f"arg{i}"))
+        n = n if n.isidentifier() and not keyword.iskeyword(n) else f"arg_{n}"
+        while n in names:
+            n += "_"
+        names.append(n)
+    return names
+
+
+def _devices(module: torch.nn.Module, leaves: list[Any]) -> set[str]:
+    tensors = itertools.chain(leaves, module.parameters(), module.buffers())
+    return {t.device.type for t in tensors if isinstance(t, torch.Tensor)}
+
+
+def _faked_on(
+    module: torch.nn.Module, leaves: list[Any], device: torch.device
+) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """A copy of `module` and inputs as fake tensors on `device`: no memory, and each op's
+    output layout is the one `device`'s kernels give. `module` itself is left as it is."""
+    try:
+        # the module tree copied, its tensors shared (swapped for fakes in the copy below)
+        shared = itertools.chain(module.parameters(), module.buffers())
+        traced = copy.deepcopy(module, memo={id(t): t for t in shared})
+    except Exception:  # an uncopyable module: trace it where it is
+        return module, tuple(leaves)
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv(tracked_fakes=[]), allow_non_fake_inputs=True)
+    memo: dict[int, Any] = {}  # one fake per tensor: tied weights stay tied
+
+    def fake(t: torch.Tensor) -> Any:
+        if id(t) not in memo:
+            with fake_mode:
+                memo[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+        return memo[id(t)]
+
+    for mod in traced.modules():
+        for key, p in mod._parameters.items():
+            if p is not None:
+                mod._parameters[key] = torch.nn.Parameter(fake(p), p.requires_grad)
+        for key, b in mod._buffers.items():
+            if b is not None:
+                mod._buffers[key] = fake(b)
+    fakes = tuple(fake(t) for t in leaves)
+    return traced, fakes
+
+
+# What a failed export says -> what to tell the user; the first rule that matches wins.
+_ADVICE = (
+    # GuardOnDataDependentSymNode / "data-dependent": Python branches on tensor values
+    (
+        ("GuardOnDataDependent", "data-dependent", "data dependent"),
+        "forward() branches on a tensor's values (an `if` on a tensor, `.item()`, "
+        "`.tolist()`, a nonzero count): compute the condition from shapes or flags instead, "
+        "or mark it with torch._check(...) so export can assume it",
+    ),
+    # a wrong example call: the factory's inputs do not fit forward()
+    (
+        ("unexpected keyword argument", "required positional argument", "positional arguments but"),
+        "the example inputs do not fit forward()'s parameters: return them from the "
+        "factory as forward() takes them (a tuple of positional arguments, or a dict of "
+        "keyword arguments)",
+    ),
+    # an input object torch's pytree does not know (outputs are walked by planner.pytrees)
+    (
+        ("not a known type", "register a pytree", "pytree"),
+        "an input is an object torch.export cannot take: pass tensors, or tuples, lists "
+        "and dicts of them (register the type with torch.utils._pytree otherwise)",
+    ),
+    # an op with no meta/fake implementation, hit by capture on the meta device
+    (
+        ("fake impl", "meta kernel", "meta tensor", "no meta", "meta device"),
+        "an op of the model has no implementation for tracing without data: capture the "
+        "model on a real device (CPU), or give the op a fake (meta) kernel",
+    ),
+)
+
+
+def _capture_error(module: torch.nn.Module, e: Exception) -> CaptureError:
+    """One CaptureError for a failed export: what torch said (cut at a word, not inside
+    one), and advice that leads to a fix."""
+    if isinstance(e, CaptureError):
+        return e
+    if isinstance(e, StructureError):
+        return CaptureError(
+            f"the output of {type(module).__name__} cannot be captured: {e}. To fix: return "
+            "tensors in tuples, lists, dicts, dataclasses or plain objects"
+        )
+    text = " ".join(str(e).split()) or type(e).__name__
+    advice = next(
+        (a for keys, a in _ADVICE if any(k.lower() in text.lower() for k in keys)),
+        "make forward() traceable by torch.export (no Python control flow on tensor "
+        "values) and pass example inputs forward() accepts",
+    )
+    # torch's pointers to its own debug logs do not help here
+    for tail in ("For more information, run with", "For extended logs"):
+        text = text.split(tail)[0].strip()
+    reason = _clip(text, 400)
+    where = _model_frame(e)
+    return CaptureError(
+        f"torch.export could not trace {type(module).__name__}"
+        f"{f' at {where}' if where else ''}: {type(e).__name__}: "
+        f"{reason}{'' if reason.endswith('...') else '.'} To fix: {advice}."
+    )
+
+
+def _model_frame(e: BaseException) -> str:
+    """`file:line (code)` of the deepest frame of the failure in the model's own code (not
+    torch's, not the planner's), or "" when there is none."""
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(skip)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno} ({(f.line or '').strip()})"
+
+
+def _clip(text: str, limit: int) -> str:
+    """`text` up to `limit` characters, cut at a word boundary with an ellipsis."""
+    if len(text) <= limit:
+        return text.rstrip(" .")
+    cut = text.rfind(" ", 0, limit)
+    return text[: cut if cut > limit // 2 else limit].rstrip(" ,;:.") + " ..."
 
 
 @contextlib.contextmanager
@@ -123,17 +447,6 @@ def _quiet_torch() -> Iterator[None]:
             lg.disabled = was
 
 
-def _as_args(example_inputs: Any) -> tuple[Any, ...]:
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,)
-    if isinstance(example_inputs, list | tuple):
-        return tuple(example_inputs)
-    raise CaptureError(
-        f"example_inputs must be a tensor or a tuple of model arguments, got "
-        f"{type(example_inputs).__name__}"
-    )
-
-
 def _dtype_name(dtype: torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     if name not in DTYPE_BYTES:
@@ -145,6 +458,13 @@ def _static_shape(val: torch.Tensor, where: str) -> tuple[int, ...]:
     try:
         return tuple(int(d) for d in val.shape)
     except (TypeError, RuntimeError) as e:
+        if free_unbacked_symbols(val):
+            raise CaptureError(
+                f"{where} has shape {tuple(val.shape)}, whose size depends on tensor values "
+                "(nonzero, masked_select, unique, .item() as a size). To fix: keep sizes a "
+                "function of input shapes (a mask multiplied in, torch.where) so the graph "
+                "has one shape per input shape"
+            ) from e
         raise CaptureError(
             f"{where} has a symbolic shape {tuple(val.shape)}; capture works on concrete shapes "
             "(plan per shape bucket instead)"

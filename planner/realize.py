@@ -146,7 +146,7 @@ def _device_of(parts: ProgramParts, captured: Captured, device: Any) -> torch.de
     tensors = [t for t in captured.example_inputs if isinstance(t, torch.Tensor)]
     tensors += list(parts.state.values())
     found = {t.device.type for t in tensors}
-    if "meta" in found:
+    if "meta" in found or captured.planning_only:
         raise PlanError(
             "the captured program holds meta tensors (captured for planning only): export "
             "the model with real parameters on the device it will run on to realize it"
@@ -199,7 +199,8 @@ class _InputGuard:
 
 
 class RealizedPlan:
-    """A plan turned into code: call it like the model (positional tensors).
+    """A plan turned into code: call it like the model; it returns what the model returns
+    (the captured example call's structure in, the model's output structure out).
 
     `realizations[g]` is what group g (index into `partition.groups`) actually runs as,
     `fallbacks` maps groups that fell back to eager to the reason, `compile_s` is the
@@ -226,6 +227,7 @@ class RealizedPlan:
         self._guard = _InputGuard(parts, captured.program)
         # the model's compute dtype: the loosest precision any value was rounded to
         self._dtype = next((d for d, _ in self._guard.specs if d.is_floating_point), None)
+        self._io = captured.io
         self._out_spec = captured.program.call_spec.out_spec
         self._whole_fallback: Callable[..., Any] | None = None
         self._graph: _GraphReplay | None = None
@@ -309,17 +311,24 @@ class RealizedPlan:
         return self._forward(*args)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs:
+        """Run the plan on a call like the model's; returns what the model returns (its
+        output structure, planner.pytrees), built around the plan's flat outputs."""
+        if self._io is not None:
+            args = self._io.flat_inputs(args, kwargs)
+        elif kwargs:
             raise PlanError("the realized plan takes positional tensor inputs only")
         self._guard.check(args)
         if self._whole_fallback is not None:
-            return self._whole_fallback(*args)
+            out = self._whole_fallback(*args)  # the exported program: flat when io is known
+            return self._io.rebuild_outputs(out) if self._io is not None else out
         if self._graph is not None:
             flat = self._graph(args)
         elif self._shape_graphs is not None:
             flat = self._shape_graphs(args)
         else:
             flat = self._forward(*args)
+        if self._io is not None:
+            return self._io.rebuild_outputs(flat)
         return pytree.tree_unflatten(list(flat), self._out_spec)
 
     # ---- fallbacks and checks ----------------------------------------------------------

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
+from planner.pytrees import flat_values
 from planner.realize_reference import HighRun, run_module_in_high_precision
 
 
@@ -102,6 +102,11 @@ class Mismatch:
             f"output {self.output}: {self.reason} (max abs err {self.max_abs_err:.3g}, "
             f"{self.bad_fraction:.2%} of elements outside tolerance)"
         )
+
+
+def _flat(x: Any) -> list[Any]:
+    """Every leaf of an output, whatever its structure (planner.pytrees.flat_values)."""
+    return flat_values(x)
 
 
 def short_reason(reason: str, limit: int = 120) -> str:
@@ -266,10 +271,10 @@ def compare_outputs(
     mismatch, or None. `high`: the same outputs computed in higher precision
     (planner.realize_reference); None falls back to the fixed table. `at_least`: the
     model's compute dtype (see compare_tensor)."""
-    refs, gots = pytree.tree_leaves(ref), pytree.tree_leaves(got)
+    refs, gots = _flat(ref), _flat(got)
     if len(refs) != len(gots):
         return Mismatch(0, f"{len(gots)} outputs, expected {len(refs)}")
-    highs = pytree.tree_leaves(high) if high is not None else []
+    highs = _flat(high) if high is not None else []
     if len(highs) != len(refs):
         highs = [None] * len(refs)
     for i, (r, g, h) in enumerate(zip(refs, gots, highs)):

@@ -140,6 +140,50 @@ def adapt_inputs(
         ) from e
 
 
+def drop_empty_cat_inputs(gm: fx.GraphModule) -> bool:
+    """Rewrite `cat`s that have empty 1-D inputs, in place: cat skips those (a legacy rule),
+    and a cat left with one input is a contiguous copy of it. Returns whether any changed.
+
+    A KV cache that starts empty (transformers' `DynamicLayer` holds `torch.tensor([])`
+    until its first update) appends with `torch.cat([empty, k], -2)`. Eager returns a
+    contiguous copy; Inductor drops the empty input and returns `k` in its own (transposed)
+    layout, so a group realized with it would not give the layout its consumers were
+    compiled for. As a `clone` to the contiguous format, every realization agrees. The
+    node keeps its name (the group's outputs name it)."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not aten.cat.default:
+            continue
+        out, inputs = node.meta.get("val"), list(node.args[0])
+        kept = [a for a in inputs if not _empty_1d(a)]
+        if len(kept) == len(inputs) or not kept or not isinstance(out, torch.Tensor):
+            continue
+        if len(kept) > 1:
+            node.args = (kept, *node.args[1:])
+        else:
+            val = kept[0].meta.get("val") if isinstance(kept[0], fx.Node) else None
+            same = isinstance(val, torch.Tensor) and val.dtype == out.dtype
+            if not (same and tuple(val.shape) == tuple(out.shape) and out.is_contiguous()):
+                continue
+            node.target = aten.clone.default
+            node.args = (kept[0],)
+            node.kwargs = {"memory_format": torch.contiguous_format}
+        changed = True
+    if changed:
+        gm.recompile()
+    return changed
+
+
+def _empty_1d(arg: Any) -> bool:
+    val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+    return (
+        isinstance(val, torch.Tensor)
+        and val.dim() == 1
+        and isinstance(val.shape[0], int)
+        and val.shape[0] == 0
+    )
+
+
 def clones_to_contiguous(gm: fx.GraphModule, protected: Iterable[str]) -> list[str]:
     """In a group that runs eagerly, turn each `clone(memory_format=contiguous)` into
     `aten.contiguous`: the same values, copied only when the input is not already

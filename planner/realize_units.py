@@ -25,7 +25,13 @@ from planner import taxonomy
 from planner.errors import PlanError
 from planner.ir import Category, OpGraph
 from planner.realize_graph import GroupGraph, ProgramParts
-from planner.realize_layout import as_layout, bindings, propagate, same_strides
+from planner.realize_layout import (
+    as_layout,
+    bindings,
+    drop_empty_cat_inputs,
+    propagate,
+    same_strides,
+)
 
 aten = torch.ops.aten
 
@@ -290,6 +296,10 @@ def prepare_unit(
             note = note or f"no {requested} pattern in the group"
         else:
             module, names, fakes, extra = rewritten
+    if realization != "eager":
+        trimmed = _clone(module)
+        if drop_empty_cat_inputs(trimmed):
+            module = trimmed
     alone = realization != "inductor"
     if realization in ("inductor", "sdpa", "concat_gemm") and patterns.gelu_epilogue_sites(module):
         try:

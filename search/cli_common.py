@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from planner import hardware, modelspec
-from planner.capture import Captured, export_model
+from planner.capture import Captured, export_model, trace_device
 from planner.modelspec import ModelSpec
 
 
@@ -102,9 +102,14 @@ def resolve(args: argparse.Namespace) -> Resolved:
 
 
 def capture_for_planning(r: Resolved) -> Captured:
-    """Capture on the meta device: planning needs shapes, not data."""
-    module, inputs = r.spec.build(dtype=r.dtype, device="meta")
-    return export_model(module, inputs, name=r.spec.label)
+    """Capture for planning: traced without data (fake tensors) as the device `tune` and
+    the runtime capture on, so the graph and its structure key are theirs.
+
+    The model is built on the CPU (where factories make it in any case) rather than moved
+    to the meta device: `.to("meta")` gives tied weights (an LM head sharing the embedding)
+    separate parameters, which changes the graph."""
+    module, inputs = r.spec.build(dtype=r.dtype, device="cpu")
+    return export_model(module, inputs, name=r.spec.label, trace_as=trace_device())
 
 
 def emit(args: argparse.Namespace, payload: dict[str, Any], table: str) -> None:

@@ -246,6 +246,14 @@ def tune_bucket(
     mspec = cfg.spec.with_params(**params)
     module, inputs = mspec.build(dtype=cfg.dtype, device=dev, seed=cfg.seed)
     captured = export_model(module, inputs, name=mspec.label)
+    try:
+        with torch.no_grad():
+            module(*inputs)
+    except Exception as e:  # the model's own failure at this shape, not the planner's
+        raise FusionPlannerError(
+            f"{mspec.label} fails when run eagerly at {params}: {type(e).__name__}: "
+            f"{str(e).strip()[:200]}. Narrow --dynamic to the shapes the model supports"
+        ) from e
     graph = captured.graph
     objective = Objective(cost_model)
     t0 = time.perf_counter()

@@ -132,8 +132,12 @@ def test_untraceable_model_raises_one_clear_error():
 def test_bad_arguments_raise_capture_error():
     with pytest.raises(CaptureError, match=r"nn\.Module"):
         capture(lambda x: x, (torch.randn(2),))
-    with pytest.raises(CaptureError, match="example_inputs"):
+    with pytest.raises(CaptureError, match="example_inputs must be"):
+        capture(nn.ReLU(), {torch.randn(2)})
+    # a dict is keyword arguments: ReLU.forward takes `input`, not `x`
+    with pytest.raises(CaptureError, match=r"example_inputs do not fit ReLU\.forward"):
         capture(nn.ReLU(), {"x": torch.randn(2)})
+    assert len(capture(nn.ReLU(), {"input": torch.randn(2)}).nodes) == 1
 
 
 # Categories every zoo op must get: written from seed 001's taxonomy, independently of the

@@ -113,7 +113,9 @@ def test_unmapped_structure_changing_and_shape_only_params_are_refused(factories
 
 
 def test_factory_errors_are_reported_and_probes_skip_invalid_values(factories):
-    with pytest.raises(ModelSpecError, match=r"picky\(B=2, S=12\) raised ValueError: S must be a multiple of 8"):
+    with pytest.raises(
+        ModelSpecError, match=r"picky\(B=2, S=12\) raised ValueError: S must be a multiple of 8"
+    ):
         modelspec.resolve(f"{factories}:picky", "S=12").build()
     # the factory refuses S = 4, 9 and 7: S = 16 and 32 are probed instead
     assert modelspec.resolve(f"{factories}:picky").dims["S"] == ((0, 1),)

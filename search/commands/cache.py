@@ -169,9 +169,9 @@ def _lookup(cache: PlanCache, args: argparse.Namespace) -> int:
         if bucket:
             where = f"bucket {bucket}"
         elif cache.bucket_spec(graph.structure_key, dev) is None:
-            where = "no bucket spec stored for this model on this device: nothing tuned yet"
+            where = "no plans stored for this model key on this device"
         else:
-            where = "outside every bucket of the stored spec"
+            where = "no bucket: the shape is outside the stored spec"
         print(f"miss -> default plan ({where}); the runtime would queue this shape for tuning")
         return 0
     p = result.plan

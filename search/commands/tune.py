@@ -8,11 +8,10 @@ from typing import Any
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import load_corrected
 from planner.cache import PlanCache
-from planner.capture import capture
 from planner.hardware import get_spec, local_device_name
 from planner.modelspec import parse_dtype, resolve
 from planner.realize_check import short_reason
-from search.cli_common import emit, positive_float, positive_int
+from search.cli_common import Resolved, capture_for_planning, emit, positive_float, positive_int
 from search.strategies import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
 
@@ -134,8 +133,8 @@ def _label(spec: Any, dynamic: str) -> str:
 
 def _queued_buckets(cache: PlanCache, cfg: TuneConfig) -> set[str]:
     """Buckets holding shapes the runtime met without a plan (its tuning queue)."""
-    module, inputs = cfg.spec.build(dtype=cfg.dtype, device="meta")
-    key = capture(module, inputs).structure_key
+    resolved = Resolved(cfg.spec, local_device_name(), cfg.dtype)
+    key = capture_for_planning(resolved).graph.structure_key  # the runtime's key
     return {b.key for b, _count in cache.pending_buckets(key, bucket_spec(cfg))}
 
 
@@ -175,7 +174,7 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult])
     for r in results:
         best = r.best
         comp = r.compiled.median_s if r.compiled else None
-        if best is None:
+        if best is None or r.eager is None:
             lines.append(f"{r.bucket.key:<28} {'(none)':<10}  {r.stored}")
             continue
         t = best.measured.median_s
