@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dynamo import source as dsource
 
 from planner.errors import FusionPlannerError
 
@@ -49,22 +50,58 @@ class LiftedGraph:
     user_names: tuple[str, ...]
 
 
-def _source_name(node: fx.Node) -> str | None:
-    arg = node.meta.get("grapharg")
-    src = getattr(arg, "source", None)
-    if src is None:
-        return None
-    name = src.name  # a property in torch 2.13, a method in older releases
+def _source_chain(node: fx.Node) -> list[Any]:
+    """Dynamo's source of a placeholder, outermost first (`L['x'][0]` -> [GetItem, Local])."""
+    src = getattr(node.meta.get("grapharg"), "source", None)
+    chain = []
+    while src is not None:
+        chain.append(src)
+        src = getattr(src, "base", None)
+    return chain
+
+
+def _source_name(source: Any) -> str:
+    name = source.name  # a property in torch 2.13, a method in older releases
     return str(name() if callable(name) else name)
 
 
-def _is_state(source: str | None, example: Any) -> bool:
-    """Model state (parameters, buffers, attributes, globals), not a user input."""
+# Sources that reach a tensor by indexing the frame's arguments: the user's inputs
+# (`L['x']`, `L['args'][1]`, `L['kwargs']['input_ids']`).
+_ARGUMENT_SOURCES = (dsource.LocalSource, dsource.GetItemSource, dsource.DictGetItemSource)
+# Sources that reach a tensor through a module or a global: the model's state.
+_STATE_SOURCES = (
+    dsource.NNModuleSource,
+    dsource.ParamBufferSource,
+    dsource.UnspecializedParamBufferSource,
+    dsource.GlobalSource,
+)
+
+
+def _is_state(node: fx.Node, example: Any) -> bool:
+    """Model state (parameters, buffers, module attributes, globals), not a user input.
+
+    Decided on dynamo's source for the placeholder, not on its name: Hugging Face models
+    wrap `forward` in decorators, so `self` reaches dynamo as `L['args'][0]` and a
+    parameter's source reads `L['args'][0]._modules[...]`, while the user's tensor is
+    `L['args'][1]`. A tensor reached some other way (an attribute of a user object) is
+    neither: it raises LiftError, since baking it in as state would serve stale values.
+    """
     if isinstance(example, torch.nn.Parameter):
         return True
-    if source is None:
+    chain = _source_chain(node)
+    if not chain:
         return False
-    return source.startswith(("L['self']", "G[", "___")) or "._buffers[" in source
+    if any(isinstance(s, _STATE_SOURCES) for s in chain):
+        return True
+    name = _source_name(chain[0])
+    if name.startswith(("L['self']", "G[", "___")) or "._buffers[" in name:
+        return True
+    if all(isinstance(s, _ARGUMENT_SOURCES) for s in chain):
+        return False
+    raise LiftError(
+        f"input {node.name} reaches dynamo's graph as {name}, neither an argument of "
+        "forward nor model state: the runtime plans tensor arguments only"
+    )
 
 
 def _sym_expr(v: Any) -> Any:
@@ -91,7 +128,7 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
             continue
         if not isinstance(real, torch.Tensor):
             raise LiftError(f"input {node.name} is a {type(real).__name__}, not a tensor or size")
-        if _is_state(_source_name(node), real):
+        if _is_state(node, real):
             attr = f"state_{len(root._parameters) + len(root._buffers)}_{node.name}"[:120]
             if isinstance(real, torch.nn.Parameter):
                 root.register_parameter(attr, real)
