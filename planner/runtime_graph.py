@@ -29,7 +29,8 @@ import torch
 import torch.fx as fx
 from torch._dynamo import source as dsource
 
-from planner.errors import FusionPlannerError
+from planner.capture import Captured, _as_args, _quiet_torch, export_model
+from planner.errors import CaptureError, FusionPlannerError
 
 
 class LiftError(FusionPlannerError):
@@ -194,3 +195,61 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
         tuple(sorted(dynamic)),
         tuple(p.name for _, p, _ in user),
     )
+
+
+def trace_as_served(module: torch.nn.Module, example_inputs: Any) -> tuple[LiftedGraph, tuple]:
+    """Dynamo's graph of `module` on `example_inputs`, lifted: the program the runtime
+    backend serves, and the user tensors (in the lifted module's input order).
+
+    One graph is required (`fullgraph=True`); shapes are traced static. Raises
+    CaptureError when dynamo breaks the graph or the graph cannot be lifted.
+    """
+    args = _as_args(example_inputs)
+    seen: list[tuple[LiftedGraph, tuple[Any, ...]]] = []
+
+    def record(gm: fx.GraphModule, example: list[Any]) -> Any:
+        lifted = lift_graph(gm, list(example))
+        seen.append((lifted, tuple(example[p] for p in lifted.user_positions)))
+        return gm.forward
+
+    # Each capture adds a cache entry for the model's forward; a tuning job captures the
+    # same model once per bucket, which must not run into dynamo's recompile limit.
+    limits = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 << 20}
+    try:
+        with _quiet_torch(), torch.no_grad(), torch._dynamo.config.patch(limits):
+            torch.compile(module, backend=record, fullgraph=True, dynamic=False)(*args)
+    except Exception as e:  # dynamo raises many types; the caller needs one
+        cause = e.__cause__ if isinstance(e.__cause__, LiftError) else e
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        raise CaptureError(
+            f"torch.compile could not trace {type(module).__name__} as one graph "
+            f"({type(cause).__name__}: {first[:300]})"
+        ) from e
+    if len(seen) != 1:
+        raise CaptureError(f"dynamo gave {len(seen)} graphs for {type(module).__name__}, not 1")
+    return seen[0]
+
+
+def capture_for_serving(
+    module: torch.nn.Module,
+    example_inputs: Any,
+    *,
+    name: str = "",
+    meta: dict[str, Any] | None = None,
+) -> Captured:
+    """The capture the runtime backend plans and looks plans up with: dynamo's graph of
+    `module` (`trace_as_served`), exported (`planner.capture.export_model`).
+
+    Models may trace differently under `torch.export` and under `torch.compile`
+    (Hugging Face models build an explicit attention mask while exporting and leave it to
+    SDPA's `is_causal` while compiling), so a plan made on `export_model(module)` would
+    not fit the graph the backend meets. Offline tuning captures through this function so
+    that its plans are keyed and partitioned on the backend's graph. A model dynamo cannot
+    trace as one graph is exported directly (the backend then meets several graphs, which
+    only ever get default plans).
+    """
+    try:
+        lifted, user = trace_as_served(module, example_inputs)
+    except CaptureError:
+        return export_model(module, example_inputs, name=name, meta=meta)
+    return export_model(lifted.module, user, name=name or type(module).__name__, meta=meta)

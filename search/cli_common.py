@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from planner import hardware, modelspec
-from planner.capture import Captured, export_model
+from planner.capture import Captured
 from planner.modelspec import ModelSpec
+from planner.runtime_graph import capture_for_serving
 
 
 def add_model_args(
@@ -63,7 +64,7 @@ def resolve(args: argparse.Namespace) -> Resolved:
 def capture_for_planning(r: Resolved) -> Captured:
     """Capture on the meta device: planning needs shapes, not data."""
     module, inputs = r.spec.build(dtype=r.dtype, device="meta")
-    return export_model(module, inputs, name=r.spec.label)
+    return capture_for_serving(module, inputs, name=r.spec.label)
 
 
 def emit(args: argparse.Namespace, payload: dict[str, Any], table: str) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import load_corrected
 from planner.cache import PlanCache
-from planner.capture import capture
 from planner.hardware import get_spec, local_device_name
 from planner.modelspec import parse_dtype, resolve
+from planner.runtime_graph import capture_for_serving
 from search.cli_common import emit
 from search.strategy import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
@@ -120,7 +120,7 @@ def _label(spec: Any, dynamic: str) -> str:
 def _queued_buckets(cache: PlanCache, cfg: TuneConfig) -> set[str]:
     """Buckets holding shapes the runtime met without a plan (its tuning queue)."""
     module, inputs = cfg.spec.build(dtype=cfg.dtype, device="meta")
-    key = capture(module, inputs).structure_key
+    key = capture_for_serving(module, inputs).graph.structure_key
     return {b.key for b, _count in cache.pending_buckets(key, bucket_spec(cfg))}
 
 
