@@ -13,6 +13,8 @@ buckets run dynamo's graph as it is (exercise 7.6: bound the recompiles).
 Correctness comes first: if anything on the way fails (lifting dynamo's graph, export,
 a plan that does not fit, a realization), that bucket runs dynamo's graph unchanged
 and a warning says why, once. The user's model always runs and gives the right answer.
+In grad mode the plan's forward is served with gradients recomputed eagerly, or the graph
+is declined to Inductor with one warning (planner.runtime_grad): never lost gradients.
 
 For users who drive their own execution: `lookup(structure_key, shapes, device)` and
 `plan_for(graph)`. This module imports neither optuna nor scikit-learn, even
