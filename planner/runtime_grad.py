@@ -110,6 +110,9 @@ class PlannedForward(torch.autograd.Function):
         *args: Any,
     ) -> Any:
         ctx.eager = eager
+        # outputs the loss does not use get no gradient (None, not zeros), so parameters
+        # reached only through them keep `.grad is None`, as in eager
+        ctx.set_materialize_grads(False)
         ctx.slots = tuple(isinstance(a, torch.Tensor) for a in args)
         ctx.others = tuple(None if s else a for s, a in zip(ctx.slots, args))
         ctx.save_for_backward(*[a for a in args if isinstance(a, torch.Tensor)])

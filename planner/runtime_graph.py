@@ -70,11 +70,15 @@ def _source_name(source: Any) -> str:
 # (`L['x']`, `L['args'][1]`, `L['kwargs']['input_ids']`).
 _ARGUMENT_SOURCES = (dsource.LocalSource, dsource.GetItemSource, dsource.DictGetItemSource)
 # Sources that reach a tensor through a module or a global: the model's state.
-_STATE_SOURCES = (
-    dsource.NNModuleSource,
-    dsource.ParamBufferSource,
-    dsource.UnspecializedParamBufferSource,
-    dsource.GlobalSource,
+_STATE_SOURCES = tuple(
+    getattr(dsource, name)
+    for name in (
+        "NNModuleSource",
+        "ParamBufferSource",
+        "UnspecializedParamBufferSource",
+        "GlobalSource",
+    )
+    if hasattr(dsource, name)  # all present in torch 2.11 and 2.13; older ones lack some
 )
 
 
