@@ -18,6 +18,7 @@ from planner.cache import PlanCache
 from planner.capture import Captured
 from planner.capture_dynamic import export_dynamic
 from planner.fuse_rules import default_partition
+from planner.modelspec import resolve
 from planner.partition import Partition
 from planner.plan import Plan
 from planner.realize import realize
@@ -25,6 +26,7 @@ from planner.realize_graph import group_graphs, take_apart
 from planner.runtime import PlannerRuntimeWarning, fusion_planner_backend
 from planner.runtime_grad import recompute_blocker
 from planner.runtime_graph import capture_for_serving
+from search.cli import main
 
 transformers = pytest.importorskip("transformers")
 
@@ -175,8 +177,9 @@ def test_hf_models_run_realized_plans(cache, dynamic):
         for plan in made.made:
             compiled_groups = sum(r != "eager" for r in plan.realizations)
             assert compiled_groups >= 1, (name, plan.describe())
-            if plan.static_shapes:
-                continue  # static plans propagate layouts: docs/runtime.md, known limits
+            if plan.static_shapes:  # layouts propagate: docs/runtime.md, known limits
+                assert len(plan.fallbacks) < compiled_groups, (name, plan.describe())
+                continue
             assert not plan.fallbacks, (name, plan.describe())
 
 
@@ -233,6 +236,47 @@ def test_a_plan_stored_for_the_offline_capture_is_found_by_the_backend(cache, wh
     assert be.stats.bucket == 2 and be.stats.default == 0, be.stats
     assert [p.strategy for p in realizer.plans] == ["test"]
     assert cache.tuning_queue() == []
+
+
+FACTORY = """
+import torch
+import transformers
+
+
+def factory(B=2, S=16):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    return transformers.LlamaModel(cfg).eval(), (torch.randint(0, 96, (B, S)),)
+
+
+factory.dims = {"B": (0, 0), "S": (0, 1)}
+"""
+
+
+def test_fusion_plan_tune_stores_a_plan_the_backend_serves(tmp_path):
+    """The user's path end to end: `fusion-plan tune` on a factory file of a transformers
+    LLaMA (KV cache on, as by default), then torch.compile with the backend on that cache:
+    every shape of the tuned bucket is a hit, none is queued as a miss."""
+    (tmp_path / "llama.py").write_text(FACTORY)
+    spec, url = f"{tmp_path}/llama.py:factory", str(tmp_path / "plans.sqlite")
+    argv = ["tune", "--model", spec, "--shape", "B=2", "--dynamic", "S=9..16"]
+    argv += ["--strategy", "greedy", "--top-k", "1", "--cache", url]
+    assert main([*argv, "--no-compile-baseline", "--dtype", "fp32"]) == 0
+    module, _ = resolve(spec, "B=2,S=16").build()
+    realizer = ProgramRealizer()
+    be = fusion_planner_backend(PlanCache(url), realizer=realizer)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    with torch.no_grad():
+        for s in (16, 12):
+            x = ids(2, s)
+            assert_same_outputs(compiled(x), module(x))
+    assert be.stats.bucket == 2 and be.stats.default == 0, be.stats
+    (plan,) = realizer.plans
+    assert plan.strategy != "default" and plan.measured_s is not None
+    assert PlanCache(url).tuning_queue() == []
 
 
 # ---- gradients --------------------------------------------------------------------------------
