@@ -60,6 +60,49 @@ _TRAINING_ONLY = (
 )
 
 
+# Ops whose result is a view of their first argument: an in-place update of the view
+# updates the tensor it was taken from.
+_VIEWS = frozenset(
+    {
+        "getitem",
+        "view",
+        "reshape",
+        "transpose",
+        "permute",
+        "select",
+        "narrow",
+        "slice",
+        "squeeze",
+        "unsqueeze",
+        "expand",
+        "flatten",
+        "unflatten",
+        "as_strided",
+        "diagonal",
+        "t",
+        "T",
+        "unbind",
+        "split",
+        "chunk",
+        "view_as",
+        "expand_as",
+        "detach",
+    }
+)
+
+
+def _base(node: Any) -> Any:
+    """The node a chain of views starts from."""
+    while (
+        isinstance(node, fx.Node)
+        and node.op in ("call_function", "call_method")
+        and _name(node) in _VIEWS
+        and node.args
+    ):
+        node = node.args[0]
+    return node
+
+
 def needs_grad(example_inputs: Sequence[Any]) -> bool:
     """Whether the graph's calls build an autograd graph (dynamo guards on grad mode, so
     what holds for the example inputs holds for every call of this graph)."""
@@ -93,7 +136,7 @@ def recompute_blocker(gm: fx.GraphModule) -> str | None:
         mutates = node.target is operator.setitem or (
             name.endswith("_") and not name.startswith("_")
         )
-        first = node.args[0] if node.args else None
+        first = _base(node.args[0]) if node.args else None
         if mutates and isinstance(first, fx.Node) and first.op in ("placeholder", "get_attr"):
             return f"{name} updates {first.name} in place"
     return None

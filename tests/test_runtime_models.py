@@ -412,6 +412,22 @@ def test_random_ops_in_training_block_recomputation_and_eval_does_not():
     assert recompute_blocker(dynamo_graph(module.eval(), x)) is None
 
 
+def test_in_place_updates_of_inputs_or_their_views_block_recomputation():
+    class Scales(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("seen", torch.zeros(4))
+
+        def forward(self, x):
+            self.seen[:2].add_(1.0)  # a view of a buffer, updated in place
+            y = x * 2
+            y.add_(1.0)  # a fresh intermediate: recomputing it is harmless
+            return y
+
+    reason = recompute_blocker(dynamo_graph(Scales(), torch.randn(3, 4)))
+    assert reason is not None and "add_" in reason and "seen" in reason
+
+
 def test_no_grad_inference_is_not_affected_by_parameters_requiring_grad(cache):
     module, (x,) = zoo.get("transformer-block").build({"B": 2, "S": 16, "D": 32, "H": 4})
     assert all(p.requires_grad for p in module.parameters())
