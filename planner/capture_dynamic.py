@@ -99,6 +99,41 @@ def _rename_like(program: torch.export.ExportedProgram, static: Captured) -> Non
     gm.recompile()
 
 
+def _read_symbols(program: torch.export.ExportedProgram) -> None:
+    """Give every symbolic size of a user input a `sym_size` node of its own (in place).
+
+    Realization passes a group the symbols its input sizes are expressions of
+    (planner.realize_graph), reading each from the node that holds it; export only makes
+    such nodes for the sizes the model reads itself.
+    """
+    gm = program.graph_module
+    have = {
+        n.meta["val"].node.expr
+        for n in gm.graph.nodes
+        if isinstance(n.meta.get("val"), torch.SymInt) and n.meta["val"].node.expr.is_Symbol
+    }
+    users = {s.arg.name for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if not placeholders:
+        return
+    anchor = placeholders[-1]
+    for ph in placeholders:
+        val = ph.meta.get("val")
+        if ph.name not in users or not isinstance(val, torch.Tensor):
+            continue
+        for axis, size in enumerate(val.shape):
+            if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
+                continue
+            if size.node.expr in have:
+                continue
+            have.add(size.node.expr)
+            with gm.graph.inserting_after(anchor):
+                node = gm.graph.call_function(torch.ops.aten.sym_size.int, (ph, axis))
+            node.meta["val"] = size
+            anchor = node
+    gm.recompile()
+
+
 def export_dynamic(
     module: torch.nn.Module,
     inputs: Any,
@@ -134,4 +169,5 @@ def export_dynamic(
             f"({'; '.join(errors)}). Realize per shape (planner.capture.export_model) instead."
         )
     _rename_like(program, static)
+    _read_symbols(program)
     return Captured(static.graph, program, args)

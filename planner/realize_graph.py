@@ -141,12 +141,54 @@ def _fake_of(node: fx.Node) -> Any:
     return node.meta["val"]
 
 
+def _sizes_of(v: Any) -> list[Any]:
+    if isinstance(v, torch.SymInt):
+        return [v]
+    if isinstance(v, torch.Tensor):
+        return [*v.shape, *v.stride(), v.storage_offset()]
+    return []
+
+
+def _symbol_nodes(gm: fx.GraphModule) -> dict[Any, fx.Node]:
+    """Symbol -> the first node of the program whose value is that bare symbol (a
+    `sym_size` of a user input)."""
+    out: dict[Any, fx.Node] = {}
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt) and val.node.expr.is_Symbol:
+            out.setdefault(val.node.expr, node)
+    return out
+
+
+def _missing_symbols(inputs: list[fx.Node], symbol_nodes: dict[Any, fx.Node]) -> list[fx.Node]:
+    """Nodes holding the symbols a group's input sizes are expressions of, where no input
+    carries the symbol itself as a size.
+
+    A compiler binds a symbol from an input's size only where the size is the bare symbol:
+    a conv group whose input is [s0, C, ((s1 - 1)//4) + 1, ...] cannot be compiled for
+    every s1 (Inductor: "expected [s1] to have been codegen-ed"), so s1 comes in as an
+    input of its own, as dynamo passes SymInts to its backends.
+    """
+    needed: set[Any] = set()
+    bare: set[Any] = set()
+    for a in inputs:
+        for s in _sizes_of(a.meta.get("val")):
+            if isinstance(s, torch.SymInt):
+                expr = s.node.expr
+                needed |= expr.free_symbols
+                if expr.is_Symbol:
+                    bare.add(expr)
+    missing = sorted(needed - bare, key=str)
+    return [symbol_nodes[s] for s in missing if s in symbol_nodes and symbol_nodes[s] not in inputs]
+
+
 def group_graphs(
     parts: ProgramParts, partition: Partition, only: int | None = None
 ) -> list[GroupGraph]:
     """One subgraph per group (index = the group's index in `partition.groups`), or
     only group `only`'s (a one-element list) when given."""
     members: list[list[fx.Node]] = [[] for _ in partition.groups]
+    symbol_nodes = _symbol_nodes(parts.gm)
     for node in parts.gm.graph.nodes:
         g = parts.group_of.get(node.name)
         if g is not None:
@@ -166,6 +208,10 @@ def group_graphs(
                     ph.meta = dict(a.meta)
                     env[a] = ph
                     inputs.append(a)
+        for a in _missing_symbols(inputs, symbol_nodes):
+            ph = sub.placeholder(a.name)
+            ph.meta = dict(a.meta)
+            inputs.append(a)
         for n in nodes:
             env[n] = sub.node_copy(n, env.__getitem__)
             env[n].meta = dict(n.meta)

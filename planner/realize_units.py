@@ -361,6 +361,8 @@ def reference_values(
             g = parts.group_of.get(node.name)
             if any(parts.group_of.get(u.name) != g for u in node.users):
                 keep.add(node.name)
+            elif isinstance(node.meta.get("val"), torch.SymInt):
+                keep.add(node.name)  # a size a group may take as an input of its own
     keep |= {v.name for v in parts.outputs if isinstance(v, fx.Node)}
     user = dict(zip(parts.user_inputs, inputs))
     args = [

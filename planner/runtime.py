@@ -13,6 +13,8 @@ buckets run dynamo's graph as it is (exercise 7.6: bound the recompiles).
 Correctness comes first: if anything on the way fails (lifting dynamo's graph, export,
 a plan that does not fit, a realization), that bucket runs dynamo's graph unchanged
 and a warning says why, once. The user's model always runs and gives the right answer.
+In grad mode the plan's forward is served with gradients recomputed eagerly, or the graph
+is declined to Inductor with one warning (planner.runtime_grad): never lost gradients.
 
 For users who drive their own execution: `lookup(structure_key, shapes, device)` and
 `plan_for(graph)`. This module imports neither optuna nor scikit-learn, even
@@ -32,6 +34,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
+from torch._dynamo.backends.registry import lookup_backend
 
 from planner.buckets import Bucket, BucketSpec, DynamicDim, Policy, Pow2, exact_key
 from planner.cache import DEFAULT, EXACT, LookupResult, PlanCache
@@ -44,6 +47,7 @@ from planner.ir import OpGraph
 from planner.partition import Partition
 from planner.plan import Plan
 from planner.realize import realize
+from planner.runtime_grad import PlannedForward, needs_grad, recompute_blocker
 from planner.runtime_graph import LiftedGraph, lift_graph
 
 log = logging.getLogger(__name__)
@@ -203,6 +207,8 @@ class RuntimeStats:
     over_budget: int = 0  # new buckets run as dynamo's graph, the budget being spent
     fallbacks: list[str] = field(default_factory=list)  # why a bucket ran dynamo's graph
     queued: int = 0  # misses recorded in the tuning queue
+    grad_graphs: int = 0  # graphs served in grad mode (plan forward, eager recomputed backward)
+    declined: list[str] = field(default_factory=list)  # grad-mode graphs given to Inductor: why
 
 
 class FusionPlannerBackend:
@@ -251,6 +257,11 @@ class FusionPlannerBackend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         self.stats.graphs += 1
+        grad = needs_grad(example_inputs)
+        if grad:
+            blocker = recompute_blocker(gm)
+            if blocker is not None:
+                return self._decline(gm, example_inputs, blocker)
         try:
             lifted = lift_graph(gm, list(example_inputs))
         except Exception as e:
@@ -258,7 +269,29 @@ class FusionPlannerBackend:
             self.stats.fallbacks.append(f"lift: {reason}")
             _warn_once(f"lift:{reason}", f"fusion-planner runs dynamo's graph as is: {reason}")
             return gm.forward
-        return _PlannedGraph(self, gm, lifted)
+        planned = _PlannedGraph(self, gm, lifted)
+        if grad:
+            self.stats.grad_graphs += 1
+            return planned.call_with_grad
+        return planned
+
+    def _decline(
+        self, gm: fx.GraphModule, example_inputs: list[Any], reason: str
+    ) -> Callable[..., Any]:
+        """Grad mode on a graph whose plan cannot give eager's gradients
+        (planner.runtime_grad): torch.compile's default backend runs it."""
+        self.stats.declined.append(reason)
+        _warn_once(
+            f"decline:{reason}",
+            f"fusion-planner declines a graph in grad mode ({reason}: the served forward "
+            "could not be recomputed for the backward pass); torch.compile's default "
+            "backend (Inductor) compiles it, forward and backward",
+        )
+        try:
+            return lookup_backend("inductor")(gm, example_inputs)
+        except Exception as e:  # autograd through dynamo's graph is still eager's
+            log.warning("Inductor failed on a declined graph (%s); running it eagerly", e)
+            return gm.forward
 
 
 def fusion_planner_backend(
@@ -306,6 +339,19 @@ class _PlannedGraph:
         if fn is None:
             fn = self._resolve(sizes, args)
         return fn(args)
+
+    def call_with_grad(self, *args: Any) -> Any:
+        """`__call__` in grad mode: the plan's forward, gradients from recomputing dynamo's
+        graph with autograd (planner.runtime_grad). A bucket that runs dynamo's graph
+        anyway runs it under autograd directly."""
+        sizes = tuple([args[p].shape[a] for p, a in self._dyn])
+        fn = self._memo.get(sizes)
+        if fn is None:
+            with torch.no_grad():
+                fn = self._resolve(sizes, args)
+        if fn == self._eager:
+            return self.gm.forward(*args)
+        return PlannedForward.apply(fn, self.gm.forward, *args)
 
     # -- the slow path: once per new dynamic-size tuple --
     def _eager(self, args: tuple[Any, ...]) -> Any:

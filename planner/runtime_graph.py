@@ -27,8 +27,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dynamo import source as dsource
 
-from planner.errors import FusionPlannerError
+from planner.capture import Captured, _as_args, _quiet_torch, export_model
+from planner.errors import CaptureError, FusionPlannerError
 
 
 class LiftError(FusionPlannerError):
@@ -49,22 +51,62 @@ class LiftedGraph:
     user_names: tuple[str, ...]
 
 
-def _source_name(node: fx.Node) -> str | None:
-    arg = node.meta.get("grapharg")
-    src = getattr(arg, "source", None)
-    if src is None:
-        return None
-    name = src.name  # a property in torch 2.13, a method in older releases
+def _source_chain(node: fx.Node) -> list[Any]:
+    """Dynamo's source of a placeholder, outermost first (`L['x'][0]` -> [GetItem, Local])."""
+    src = getattr(node.meta.get("grapharg"), "source", None)
+    chain = []
+    while src is not None:
+        chain.append(src)
+        src = getattr(src, "base", None)
+    return chain
+
+
+def _source_name(source: Any) -> str:
+    name = source.name  # a property in torch 2.13, a method in older releases
     return str(name() if callable(name) else name)
 
 
-def _is_state(source: str | None, example: Any) -> bool:
-    """Model state (parameters, buffers, attributes, globals), not a user input."""
+# Sources that reach a tensor by indexing the frame's arguments: the user's inputs
+# (`L['x']`, `L['args'][1]`, `L['kwargs']['input_ids']`).
+_ARGUMENT_SOURCES = (dsource.LocalSource, dsource.GetItemSource, dsource.DictGetItemSource)
+# Sources that reach a tensor through a module or a global: the model's state.
+_STATE_SOURCES = tuple(
+    getattr(dsource, name)
+    for name in (
+        "NNModuleSource",
+        "ParamBufferSource",
+        "UnspecializedParamBufferSource",
+        "GlobalSource",
+    )
+    if hasattr(dsource, name)  # all present in torch 2.11 and 2.13; older ones lack some
+)
+
+
+def _is_state(node: fx.Node, example: Any) -> bool:
+    """Model state (parameters, buffers, module attributes, globals), not a user input.
+
+    Decided on dynamo's source for the placeholder, not on its name: Hugging Face models
+    wrap `forward` in decorators, so `self` reaches dynamo as `L['args'][0]` and a
+    parameter's source reads `L['args'][0]._modules[...]`, while the user's tensor is
+    `L['args'][1]`. A tensor reached some other way (an attribute of a user object) is
+    neither: it raises LiftError, since baking it in as state would serve stale values.
+    """
     if isinstance(example, torch.nn.Parameter):
         return True
-    if source is None:
+    chain = _source_chain(node)
+    if not chain:
         return False
-    return source.startswith(("L['self']", "G[", "___")) or "._buffers[" in source
+    if any(isinstance(s, _STATE_SOURCES) for s in chain):
+        return True
+    name = _source_name(chain[0])
+    if name.startswith(("L['self']", "G[", "___")) or "._buffers[" in name:
+        return True
+    if all(isinstance(s, _ARGUMENT_SOURCES) for s in chain):
+        return False
+    raise LiftError(
+        f"input {node.name} reaches dynamo's graph as {name}, neither an argument of "
+        "forward nor model state: the runtime plans tensor arguments only"
+    )
 
 
 def _sym_expr(v: Any) -> Any:
@@ -91,7 +133,7 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
             continue
         if not isinstance(real, torch.Tensor):
             raise LiftError(f"input {node.name} is a {type(real).__name__}, not a tensor or size")
-        if _is_state(_source_name(node), real):
+        if _is_state(node, real):
             attr = f"state_{len(root._parameters) + len(root._buffers)}_{node.name}"[:120]
             if isinstance(real, torch.nn.Parameter):
                 root.register_parameter(attr, real)
@@ -156,4 +198,66 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
         tuple(pos for pos, _, _ in user),
         tuple(sorted(dynamic)),
         tuple(p.name for _, p, _ in user),
+    )
+
+
+def trace_as_served(module: torch.nn.Module, example_inputs: Any) -> tuple[LiftedGraph, tuple]:
+    """Dynamo's graph of `module` on `example_inputs`, lifted: the program the runtime
+    backend serves, and the user tensors (in the lifted module's input order).
+
+    One graph is required (`fullgraph=True`); shapes are traced static. Raises
+    CaptureError when dynamo breaks the graph or the graph cannot be lifted.
+    """
+    args = _as_args(example_inputs)
+    seen: list[tuple[LiftedGraph, tuple[Any, ...]]] = []
+
+    def record(gm: fx.GraphModule, example: list[Any]) -> Any:
+        lifted = lift_graph(gm, list(example))
+        seen.append((lifted, tuple(example[p] for p in lifted.user_positions)))
+        return gm.forward
+
+    # Each capture adds a cache entry for the model's forward; a tuning job captures the
+    # same model once per bucket, which must not run into dynamo's recompile limit.
+    limits = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 << 20}
+    try:
+        with _quiet_torch(), torch.no_grad(), torch._dynamo.config.patch(limits):
+            torch.compile(module, backend=record, fullgraph=True, dynamic=False)(*args)
+    except Exception as e:  # dynamo raises many types; the caller needs one
+        cause = e.__cause__ if isinstance(e.__cause__, LiftError) else e
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        raise CaptureError(
+            f"torch.compile could not trace {type(module).__name__} as one graph "
+            f"({type(cause).__name__}: {first[:300]})"
+        ) from e
+    if len(seen) != 1:
+        raise CaptureError(f"dynamo gave {len(seen)} graphs for {type(module).__name__}, not 1")
+    return seen[0]
+
+
+def capture_for_serving(
+    module: torch.nn.Module,
+    example_inputs: Any,
+    *,
+    name: str = "",
+    meta: dict[str, Any] | None = None,
+    trace_as: str | torch.device | None = None,
+) -> Captured:
+    """The capture the runtime backend plans and looks plans up with: dynamo's graph of
+    `module` (`trace_as_served`), exported (`planner.capture.export_model`; `trace_as`
+    as there: exported without data as if on that device, for planning only).
+
+    Models may trace differently under `torch.export` and under `torch.compile`
+    (Hugging Face models build an explicit attention mask while exporting and leave it to
+    SDPA's `is_causal` while compiling), so a plan made on `export_model(module)` would
+    not fit the graph the backend meets. Offline tuning captures through this function so
+    that its plans are keyed and partitioned on the backend's graph. A model dynamo cannot
+    trace as one graph is exported directly (the backend then meets several graphs, which
+    only ever get default plans).
+    """
+    try:
+        lifted, user = trace_as_served(module, example_inputs)
+    except CaptureError:
+        return export_model(module, example_inputs, name=name, meta=meta, trace_as=trace_as)
+    return export_model(
+        lifted.module, user, name=name or type(module).__name__, meta=meta, trace_as=trace_as
     )

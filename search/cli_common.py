@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from planner import hardware, modelspec
-from planner.capture import Captured, export_model, trace_device
+from planner.capture import Captured, trace_device
 from planner.modelspec import ModelSpec
+from planner.runtime_graph import capture_for_serving
 
 
 # ---- argument types: a bad number is refused by the parser, with its flag named ----------
@@ -102,14 +103,16 @@ def resolve(args: argparse.Namespace) -> Resolved:
 
 
 def capture_for_planning(r: Resolved) -> Captured:
-    """Capture for planning: traced without data (fake tensors) as the device `tune` and
-    the runtime capture on, so the graph and its structure key are theirs.
+    """Capture for planning: the backend's graph (`capture_for_serving`), traced without
+    data (fake tensors) as the device `tune` and the runtime capture on, so the graph and
+    its structure key are theirs.
 
     The model is built on the CPU (where factories make it in any case) rather than moved
     to the meta device: `.to("meta")` gives tied weights (an LM head sharing the embedding)
-    separate parameters, which changes the graph."""
+    separate parameters, which changes the graph, and dynamo cannot trace a model whose
+    KV cache starts from a tensor made on the meta device."""
     module, inputs = r.spec.build(dtype=r.dtype, device="cpu")
-    return export_model(module, inputs, name=r.spec.label, trace_as=trace_device())
+    return capture_for_serving(module, inputs, name=r.spec.label, trace_as=trace_device())
 
 
 def emit(args: argparse.Namespace, payload: dict[str, Any], table: str) -> None:

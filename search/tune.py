@@ -35,7 +35,6 @@ from learned_cost.online import Observation
 from planner.buckets import Bucket, BucketSpec, parse_dynamic
 from planner.cache import PlanCache
 from planner.cache_admin import export_document, plan_record, spec_record
-from planner.capture import export_model
 from planner.cost import CostModel
 from planner.errors import CacheError, FusionPlannerError, is_out_of_memory
 from planner.hardware import cache_dir, device_fingerprint, local_device_name
@@ -44,6 +43,7 @@ from planner.objective import Objective
 from planner.partition import Partition
 from planner.plan import Plan
 from planner.realize import realize
+from planner.runtime_graph import capture_for_serving
 from profiling.timer import Timing, measure
 from profiling.verify import verify_against_eager
 from search.optuna_storage import check_storage, storage_kind
@@ -245,7 +245,6 @@ def tune_bucket(
     params = spec.representative_params(bucket)
     mspec = cfg.spec.with_params(**params)
     module, inputs = mspec.build(dtype=cfg.dtype, device=dev, seed=cfg.seed)
-    captured = export_model(module, inputs, name=mspec.label)
     try:
         with torch.no_grad():
             module(*inputs)
@@ -254,6 +253,8 @@ def tune_bucket(
             f"{mspec.label} fails when run eagerly at {params}: {type(e).__name__}: "
             f"{str(e).strip()[:200]}. Narrow --dynamic to the shapes the model supports"
         ) from e
+    captured = capture_for_serving(module, inputs, name=mspec.label)
+    reference = captured.program.module()  # the model as the captured program computes it
     graph = captured.graph
     objective = Objective(cost_model)
     t0 = time.perf_counter()
@@ -276,7 +277,7 @@ def tune_bucket(
     for c in cands[: cfg.top_k]:
         try:
             rp = realize(captured, c.partition, device=dev)
-            check = verify_against_eager(rp, module, inputs)
+            check = verify_against_eager(rp, reference, inputs)
             if not check.ok:
                 raise FusionPlannerError(f"does not match eager: {check}")
             timing = _timed(lambda rp=rp: rp(*inputs), dev, dt, cfg)

@@ -10,10 +10,10 @@ from typing import Any
 import torch
 
 from learned_cost.analytical import AnalyticalModel
-from planner.capture import export_model
 from planner.hardware import get_spec, local_device_name
 from planner.realize import realize
 from planner.realize_check import short_reason
+from planner.runtime_graph import capture_for_serving
 from profiling.timer import Timing, measure
 from profiling.verify import verify_against_eager
 from search.cli_common import emit, positive_float, positive_int, resolve
@@ -56,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
     args.device = local_device_name(dev)
     r = resolve(args)
     module, inputs = r.spec.build(dtype=r.dtype, device=dev)
-    captured = export_model(module, inputs, name=r.spec.label)
+    # the backend's graph, as tune captures it: a plan made here is one the backend can serve
+    captured = capture_for_serving(module, inputs, name=r.spec.label)
+    reference = captured.program.module()  # the model as the captured program computes it
     cost_model = AnalyticalModel(get_spec(r.device_name))
     made = make_plan(
         captured.graph,
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         captured, made.partition, cuda_graphs=not args.no_cuda_graphs and dev.type == "cuda"
     )
     realize_s = time.perf_counter() - t0
-    check = verify_against_eager(realized, module, inputs)
+    check = verify_against_eager(realized, reference, inputs)
     rows: dict[str, dict[str, Any]] = {}
     eager = _timed(lambda: module(*inputs), dev, r.dtype_name)
     rows["eager"] = {"timing": eager, "setup_s": 0.0}
