@@ -426,7 +426,8 @@ def test_inductor_bf16_llama_plan_is_accepted_where_the_fixed_tolerance_failed()
     fixed bf16 table rejects the same plan's outputs."""
     from learned_cost.analytical import AnalyticalModel
     from planner.objective import Objective
-    from search.strategy import Budget, get_strategy
+    from search.strategies import get_strategy
+    from search.strategy import Budget
 
     module, inputs, c = llama_bf16()
     objective = Objective(AnalyticalModel("cpu"))

@@ -32,7 +32,7 @@ from planner.realize import realize
 from planner.runtime import fusion_planner_backend
 from planner.taxonomy import Category
 from profiling.verify import verify_against_eager
-from search.strategy import get_strategy
+from search.strategies import get_strategy
 from search.tune import TuneConfig, tune
 
 pytestmark = pytest.mark.optional
