@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
@@ -121,6 +122,30 @@ _SKIP_TARGETS = (
 )
 
 
+# Ops that hand back their input's values unchanged: `detach` (a model tracing under
+# `torch.inference_mode()` records one where `no_grad` records none, e.g. Hugging Face's KV
+# cache) and `alias`. A plan serves values, never autograd history, so they are taken out of
+# the program; the same model then has one graph and one structure key whatever mode it
+# was captured in.
+_IDENTITY_OPS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+
+
+def _drop_identities(program: torch.export.ExportedProgram) -> None:
+    """Remove `_IDENTITY_OPS` nodes from `program` in place (their users read the input);
+    a node that is itself a program output stays, so the output signature is unchanged."""
+    gm = program.graph_module
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    outputs = set(pytree.tree_leaves(out.args))
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in _IDENTITY_OPS and node not in outputs:
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+            changed = True
+    if changed:
+        gm.recompile()
+
+
 def capture(
     module: torch.nn.Module,
     example_inputs: Any,
@@ -193,6 +218,7 @@ def export_model(
             program = program.run_decompositions({})
     except Exception as e:  # torch raises many types here; the user needs one
         raise _capture_error(module, e) from e
+    _drop_identities(program)
     graph = graph_from_program(program, name=name or type(module).__name__, meta=meta)
     io = None if direct else ModelIO(in_structure, seen[-1])
     return Captured(graph, program, tuple(leaves), io, planning_only=fake)

@@ -462,3 +462,20 @@ def test_a_tensor_inside_a_user_object_is_never_baked_in_as_state(cache):
             b = Batch(torch.randn(3, 4))
             torch.testing.assert_close(compiled(b), module(b))
     assert be.stats.fallbacks and "neither an argument" in be.stats.fallbacks[0]
+
+
+def test_serving_capture_has_one_key_under_no_grad_and_inference_mode():
+    """A model served under `torch.inference_mode()` records `detach` ops (the KV cache's)
+    that `no_grad` does not; the capture drops such identities, so plans tuned either way
+    are found either way."""
+    model = resolve("benchmarks/models/gpt2.py:tiny", "B=2,S=16")
+    module, inputs = model.build()
+    keys = {}
+    for mode in (torch.no_grad, torch.inference_mode):
+        torch._dynamo.reset()
+        with mode():
+            captured = capture_for_serving(module, inputs)
+        ops = {str(n.target) for n in captured.program.graph_module.graph.nodes}
+        assert "aten.detach.default" not in ops
+        keys[mode.__name__] = captured.graph.structure_key
+    assert keys["no_grad"] == keys["inference_mode"]
