@@ -346,7 +346,7 @@ def test_lookup_miss_says_when_no_spec_was_stored(tmp_path, capsys):
     args = ["cache", "lookup", "--model", "zoo:mlp", "--shape", "B=4,D=16,HID=32,L=1"]
     assert main([*args, "--cache", path]) == 0
     out = capsys.readouterr().out
-    assert "no bucket spec stored" in out and "outside" not in out
+    assert "no plans stored" in out and "outside" not in out
 
 
 # ---- the runtime's lookups never raise, and use a cache that comes back ---------------------

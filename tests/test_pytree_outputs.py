@@ -20,6 +20,7 @@ from planner.partition import Partition
 from planner.pytrees import Structure, flat_values
 from planner.realize import realize
 from planner.realize_check import compare_outputs
+from planner.runtime_graph import capture_for_serving
 from profiling.verify import verify_against_eager
 from search.cli import main
 from search.cli_common import Resolved, capture_for_planning
@@ -242,12 +243,13 @@ def test_realized_transformers_model_gives_eagers_output_structure(factory_file,
 
 def test_planning_capture_has_the_structure_key_of_a_capture_with_weights(factory_file):
     """`plan` and `cache lookup` capture without data (fake tensors); `tune` and the runtime
-    with real weights on the device. The graph must be the same: on meta, SDPA's output is
-    laid out differently and `.contiguous()` would record copies the device never makes."""
+    with real weights on the device, through the backend's graph. The graph must be the
+    same: on meta, SDPA's output is laid out differently and `.contiguous()` would record
+    copies the device never makes."""
     r = _resolved(factory_file, "gpt2")
     planning = capture_for_planning(r).graph
     module, inputs = r.spec.build(device=trace_device())
-    real = export_model(module, inputs).graph
+    real = capture_for_serving(module, inputs).graph
     assert planning.structure_key == real.structure_key
     assert [n.target for n in planning.nodes] == [n.target for n in real.nodes]
     # a model already on the meta device is traced as the device too

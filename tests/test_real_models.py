@@ -3,8 +3,7 @@ sizes) through the whole pipeline on CPU: capture -> plan -> realize -> verify -
 the `torch.compile` backend, each step's output compared with eager.
 
 Capture and planning run for every model in the default suite; the later steps run for
-GPT-2 and BERT by default and for the rest with `-m slow`. Steps that wait on work in
-progress elsewhere are marked xfail(strict=False) with the failure they hit (`PENDING`).
+GPT-2 and BERT by default and for the rest with `-m slow`.
 """
 
 from __future__ import annotations
@@ -39,42 +38,14 @@ pytestmark = pytest.mark.optional
 
 FAST_TIMER = {"warmup": 1, "min_reps": 2, "max_reps": 3, "max_seconds": 0.5}
 FULL_DEFAULT = ("gpt2", "bert")  # the models the default suite takes through every step
-STEPS = ("capture", "plan", "realize", "verify", "tune", "backend")
-
-# (model, step) -> why it fails today; every later step of that model fails with it.
-_CACHE_OUT = (
-    "capture: torch.export rejects the DynamicCache in the output (use_cache=True): "
-    "needs pytree outputs in capture"
-)
-_MODEL_OUTPUT = (
-    "verify: compare_outputs on a ModelOutput ('Boolean value of Tensor with more than one "
-    "value is ambiguous'): needs pytree outputs in realize_check/verify"
-)
-PENDING: dict[tuple[str, str], str] = {
-    ("gpt2", "capture"): _CACHE_OUT,
-    ("llama", "capture"): _CACHE_OUT,
-    **{(m, "verify"): _MODEL_OUTPUT for m in ("bert", "t5-encoder", "vit", "resnet18")},
-}
-
-
-def _pending(model: str, step: str) -> str | None:
-    for earlier in STEPS[: STEPS.index(step) + 1]:
-        if (model, earlier) in PENDING:
-            return PENDING[(model, earlier)]
-    return None
 
 
 def cases(step: str, default: tuple[str, ...] = FULL_DEFAULT) -> list[Any]:
-    """One param per suite model: slow unless in `default`, xfail where PENDING says."""
-    out = []
-    for m in SUITE:
-        marks = []
-        if m.name not in default:
-            marks.append(pytest.mark.slow)
-        if step in STEPS and (why := _pending(m.name, step)) is not None:
-            marks.append(pytest.mark.xfail(strict=False, reason=why))
-        out.append(pytest.param(m.name, marks=marks, id=m.name))
-    return out
+    """One param per suite model: slow unless in `default`."""
+    return [
+        pytest.param(m.name, marks=[] if m.name in default else [pytest.mark.slow], id=m.name)
+        for m in SUITE
+    ]
 
 
 ALL = tuple(m.name for m in SUITE)
