@@ -329,6 +329,7 @@ class _PlannedGraph:
         self._realized: dict[str, Callable[[tuple[Any, ...]], Any]] = {}
         self._lock = threading.RLock()
         self._identity: tuple[str, str, BucketSpec] | None = None
+        self._spec_settled = True  # False while the bucket spec could not be read
         self._first_static: Captured | None = None  # the capture made to identify the model
         self._default: Plan | None = None  # the model's default plan (fuse_rules)
         self._broken = False
@@ -432,6 +433,9 @@ class _PlannedGraph:
 
     def _identify(self, user: tuple[Any, ...]) -> tuple[str, str, BucketSpec]:
         """Model key, device fingerprint and bucket spec: worked out once per graph."""
+        if self._identity is not None and not self._spec_settled:
+            model_key, dev, _ = self._identity  # the cache was down: ask it again
+            self._identity = (model_key, dev, self._spec(model_key, dev))
         if self._identity is None:
             static = export_model(self.lifted.module, user, name="runtime")
             device = self.backend.device if self.backend.device is not None else user[0].device
@@ -452,7 +456,13 @@ class _PlannedGraph:
         if policy is not None:
             return BucketSpec.uniform(dims, policy)
         cache = self.backend.cache
-        stored = cache.bucket_spec(model_key, dev) if cache is not None else None
+        if cache is None:
+            return BucketSpec.uniform(dims, Pow2())
+        errors = cache.stats["errors"]
+        stored = cache.bucket_spec(model_key, dev)
+        # A spec read that failed (the cache is down) is not the answer "none stored": the
+        # next new shape asks again, so a cache that comes back buckets as tuning did.
+        self._spec_settled = stored is not None or cache.stats["errors"] == errors
         return stored or BucketSpec.uniform(dims, Pow2())
 
     def _static(self, user: tuple[Any, ...]) -> Captured:

@@ -302,9 +302,15 @@ def test_the_backend_uses_the_cache_once_the_server_is_back(restartable):
             device_fingerprint=be.cache.device_fp,
         )
         PlanCache(url).store_exact(plan, graph.input_shapes)  # another process tunes it
+        # ... and over a bucket of its own spec, which the backend could not read at start
+        spec = parse_dynamic("S=41..64", {"S": (0, 1)}, "edges:48,64")
+        tuned = PlanCache(url)
+        tuned.set_bucket_spec(graph.structure_key, spec, be.cache.device_fp)
+        tuned.store(plan, spec.bucket_of([(2, 56, 32)]))
         time.sleep(5.5)  # the runtime's cache tries its server again every 5 s
-        _run_shapes(compiled, module, [40])
-    assert be.stats.exact == 1 and count.plans[-1].strategy == "tuned-elsewhere"
+        _run_shapes(compiled, module, [40, 56])
+    assert be.stats.exact == 1 and count.plans[-2].strategy == "tuned-elsewhere"
+    assert be.stats.bucket == 1 and count.plans[-1].strategy == "tuned-elsewhere"
     assert "fp_test:" not in " ".join(be.stats.fallbacks) and ":***@" in be.cache.url
 
 
