@@ -363,6 +363,9 @@ def _mode_cell(r: dict[str, Any], mode: str) -> str:
 
 
 def markdown(rows: list[dict[str, Any]], command: str) -> str:
+    """The table of `rows`; every command that made a row is listed (the last call's
+    `command` when the rows name none)."""
+    commands = list(dict.fromkeys(r["command"] for r in rows if r.get("command"))) or [command]
     lines = [
         "# Real-model suite through the user's path",
         "",
@@ -375,7 +378,9 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         "`fell back` = groups run eagerly / groups, over the backend's realized plans "
         "(`W` marks a whole-plan fallback).",
         "",
-        f"Command: `{command}`",
+        "Commands (run in this order; `—` marks a mode a command left out):",
+        "",
+        *(f"- `{c}`" for c in commands),
         "",
         "| cell | device, dtype | eager | compile | reduce-overhead | max-autotune-nocg | "
         "planner | vs best | served/tuned | pred/meas | fell back | cache hits | tune s | "
