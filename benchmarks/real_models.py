@@ -57,11 +57,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-import torch.utils._pytree as pytree  # noqa: E402
 
 from benchmarks.models import OPTIONAL, SUITE, SuiteModel  # noqa: E402
 from planner.cache import PlanCache  # noqa: E402
 from planner.modelspec import parse_dtype, resolve  # noqa: E402
+from planner.pytrees import flat_values  # noqa: E402
 from planner.runtime import fusion_planner_backend  # noqa: E402
 
 MODES = ("eager", "compile", "reduce-overhead", "max-autotune-no-cudagraphs", "planner")
@@ -154,15 +154,9 @@ def interleaved(
 
 
 # ---- outputs --------------------------------------------------------------------------------
-def tensors(out: Any, depth: int = 0) -> list[torch.Tensor]:
+def tensors(out: Any) -> list[torch.Tensor]:
     """Every tensor in a model output, library objects (a KV cache) included, in order."""
-    found: list[torch.Tensor] = []
-    for leaf in pytree.tree_leaves(out):
-        if isinstance(leaf, torch.Tensor):
-            found.append(leaf)
-        elif hasattr(leaf, "__dict__") and depth < 4:
-            found += tensors(list(vars(leaf).values()), depth + 1)
-    return found
+    return [v for v in flat_values(out) if isinstance(v, torch.Tensor)]
 
 
 def max_abs_diff(ref: Any, got: Any) -> float | None:

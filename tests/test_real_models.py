@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.utils._pytree as pytree
 
 pytest.importorskip("transformers")
 
@@ -27,6 +26,7 @@ from planner.hardware import get_spec
 from planner.legality import check
 from planner.modelspec import resolve, tensor_shapes
 from planner.objective import Objective
+from planner.pytrees import flat_values
 from planner.realize import realize
 from planner.runtime import fusion_planner_backend
 from planner.taxonomy import Category
@@ -85,15 +85,9 @@ def realized(name: str):
     return realize(captured(name), planned(name)[0], device="cpu")
 
 
-def tensors(out: Any, depth: int = 0) -> list[torch.Tensor]:
+def tensors(out: Any) -> list[torch.Tensor]:
     """Every tensor in a model output, library objects (a KV cache) included, in order."""
-    found: list[torch.Tensor] = []
-    for leaf in pytree.tree_leaves(out):
-        if isinstance(leaf, torch.Tensor):
-            found.append(leaf)
-        elif hasattr(leaf, "__dict__") and depth < 4:
-            found += tensors(list(vars(leaf).values()), depth + 1)
-    return found
+    return [v for v in flat_values(out) if isinstance(v, torch.Tensor)]
 
 
 def assert_like_eager(name: str, got: Any) -> None:
