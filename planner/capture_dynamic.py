@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from planner.capture import Captured, _as_args, _quiet_torch, export_model
+from planner.capture import Captured, _as_args, _drop_identities, _quiet_torch, export_model
 from planner.errors import CaptureError
 from planner.realize_graph import _is_op_node
 
@@ -168,6 +168,7 @@ def export_dynamic(
             f"torch.export could not trace {type(module).__name__} with dynamic dims {dict(dims)} "
             f"({'; '.join(errors)}). Realize per shape (planner.capture.export_model) instead."
         )
+    _drop_identities(program)  # as export_model does, so the names line up with `static`
     _rename_like(program, static)
     _read_symbols(program)
     return Captured(static.graph, program, args)

@@ -41,11 +41,24 @@ FULL_DEFAULT = ("gpt2", "bert")  # the models the default suite takes through ev
 
 
 def cases(step: str, default: tuple[str, ...] = FULL_DEFAULT) -> list[Any]:
-    """One param per suite model: slow unless in `default`."""
-    return [
-        pytest.param(m.name, marks=[] if m.name in default else [pytest.mark.slow], id=m.name)
-        for m in SUITE
-    ]
+    """One param per suite model: slow unless in `default`; a known failure (`KNOWN`) is
+    a strict xfail, so its fix shows up as a failing XPASS."""
+    out = []
+    for m in SUITE:
+        marks = [] if m.name in default else [pytest.mark.slow]
+        if (why := KNOWN.get((m.name, step))) is not None:
+            marks.append(pytest.mark.xfail(strict=True, reason=why))
+        out.append(pytest.param(m.name, marks=marks, id=m.name))
+    return out
+
+
+# (model, step) -> a failure not fixed yet
+KNOWN: dict[tuple[str, str], str] = {
+    ("vit", "backend"): (
+        "a bucket over the image size: groups whose sizes are (H//p)*(W//p) + 1 fail to "
+        "compile ('expected [s15, s88] to have been codegen-ed') and run eagerly"
+    ),
+}
 
 
 ALL = tuple(m.name for m in SUITE)
