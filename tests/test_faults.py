@@ -32,6 +32,7 @@ from planner.modelspec import parse_shape, resolve
 from planner.partition import Partition
 from planner.plan import Plan
 from search.cli import main
+from tests.backend_helpers import Recording, run_shapes, small_block
 
 DEV = "cpu-testdevice"
 DIMS = {"B": (0, 0)}
@@ -636,40 +637,15 @@ def test_the_backend_runs_the_model_right_when_its_cache_is_down():
     from planner.runtime import fusion_planner_backend
 
     torch._dynamo.reset()
-    module = _block()
-    count = _Recording()
+    module = small_block()
+    count = Recording()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         be = fusion_planner_backend(
             "postgresql+psycopg://u@127.0.0.1:1/db",
             realizer=count,
         )
-        _run_shapes(torch.compile(module, backend=be, dynamic=True), module, [16, 24, 40])
+        run_shapes(torch.compile(module, backend=be, dynamic=True), module, [16, 24, 40])
     assert be.stats.default == 3 and be.stats.queued == 0  # misses; nothing could be queued
     assert not [f for f in be.stats.fallbacks if f.startswith("capture")]  # not marked broken
     assert be.cache is not None  # the cache object stays, to be used once the server is up
-
-
-class _Recording:
-    """A realizer that runs the captured program as it is and records each plan (the
-    backend's choices are what these tests check; planner.realize has its own tests)."""
-
-    def __init__(self):
-        self.plans: list = []
-
-    def __call__(self, captured, plan):
-        self.plans.append(plan)
-        return captured.program.module()
-
-
-def _block():
-    return zoo.get("transformer-block").build({"B": 2, "S": 16, "D": 32, "H": 4})[0]
-
-
-def _run_shapes(compiled, module, sizes, d=32, b=2):
-    import torch
-
-    for s in sizes:
-        x = torch.randn(b, s, d)
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(x), module(x), rtol=1e-4, atol=1e-5)

@@ -28,6 +28,7 @@ from planner.cache import PlanCache
 from planner.capture import capture
 from planner.partition import Partition
 from planner.plan import Plan
+from tests.backend_helpers import Recording, run_shapes, small_block
 
 DEV = "cpu-testdevice"
 DIMS = {"B": (0, 0)}
@@ -277,14 +278,14 @@ def test_the_backend_uses_the_cache_once_the_server_is_back(restartable):
     url = restartable
     PlanCache(url).close()  # the schema exists; the server then goes down
     torch._dynamo.reset()
-    module = _block()
-    count = _Recording()
+    module = small_block()
+    count = Recording()
     _ctl("stop")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         be = fusion_planner_backend(url, realizer=count)
         compiled = torch.compile(module, backend=be, dynamic=True)
-        _run_shapes(compiled, module, [16, 24])  # right answers on default plans
+        run_shapes(compiled, module, [16, 24])  # right answers on default plans
         assert be.stats.default == 2
         _ctl("start")
         x = torch.randn(2, 40, 32)
@@ -308,32 +309,7 @@ def test_the_backend_uses_the_cache_once_the_server_is_back(restartable):
         tuned.set_bucket_spec(graph.structure_key, spec, be.cache.device_fp)
         tuned.store(plan, spec.bucket_of([(2, 56, 32)]))
         time.sleep(5.5)  # the runtime's cache tries its server again every 5 s
-        _run_shapes(compiled, module, [40, 56])
+        run_shapes(compiled, module, [40, 56])
     assert be.stats.exact == 1 and count.plans[-2].strategy == "tuned-elsewhere"
     assert be.stats.bucket == 1 and count.plans[-1].strategy == "tuned-elsewhere"
     assert "fp_test:" not in " ".join(be.stats.fallbacks) and ":***@" in be.cache.url
-
-
-class _Recording:
-    """A realizer that runs the captured program as it is and records each plan (the
-    backend's choices are what these tests check; planner.realize has its own tests)."""
-
-    def __init__(self):
-        self.plans: list = []
-
-    def __call__(self, captured, plan):
-        self.plans.append(plan)
-        return captured.program.module()
-
-
-def _block():
-    return zoo.get("transformer-block").build({"B": 2, "S": 16, "D": 32, "H": 4})[0]
-
-
-def _run_shapes(compiled, module, sizes, d=32, b=2):
-    import torch
-
-    for s in sizes:
-        x = torch.randn(b, s, d)
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(x), module(x), rtol=1e-4, atol=1e-5)

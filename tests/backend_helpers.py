@@ -1,0 +1,33 @@
+"""Helpers the fault tests share for driving the runtime backend (imported as
+`tests.backend_helpers`, like `tests.partition_helpers`)."""
+
+from __future__ import annotations
+
+import torch
+
+from planner import zoo
+
+
+class Recording:
+    """A realizer that runs the captured program as it is and records each plan (the
+    backend's choices are what these tests check; planner.realize has its own tests)."""
+
+    def __init__(self):
+        self.plans: list = []
+
+    def __call__(self, captured, plan):
+        self.plans.append(plan)
+        return captured.program.module()
+
+
+def small_block() -> torch.nn.Module:
+    """The zoo transformer block at D=32 (inputs (b, s, 32))."""
+    return zoo.get("transformer-block").build({"B": 2, "S": 16, "D": 32, "H": 4})[0]
+
+
+def run_shapes(compiled, module, sizes, d=32, b=2) -> None:
+    """Call `compiled` at each sequence length and check it against `module`."""
+    for s in sizes:
+        x = torch.randn(b, s, d)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-4, atol=1e-5)
