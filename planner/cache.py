@@ -40,7 +40,7 @@ from typing import Any
 
 from planner import cache_sql as sql
 from planner.buckets import Bucket, BucketSpec, exact_key
-from planner.cache_admin import CacheAdmin, check_plan, check_shapes
+from planner.cache_admin import CacheAdmin, check_plan, check_shapes, plan_record
 from planner.cache_sql import CacheWarning, ReopeningStore, Store, open_store
 from planner.errors import CacheError, FusionPlannerError, PlanError
 from planner.hardware import device_fingerprint
@@ -258,21 +258,11 @@ class PlanCache(CacheAdmin):
             check_plan(plan)  # a plan that would claim a hit and then not apply is refused
         except FusionPlannerError as e:
             raise CacheError(f"refusing to store an inconsistent plan: {e}") from e
-        now = now_iso()
+        record = plan_record(plan, bucket_key, label=label)  # the same fields an export has
         row = {
-            "model_key": plan.structure_key,
+            **{k: v for k, v in record.items() if k != "plan"},
             "device_fp": dev,
-            "bucket_key": bucket_key,
-            "plan_json": json.dumps(plan.to_json(), sort_keys=True),
-            "plan_id": plan.graph_key,
-            "predicted_s": plan.predicted_s,
-            "measured_s": plan.measured_s,
-            "torch_version": plan.versions.get("torch", ""),
-            "cost_model": plan.cost_model,
-            "schema_version": int(plan.versions.get("planner_schema", SCHEMA_VERSION)),
-            "label": label,
-            "created_at": plan.created_at or now,
-            "updated_at": now,
+            "plan_json": json.dumps(record["plan"], sort_keys=True),
         }
         cur = self._current_params()
         upsert = {**row, **cur, "always": int(replace == "always")}
