@@ -158,9 +158,7 @@ def test_no_specialization_when_turned_off_or_for_default_plans(cache):
 def test_gradients_through_a_specialized_shape_are_eagers(cache):
     module = small_block()
     store_plan(module, cache)
-    be = fusion_planner_backend(
-        cache, realizer=Shapes(), static_after=2, static_background=False
-    )
+    be = fusion_planner_backend(cache, realizer=Shapes(), static_after=2, static_background=False)
     compiled = torch.compile(module, backend=be, dynamic=True)
     for _ in range(3):
         x = torch.randn(2, 40, 32, requires_grad=True)
