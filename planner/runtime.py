@@ -25,6 +25,7 @@ stdlib and the cache only.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import threading
 import warnings
@@ -67,7 +68,9 @@ class Realizer(Protocol):
     """Turns a captured program and a plan for its graph into a callable over the
     program's user inputs (positional). The plan has been fitted to `captured.graph`
     (`plan.graph_key == captured.graph.key`), so `plan.partition(captured.graph)` and each
-    group's realization label apply as they are. May raise: the backend then runs eager."""
+    group's realization label apply as they are. May raise: the backend then runs eager.
+    A realizer that takes a `cuda_graphs` keyword (as planner.realize does) lets static
+    specializations build in a background thread; others build them on the calling one."""
 
     def __call__(self, captured: Captured, plan: Plan) -> Callable[..., Any]: ...
 
@@ -89,9 +92,17 @@ def default_partition(graph: OpGraph) -> Partition:
     return _rule_based_partition(graph)
 
 
-def _default_realizer(captured: Captured, plan: Plan) -> Callable[..., Any]:
+def _default_realizer(captured: Captured, plan: Plan, **options: Any) -> Callable[..., Any]:
     """planner.realize: each group one compiled unit, verified against eager."""
-    return realize(captured, plan)
+    return realize(captured, plan, **options)
+
+
+def _takes_cuda_graphs(realizer: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(realizer).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "cuda_graphs" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _default_exporter(
@@ -590,7 +601,11 @@ class _PlannedGraph:
             return
         user = tuple(args[p] for p in self.lifted.user_positions)
         device = next((t.device for t in user if isinstance(t, torch.Tensor)), None)
-        if device is None or not backend.background_for(device):
+        if (
+            device is None
+            or not backend.background_for(device)
+            or (device.type == "cuda" and not _takes_cuda_graphs(backend.realizer))
+        ):
             self._build_static(rec, user, background=False)
             return
         # the caller may reuse or free its tensors: the thread works on copies
@@ -612,10 +627,10 @@ class _PlannedGraph:
                 captured = export_model(self.lifted.module, user, name="runtime-static")
                 rec.plan.partition_for(captured.graph)
                 fitted = dataclasses.replace(rec.plan, graph_key=captured.graph.key)
-                if self.backend.realizer is _default_realizer:
+                if background and _takes_cuda_graphs(self.backend.realizer):
                     # A CUDA graph is recorded on the serving thread: recording one here
                     # would forbid that thread's allocations while it lasts.
-                    realized = realize(captured, fitted, cuda_graphs=not background)
+                    realized = self.backend.realizer(captured, fitted, cuda_graphs=False)
                 else:
                     realized = self.backend.realizer(captured, fitted)
         except Exception as e:  # the bucket's realization goes on serving this shape
