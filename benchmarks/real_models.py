@@ -173,6 +173,8 @@ def tune_cell(m: SuiteModel, shape: dict[str, int], args: Any, db: str) -> dict[
     """`fusion-plan tune` of the cell's shape into `db`, in a subprocess."""
     fixed = ",".join(f"{k}={v}" for k, v in shape.items() if k != m.dim)
     v = shape[m.dim]
+    # --bucket: one bucket (v/2, v] whose representative is the cell's size
+    lo = max(2, v // 2 + 1) if args.bucket else v
     cmd = [
         sys.executable,
         "-m",
@@ -183,7 +185,9 @@ def tune_cell(m: SuiteModel, shape: dict[str, int], args: Any, db: str) -> dict[
         "--shape",
         fixed,
         "--dynamic",
-        f"{m.dim}={v}..{v}",
+        f"{m.dim}={lo}..{v}",
+        "--buckets",
+        f"edges:{v}",
         "--strategy",
         args.strategy,
         "--top-k",
@@ -235,9 +239,14 @@ def stored_plan(db: str) -> dict[str, Any]:
 
 
 def contenders(
-    module: torch.nn.Module, db: str, device: torch.device, modes: list[str]
+    module: torch.nn.Module,
+    db: str,
+    device: torch.device,
+    modes: list[str],
+    dynamic: bool | None = None,
 ) -> tuple[dict[str, Callable[..., Any]], Any, list[Any]]:
-    """(mode -> callable, the planner backend, its realized plans as they are made)."""
+    """(mode -> callable, the planner backend, its realized plans as they are made);
+    `dynamic` is torch.compile's, for every compiled contender."""
     out: dict[str, Callable[..., Any]] = {}
     realized: list[Any] = []
     backend = None
@@ -245,7 +254,7 @@ def contenders(
         if mode == "eager":
             out[mode] = module
         elif mode == "compile":
-            out[mode] = torch.compile(module)
+            out[mode] = torch.compile(module, dynamic=dynamic)
         elif mode == "planner":
             backend = fusion_planner_backend(db, device=device)
             base = backend.realizer
@@ -256,9 +265,9 @@ def contenders(
                 return rp
 
             backend.realizer = recording
-            out[mode] = torch.compile(module, backend=backend)
+            out[mode] = torch.compile(module, backend=backend, dynamic=dynamic)
         else:
-            out[mode] = torch.compile(module, mode=mode)
+            out[mode] = torch.compile(module, mode=mode, dynamic=dynamic)
     return out, backend, realized
 
 
@@ -276,6 +285,7 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
         "torch": torch.__version__,
         "tiny": args.tiny,
         "strategy": args.strategy,
+        "bucket": args.bucket,
     }
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "plans.sqlite")
@@ -293,7 +303,9 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
             if hasattr(torch._dynamo.config, knob):
                 setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
         with torch.inference_mode():
-            fns, backend, realized = contenders(module, db, device, args.modes)
+            fns, backend, realized = contenders(
+                module, db, device, args.modes, dynamic=True if args.bucket else None
+            )
             calls = {n: (lambda f=f, x=inputs: f(*x)) for n, f in fns.items()}
             ref = None
             compile_s, errors, diffs = {}, {}, {}
@@ -431,13 +443,16 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             notes.append(f"tune stored nothing: {why[:160]}")
         notes += [f"{n}: {e[:160]}" for n, e in r.get("errors", {}).items()]
         notes += [f"backend: {f[:160]}" for f in st.get("fallbacks", [])[:2]]
+        if st.get("static"):
+            notes.append(f"static specializations: {st['static']}")
+        notes += [f"no static specialization: {f[:160]}" for f in st.get("static_failed", [])[:1]]
         reasons = sorted({x for p in plans for x in p.get("fallback_reasons", [])})
         notes += [f"group fallback: {x[:160]}" for x in reasons[:2]]
         lines.append(
             "| "
             + " | ".join(
                 [
-                    r["cell"],
+                    r["cell"] + (" (dynamic=True, bucket)" if r.get("bucket") else ""),
                     f"{r['device']}, {r['dtype']}",
                     *(_mode_cell(r, n) for n in MODES),
                     f"{vs:.2f}x" if vs else "—",
@@ -493,6 +508,12 @@ def main(argv: list[str] | None = None) -> int:
         default=480.0,
         help="start no cell that would end past this, judged by the longest cell so far",
     )
+    p.add_argument(
+        "--bucket",
+        action="store_true",
+        help="tune one bucket (v/2, v] of the cell's dynamic size and compile every "
+        "contender with dynamic=True (the serving path for varying shapes)",
+    )
     p.add_argument("--redo", action="store_true", help="re-measure cells already in the jsonl")
     p.add_argument("--out", default=None, help="output stem (default results/real_models_<dev>)")
     p.add_argument("--from-jsonl", default=None, help="only regenerate the table from this file")
@@ -514,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     stem = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"real_models_{tag}"
     if args.tiny and not args.out:
         stem = stem.with_name(stem.name + "_tiny")
+    if args.bucket and not args.out:
+        stem = stem.with_name(stem.name + "_bucket")
     jsonl = stem.with_suffix(".jsonl")
     jsonl.parent.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/real_models.py " + shlex.join(

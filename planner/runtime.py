@@ -486,8 +486,8 @@ class _PlannedGraph:
             )
             self._realized[key] = self._eager
             return self._eager, None
-        fn, whole_bucket = self._realize(plan, region, user)
-        if not whole_bucket or fn == self._eager:
+        fn, whole_bucket, static = self._realize(plan, region, user)
+        if static or not whole_bucket or fn == self._eager:
             self._realized[exact if not whole_bucket else key] = fn
             return fn, None
         self._realized[key] = fn
@@ -540,8 +540,9 @@ class _PlannedGraph:
 
     def _realize(
         self, plan: Plan, bucket: Bucket | None, user: tuple[Any, ...]
-    ) -> tuple[Callable[..., Any], bool]:
-        """(callable over dynamo's args, whether it serves the whole bucket)."""
+    ) -> tuple[Callable[..., Any], bool, bool]:
+        """(callable over dynamo's args, whether it serves the whole bucket, whether it was
+        realized for static shapes: a bucket of one shape, or a shape realized alone)."""
         whole_bucket = False
         try:
             captured = None
@@ -560,8 +561,9 @@ class _PlannedGraph:
             fitted = dataclasses.replace(plan, graph_key=graph.key)
             realized = self.backend.realizer(captured, fitted)
         except Exception as e:
-            return self._fallback("realize", e), whole_bucket
-        return self._runner(realized, self._eager), whole_bucket
+            return self._fallback("realize", e), whole_bucket, False
+        static = bool(getattr(realized, "static_shapes", not whole_bucket))
+        return self._runner(realized, self._eager), whole_bucket, static
 
     def _runner(
         self, realized: Callable[..., Any], instead: Callable[[tuple[Any, ...]], Any]
