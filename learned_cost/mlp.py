@@ -340,8 +340,9 @@ class CorrectionMLP:
     def partial_fit(
         self, X: np.ndarray, y: np.ndarray, *, steps: int = 5, lr: float = 1e-3
     ) -> CorrectionMLP:
-        """A few gradient steps on the last layer only, from new measurements (seed 002,
-        7.4.3's online refinement): cheap, and the features' scaling is kept as fitted."""
+        """A few gradient steps on the last layer only, from new measurements (the
+        online refinement of docs/formulas.md §13): cheap, and the features' scaling is kept
+        as fitted."""
         self._require_fit()
         X, y = self._check_X(X), np.asarray(y, dtype=np.float64).reshape(-1)
         if len(y) == 0 or steps <= 0:

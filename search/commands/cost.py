@@ -288,7 +288,7 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
                 "",
                 _leaders(rec.get("scores", [])),
                 "",
-                f"Targets (issue 6) for {_committed(met)}: "
+                f"Targets for {_committed(met)}: "
                 + "; ".join(f"{k}: {v}" for k, v in rec.get("verdicts", {}).items()),
                 "",
             ]
