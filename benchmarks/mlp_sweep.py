@@ -1,7 +1,7 @@
 """Held-out error of the correction MLP under a few hyper-parameter settings:
 
     python benchmarks/mlp_sweep.py --data data/h100_profiles.parquet \
-        --data data/timing_v2/h100_profiles.parquet --device h100 \
+        --data data/h100_repeatability/collect1.parquet --device h100 \
         --config dropout=0.3 --config dropout=0.1 --config dropout=0 \
         --config dropout=0,hidden=128x128
 
