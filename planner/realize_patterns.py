@@ -378,7 +378,7 @@ def rewrite_concat_gemm(
 # in the GEMM's epilogue (`aten._addmm_activation(..., use_gelu=True)`). Its GELU is the
 # tanh form, at most 4.7e-4 from the exact (erf) GELU: below half an ulp of bf16 / fp16
 # at the magnitudes where it differs, so only half-precision programs on CUDA use it
-# (benchmarks/epilogue_probe.py measures speed and error against an fp32 reference).
+# (benchmarks/probes/epilogue_probe.py measures speed and error against an fp32 reference).
 GELU_EPILOGUE_DTYPES = frozenset({torch.bfloat16, torch.float16})
 GELU_EPILOGUE_DEVICES: tuple[str, ...] = ("cuda",)
 
