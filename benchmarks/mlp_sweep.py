@@ -11,7 +11,7 @@ descriptors), as `fusion-plan cost train` scores it; with `--plans`, the plan ro
 (plan error and regret, each fold's plan context fitted on the other folds' plans). This
 is how `--dropout`/`--hidden`/`--steps` of the committed models were chosen; the choice
 looks at the same folds the report shows, so those numbers are a little optimistic (as
-the form's choice is; docs/learned_cost.md, data/README.md).
+the form's choice is; docs/learned_cost.md, docs/design_notes.md).
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def plan_rows(
     Plans of one device are compared with each other (error, regret), so they must be
     timed one way: where a device has plan rows timed as kernels, its rows timed as whole
     calls (from an older dataset beside it) are left out. A whole call adds the host's
-    share, which jitters (data/README.md)."""
+    share, which jitters (docs/design_notes.md)."""
     usable = [
         r
         for r in profiles.rows

@@ -13,7 +13,7 @@ Three forms, chosen by the `form` hyper-parameter:
   free form is the closer on the groups of a seen family, the roofline form the safer
   where the network must extrapolate; their errors differ: on H100 groups of held-out
   families the mean is closer than either, on held-out plans about as close as the free
-  form, with a lower regret (docs/learned_cost.md, data/README.md). Its networks are those
+  form, with a lower regret (docs/learned_cost.md, docs/design_notes.md). Its networks are those
   the two forms fit with the same seeds, so `mixed_of(free, roofline)` builds it from
   the two fitted models without fitting again.
 

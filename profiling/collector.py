@@ -13,8 +13,9 @@ measurement stays strictly sequential on the one device. By default (`warm_first
 job is compiled, and the pool shut down, before the first unit is timed: workers export
 and compile on the device being measured, and timings taken beside them scattered (on
 the H100, identical groups timed in different graphs: twins' median MAPE 24% with 14
-workers alongside, 2.8% with none; benchmarks/timing_noise.py, data/README.md). `max_seconds` stops it cleanly
-(rows so far flushed), so a device session of fixed length can be resumed by the next.
+workers alongside, 2.8% with none; benchmarks/timing_noise.py, docs/design_notes.md).
+`max_seconds` stops it cleanly (rows so far flushed), so a device session of fixed length
+can be resumed by the next.
 
 profiling imports neither learned_cost nor search: the analytical prediction comes from
 a `planner.cost.CostModel` and the strategies' partitions from `plan_makers`, both passed
