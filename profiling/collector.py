@@ -64,8 +64,9 @@ WARM_WAIT_S = 120.0  # longest the measuring process waits for a job's warm-up c
 
 _T = "B=1,S=128,D=768,H=12;B=8,S=512,D=768,H=12;B=4,S=1024,D=1024,H=16;B=2,S=256,D=512,H=8"
 _L = "B=1,S=128,D=768,H=12;B=4,S=512,D=1024,H=16;B=2,S=1024,D=1024,H=16;B=2,S=256,D=512,H=8"
-# Shape sweeps for `--shapes auto`, per device kind: transformer shapes around the anchors
-# (shared/anchors), the rest at sizes where launch, memory and compute bounds all occur.
+# Shape sweeps for `--shapes auto`, per device kind: transformer shapes around the
+# reference shapes of benchmarks/README.md, the rest at sizes where launch, memory and
+# compute bounds all occur.
 DEFAULT_SHAPES: dict[str, dict[str, str]] = {
     "gpu": {
         "transformer-block": _T,
