@@ -1,9 +1,9 @@
 """End-to-end benchmark: our realized plans vs eager, SDPA and torch.compile modes.
 
-    PYTHONPATH=. python benchmarks/e2e.py                      # anchors, H100 (or this CPU)
+    PYTHONPATH=. python benchmarks/e2e.py       # the reference shapes, on an H100 (or this CPU)
     PYTHONPATH=. python benchmarks/e2e.py --models transformer-block --shapes 1,128,768,12
 
-For the zoo's transformer-like models at the anchor shapes of shared/anchors/README.md
+For the zoo's transformer-like models at the reference shapes of benchmarks/README.md
 (B,S,D,H), it times: eager; eager+sdpa (the zoo's SDPA variant of the block, or for the
 other models the attention pattern rewritten to SDPA with everything else eager); torch
 compile default, reduce-overhead, and max-autotune-no-cudagraphs (on `--max-autotune`
@@ -46,7 +46,7 @@ from profiling.timer import measure
 from search.planning import UNFUSED, make_plan
 
 MODELS = ("transformer-block", "gpt2-block", "llama-block", "bert-layer")
-ANCHORS = "1,128,768,12;8,512,768,12;32,512,1024,16;4,2048,1024,16;1,4096,4096,32"
+REFERENCE_SHAPES = "1,128,768,12;8,512,768,12;32,512,1024,16;4,2048,1024,16;1,4096,4096,32"
 MAX_AUTOTUNE = "1,128,768,12;8,512,768,12"
 STRATEGIES = ("greedy", "priority", "exact", UNFUSED)
 BASELINES = ("eager", "eager+sdpa", "compile", "compile-ro", "compile-max")
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--shapes", default=ANCHORS, help="B,S,D,H;B,S,D,H;...")
+    p.add_argument("--shapes", default=REFERENCE_SHAPES, help="B,S,D,H;B,S,D,H;...")
     p.add_argument(
         "--max-autotune",
         default=MAX_AUTOTUNE,

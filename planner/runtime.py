@@ -8,7 +8,7 @@ realizes it once per bucket (one compile serves every shape of the bucket) and r
 it. A miss runs the default plan (`planner.fuse_rules.default_partition`) and records
 the shape in the cache's tuning queue, so the next offline `fusion-plan tune` covers it.
 `compile_budget` bounds how many realizations the process pays for; past it, new
-buckets run dynamo's graph as it is (exercise 7.6: bound the recompiles).
+buckets run dynamo's graph as it is (bound the recompiles: docs/runtime.md).
 
 Correctness comes first: if anything on the way fails (lifting dynamo's graph, export,
 a plan that does not fit, a realization), that bucket runs dynamo's graph unchanged

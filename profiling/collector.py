@@ -13,8 +13,9 @@ measurement stays strictly sequential on the one device. By default (`warm_first
 job is compiled, and the pool shut down, before the first unit is timed: workers export
 and compile on the device being measured, and timings taken beside them scattered (on
 the H100, identical groups timed in different graphs: twins' median MAPE 24% with 14
-workers alongside, 2.8% with none; benchmarks/timing_noise.py, data/README.md). `max_seconds` stops it cleanly
-(rows so far flushed), so a device session of fixed length can be resumed by the next.
+workers alongside, 2.8% with none; benchmarks/timing_noise.py, docs/design_notes.md).
+`max_seconds` stops it cleanly (rows so far flushed), so a device session of fixed length
+can be resumed by the next.
 
 profiling imports neither learned_cost nor search: the analytical prediction comes from
 a `planner.cost.CostModel` and the strategies' partitions from `plan_makers`, both passed
@@ -63,8 +64,9 @@ WARM_WAIT_S = 120.0  # longest the measuring process waits for a job's warm-up c
 
 _T = "B=1,S=128,D=768,H=12;B=8,S=512,D=768,H=12;B=4,S=1024,D=1024,H=16;B=2,S=256,D=512,H=8"
 _L = "B=1,S=128,D=768,H=12;B=4,S=512,D=1024,H=16;B=2,S=1024,D=1024,H=16;B=2,S=256,D=512,H=8"
-# Shape sweeps for `--shapes auto`, per device kind: transformer shapes around the anchors
-# (shared/anchors), the rest at sizes where launch, memory and compute bounds all occur.
+# Shape sweeps for `--shapes auto`, per device kind: transformer shapes around the
+# reference shapes of benchmarks/README.md, the rest at sizes where launch, memory and
+# compute bounds all occur.
 DEFAULT_SHAPES: dict[str, dict[str, str]] = {
     "gpu": {
         "transformer-block": _T,

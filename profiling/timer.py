@@ -9,7 +9,7 @@ graph, among other kernels: several copies of it captured back to back in one gr
 the timing divided by the copies. Timing one replay of a graph that holds one small
 group measures the graph launch (about 10 us on an H100) more than the group: on the
 H100 two collections of the same 1305 groups under 25 us, each replayed alone, differed
-by 20% at the median (data/README.md).
+by 20% at the median (docs/design_notes.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The offline tuning job: for each shape bucket, search, realize, measure, keep the best.
 
-This is the composition root of the pipeline (design.md): it wires the strategies
+This is the composition root of the pipeline (docs/architecture.md): it wires the strategies
 (search), the cost model (learned_cost), realization (planner.realize), measurement
 (profiling) and the plan cache (planner.cache). Per bucket:
 
@@ -346,7 +346,7 @@ def _store(
 def _online_update(
     cost_model: CostModel, graph: Any, measured: list[Candidate], progress: Callable[[str], None]
 ) -> None:
-    """Seed 7.4.3: the learned model refines itself on what was just measured."""
+    """The learned model refines itself on what was just measured (docs/formulas.md §13)."""
     update = getattr(cost_model, "update", None)
     obs = [c for c in measured if c.measured is not None]
     if update is None or not obs:

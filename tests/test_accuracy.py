@@ -42,7 +42,7 @@ class LastHidden(torch.nn.Module):
 def llama_bf16(layers: int = 4, hidden: int = 128, seq: int = 64):
     """A LLaMA-style decoder (GQA, RoPE, RMSNorm, SwiGLU) in bf16, exported. Weights drawn
     at std 0.1, a trained model's scale, where bf16 rounding compounds over the layers as
-    it did on the issue's H100 model (HF's 0.02 init keeps activations too tame for it)."""
+    it did on a real bf16 model on an H100 (HF's 0.02 init keeps activations too tame for it)."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(
         hidden_size=hidden,

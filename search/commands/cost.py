@@ -252,7 +252,7 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
         "",
         "Measured elsewhere, by commands in the repo: how far a plan is from the sum of its "
         "groups timed alone, the floor under any additive plan error "
-        "(`benchmarks/plan_additivity.py`, data/README.md), and whether the plans a held-out "
+        "(`benchmarks/plan_additivity.py`, docs/design_notes.md), and whether the plans a held-out "
         "model chooses run faster than the analytical model's "
         "(`benchmarks/heldout_plans.py`, benchmarks/results/heldout_plans_h100.md).",
         "",
@@ -288,7 +288,7 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
                 "",
                 _leaders(rec.get("scores", [])),
                 "",
-                f"Targets (issue 6) for {_committed(met)}: "
+                f"Targets for {_committed(met)}: "
                 + "; ".join(f"{k}: {v}" for k, v in rec.get("verdicts", {}).items()),
                 "",
             ]

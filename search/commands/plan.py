@@ -49,7 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "the realizer launches (default: the analytical roofline)",
     )
     p.add_argument(
-        "--latency-bound-us", type=positive_float, default=None, help="L_max, seed 7.1.4"
+        "--latency-bound-us",
+        type=positive_float,
+        default=None,
+        help="bound on the plan's critical-path latency (L_max), in us",
     )
     p.add_argument(
         "--memory-bound-mb", type=positive_float, default=None, help="peak boundary memory"
