@@ -18,51 +18,14 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
 from planner.hardware import device_fingerprint, local_device_name
+from planner.measurement import Timing
 
-
-@dataclass(frozen=True)
-class Timing:
-    median_s: float
-    p99_s: float
-    min_s: float
-    mean_s: float
-    iqr_s: float  # interquartile range: the spread
-    reps: int
-    stable: bool  # whether the median settled before the bounds were hit
-    device: str  # spec name ("h100", "cpu", ...)
-    device_fingerprint: str
-    torch_version: str
-    dtype: str = ""
-    copies: int = 1  # back-to-back copies per sample (measure_in_graph); stats are per copy
-
-    @property
-    def spread(self) -> float:
-        """IQR relative to the median."""
-        return self.iqr_s / self.median_s if self.median_s else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def per_copy(self, copies: int) -> Timing:
-        """These statistics of samples that each ran `copies` copies, per copy."""
-        if copies < 1:
-            raise ValueError(f"copies must be >= 1, got {copies}")
-        k = float(copies)
-        return replace(
-            self,
-            median_s=self.median_s / k,
-            p99_s=self.p99_s / k,
-            min_s=self.min_s / k,
-            mean_s=self.mean_s / k,
-            iqr_s=self.iqr_s / k,
-            copies=self.copies * copies,
-        )
+__all__ = ["Timing", "cuda_graphed", "measure", "measure_in_graph", "summarize"]
 
 
 def _quantile(sorted_xs: list[float], q: float) -> float:
