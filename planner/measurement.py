@@ -119,6 +119,7 @@ class Measurement:
     check: str = ""  # what the accuracy check compared, and what it found
     fallbacks: Mapping[int, str] = field(default_factory=dict)  # group -> why it runs eagerly
     realizations: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # per group, what the realizer noted (e.g. a cuBLASLt epilogue)
     cuda_graph: bool = False
 
     def __post_init__(self) -> None:

@@ -40,7 +40,7 @@ from planner.partition import Partition
 from planner.plan import Plan
 from planner.realize import GroupCompiler, RealizedPlan, realize
 from planner.runtime import FusionPlannerBackend
-from profiling.timer import measure, measure_in_graph
+from profiling.timer import measure, measure_in_graph, measure_interleaved
 from profiling.verify import verify_against_eager
 
 # Default timer settings for a whole plan: a stable median within a few seconds.
@@ -60,18 +60,27 @@ class Prepared:
     """A plan made runnable by an executor.
 
     `call()` runs it once on the job's inputs (what is timed); `realized` is the plan as
-    realized, checked with `reference` on `check_inputs` (the realized program's inputs);
+    realized (None: the plan runs as dynamo's graph, nothing fused), checked with
+    `reference` on `check_inputs` (its program's inputs), or `checked` when it is None;
     `kernels()`, when set, runs its kernels alone without host work (timed in a CUDA
     graph when the runner asks for it); `close()` releases what the executor holds.
     """
 
     call: Callable[[], Any]
-    realized: RealizedPlan
+    realized: RealizedPlan | None
     reference: Callable[..., Any]
     check_inputs: tuple[Any, ...]
     compile_s: float
     kernels: Callable[[], Any] | None = None
     close: Callable[[], None] = lambda: None
+    checked: Callable[..., Any] | None = None
+
+    @property
+    def subject(self) -> Callable[..., Any]:
+        """What the accuracy check runs."""
+        subject = self.realized if self.realized is not None else self.checked
+        assert subject is not None, "an executor prepares a realized plan or a callable"
+        return subject
 
 
 class Executor(Protocol):
@@ -175,13 +184,23 @@ class ServedExecutor:
             with torch.no_grad(), torch._dynamo.config.patch(_DYNAMO_LIMITS):
                 compiled(*inputs)
             compile_s = time.perf_counter() - t0
-            problem = _not_served(backend, made)
+            problem = _not_served(backend, made, plan)
             if problem:
                 raise ServeError(problem)
-            captured, rp = made[0]
         except BaseException:
             close()
             raise
+        if not made:  # nothing fused: the backend serves dynamo's graph as the plan
+            return Prepared(
+                call=lambda: compiled(*inputs),
+                realized=None,
+                reference=job.module,
+                check_inputs=tuple(inputs),
+                compile_s=compile_s,
+                close=close,
+                checked=compiled,
+            )
+        captured, rp = made[0]
         return Prepared(
             call=lambda: compiled(*inputs),
             realized=rp,
@@ -206,8 +225,9 @@ def _as_plan(job: PlanJob, device: torch.device) -> Plan:
     )
 
 
-def _not_served(backend: FusionPlannerBackend, made: list[Any]) -> str:
-    """Why the backend did not serve the stored plan ("" when it did)."""
+def _not_served(backend: FusionPlannerBackend, made: list[Any], plan: Plan) -> str:
+    """Why the backend did not serve the stored plan ("" when it did). A plan that fuses
+    nothing is served as dynamo's graph itself, without a realization."""
     s = backend.stats
     if s.fallbacks:
         return f"the backend ran dynamo's graph: {s.fallbacks[0][:300]}"
@@ -215,6 +235,8 @@ def _not_served(backend: FusionPlannerBackend, made: list[Any]) -> str:
         return f"dynamo gave {s.graphs} graphs for the model, not 1: the plan serves one graph"
     if s.default or not (s.exact or s.bucket):
         return "the backend's lookup missed the stored plan (its key or bucket differs)"
+    if not made and all(len(g.nodes) == 1 for g in plan.groups):
+        return ""
     if len(made) != 1 or not isinstance(made[0][1], RealizedPlan):
         return f"the backend realized {len(made)} plan(s), not the one stored"
     return ""
@@ -284,13 +306,15 @@ class DeviceRunner:
 
     def _check_and_time(self, label: str, p: Prepared, dtype: str) -> Measurement:
         rp = p.realized
-        about = {
-            "compile_s": p.compile_s,
-            "realizations": tuple(rp.realizations),
-            "cuda_graph": rp.cuda_graph,
-        }
+        about: dict[str, Any] = {"compile_s": p.compile_s}
+        if rp is not None:
+            about |= {
+                "realizations": tuple(rp.realizations),
+                "notes": tuple(g.note for g in rp.groups),
+                "cuda_graph": rp.cuda_graph,
+            }
         try:
-            check = verify_against_eager(rp, p.reference, p.check_inputs, trials=self.trials)
+            check = verify_against_eager(p.subject, p.reference, p.check_inputs, trials=self.trials)
         except Exception as e:
             return self.failed(label, "run", e, dtype, **about)
         about |= {"check": str(check), "fallbacks": dict(check.fallbacks)}
@@ -348,6 +372,46 @@ class DeviceRunner:
         except Exception as e:
             return self.failed(label, "run", e, dtype, **about)
         return Measurement(label, **self._context, dtype=dtype, timing=timing, **about)
+
+    def measure_interleaved(
+        self,
+        fns: Mapping[str, Callable[[], Any]],
+        *,
+        rounds: int = 15,
+        round_s: float = 0.025,
+        warmup: int = 3,
+        dtype: str = "",
+        compile_s: Mapping[str, float] | None = None,
+    ) -> dict[str, Measurement]:
+        """Contenders compared in interleaved rounds (profiling.timer.measure_interleaved),
+        each already called once; a failure makes every contender's record an error."""
+        setup = dict(compile_s or {})
+        try:
+            with torch.no_grad():
+                timings = measure_interleaved(
+                    dict(fns),
+                    device=self.device,
+                    rounds=rounds,
+                    round_s=round_s,
+                    warmup=warmup,
+                    dtype=dtype,
+                )
+        except Exception as e:
+            return {
+                n: self.failed(n, "run", e, dtype, executor="callable", compile_s=setup.get(n, 0.0))
+                for n in fns
+            }
+        return {
+            n: Measurement(
+                n,
+                "callable",
+                **self._context,
+                dtype=dtype,
+                timing=t,
+                compile_s=setup.get(n, 0.0),
+            )
+            for n, t in timings.items()
+        }
 
 
 def first_call(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:

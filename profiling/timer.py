@@ -25,7 +25,14 @@ import torch
 from planner.hardware import device_fingerprint, local_device_name
 from planner.measurement import Timing
 
-__all__ = ["Timing", "cuda_graphed", "measure", "measure_in_graph", "summarize"]
+__all__ = [
+    "Timing",
+    "cuda_graphed",
+    "measure",
+    "measure_in_graph",
+    "measure_interleaved",
+    "summarize",
+]
 
 
 def _quantile(sorted_xs: list[float], q: float) -> float:
@@ -187,3 +194,48 @@ def measure(
         if time.perf_counter() - t_start > max_seconds:
             break
     return summarize(samples, stable=stable, device=dev, dtype=dtype)
+
+
+def _run_reps(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
+    """Mean seconds per call over `reps` back-to-back calls."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def measure_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    *,
+    device: str | torch.device | None = None,
+    rounds: int = 15,
+    round_s: float = 0.025,
+    warmup: int = 3,
+    dtype: str = "",
+) -> dict[str, Timing]:
+    """Time several contenders fairly: interleaved rounds, the contenders in rotated order
+    each round, every contender the same number of back-to-back calls per round (sized so
+    the slowest fills about `round_s`). One sample per contender and round; statistics per
+    call (`Timing.copies` = calls per round, `Timing.reps` = rounds)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    slowest = max(statistics.median(_run_reps(fn, 1, dev) for _ in range(3)) for fn in fns.values())
+    reps = max(1, min(200, int(round_s / max(slowest, 1e-7))))
+    samples: dict[str, list[float]] = {n: [] for n in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            samples[n].append(_run_reps(fns[n], reps, dev) * reps)
+    return {n: summarize(xs, device=dev, dtype=dtype).per_copy(reps) for n, xs in samples.items()}
