@@ -125,7 +125,7 @@ def test_measure_and_tune_commands_measure_through_the_runner(monkeypatch, tmp_p
     tune += ["--strategy", "greedy", "--top-k", "1", "--no-compile-baseline", "--format", "json"]
     assert main([*tune, "--cache", str(tmp_path / "plans.sqlite")]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert len(seen) == 3 and seen[-1].executor == "served" and seen[-1].ok
+    assert len(seen) == 2 and seen[-1].executor == "served" and seen[-1].ok
     (bucket,) = payload["buckets"]
     assert bucket["best_s"] == seen[-1].median_s == bucket["plan"]["measured_s"]
 
