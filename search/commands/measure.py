@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         f"{r.spec.label} {r.dtype_name} on {r.device_name} ({eager.device_fingerprint}, "
         f"torch {eager.torch_version})",
         f"plan: {args.strategy} under {cost_model.name}, {len(made.partition)} groups "
-        f"({', '.join(f'{k}={plan.realizations.count(k)}' for k in reals)}), "
+        f"({', '.join(f'{k}={plan.realizations.count(k)}' for k in reals) or 'none fused'}), "
         f"{plan.executor}, cuda graph {'on' if plan.cuda_graph else 'off'}, "
         f"{len(plan.fallbacks)} group(s) fell back; {plan.check or plan.error}",
         f"{'variant':<22} {'median us':>11} {'p99 us':>11} {'vs eager':>9} {'setup s':>9}",
