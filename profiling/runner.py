@@ -139,8 +139,10 @@ class ServedExecutor:
 
     name = "served"
 
-    def __init__(self, *, compile_budget: int = 1):
-        self.compile_budget = compile_budget
+    def __init__(self, *, compile_budget: int = 1, dynamic: bool | None = True):
+        """`dynamic`: what `torch.compile` is given for a bucket's plan (the documented
+        `dynamic=True` by default); an exact shape's plan is compiled static."""
+        self.compile_budget, self.dynamic = compile_budget, dynamic
 
     def prepare(self, job: PlanJob, device: torch.device) -> Prepared:
         if job.module is None:
@@ -177,7 +179,7 @@ class ServedExecutor:
                 return rp
 
             backend.realizer = recording
-            dynamic = job.bucket is not None
+            dynamic = self.dynamic if job.bucket is not None else False
             compiled = torch.compile(job.module, backend=backend, dynamic=dynamic)
             inputs = job.call_inputs
             t0 = time.perf_counter()

@@ -8,9 +8,12 @@ This is the composition root of the pipeline (design.md): it wires the strategie
    capture it (the graph's structure_key is the cache's model key);
 2. plan with the chosen strategy (Optuna studies live in `storage`, one per graph and
    bucket) and with the baselines, under the cost model;
-3. realize the `top_k` distinct candidates (lowest predicted first), check each against
-   eager on fresh inputs (groups that fail fall back alone, and are reported), time it; a
-   candidate that cannot run or still disagrees is dropped, never stored;
+3. measure the `top_k` distinct candidates (lowest predicted first) with the runner
+   (profiling.runner): each is served by the `torch.compile` backend for the bucket,
+   checked against eager on fresh inputs (groups that fail fall back alone, and are
+   reported) and timed through the backend's per-call path, so the latency stored is the
+   one the backend delivers; a candidate that cannot run, is not served as given or still
+   disagrees is dropped, never stored;
 4. keep the measured best, feed every measurement to the cost model's online update
    (when it has one), and store the plan (with its measurement) for the bucket.
 """
