@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
+from learned_cost.analytical import AnalyticalModel
 from planner.buckets import parse_dynamic
-from planner.hardware import device_fingerprint
-from planner.measurement import ERROR_KINDS, Measurement, PlanJob
+from planner.hardware import device_fingerprint, get_spec
+from planner.measurement import ERROR_KINDS, MeasureError, Measurement, PlanJob, Timing
 from planner.modelspec import resolve
 from planner.partition import Partition
 from planner.runtime_graph import capture_for_serving
@@ -138,3 +139,50 @@ def test_one_default_cost_model_for_every_command():
         assert args.cost_model is None  # each resolves None to cost_models.DEFAULT
     with pytest.raises(Exception, match="expected one of"):
         cost_models.cost_model_for("realised", "cpu")
+
+
+class ScriptedRunner:
+    """A Runner that runs nothing: the first plan fails to run, the others take 1 ms more
+    each; callables take 5 ms. What tune does with the records is then checkable."""
+
+    def __init__(self):
+        self.jobs: list[PlanJob] = []
+
+    def _record(self, label: str, seconds: float | None) -> Measurement:
+        ctx = dict(device="cpu", device_fingerprint=device_fingerprint("cpu"))
+        ctx |= dict(torch_version=torch.__version__.split("+")[0], dtype="float32")
+        if seconds is None:
+            return Measurement(label, "scripted", **ctx, error=MeasureError("run", "boom"))
+        t = Timing(seconds, seconds, seconds, seconds, 0.0, 3, True, **ctx)
+        return Measurement(label, "scripted", **ctx, timing=t)
+
+    def measure_plan(self, job: PlanJob) -> Measurement:
+        self.jobs.append(job)
+        return self._record(job.label, None if len(self.jobs) == 1 else len(self.jobs) * 1e-3)
+
+    def measure_callable(self, fn, inputs, *, label, reference=None, compile_s=0.0, **kw):
+        return self._record(label, 5e-3)
+
+
+def test_tune_keeps_the_fastest_record_and_drops_failed_ones(tmp_path):
+    from planner.cache import PlanCache
+    from search.tune import TuneConfig, tune
+
+    spec = resolve("zoo:transformer-block", "B=1,D=32,H=2")
+    cfg = TuneConfig(
+        spec=spec,
+        dynamic="S=8..8",
+        strategy="priority",
+        top_k=3,
+        compile_baseline=False,
+        budget_seconds=5.0,
+    )
+    runner = ScriptedRunner()
+    with PlanCache(str(tmp_path / "plans.sqlite")) as cache:
+        (result,) = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, runner=runner)
+    assert len(runner.jobs) == len(result.candidates) >= 2
+    assert all(j.module is not None and j.bucket == result.bucket for j in runner.jobs)
+    failed, *ok = result.candidates
+    assert failed.measured is None and failed.error == "run: boom"
+    assert result.plan.measured_s == min(c.measured.median_s for c in ok) == 2e-3
+    assert result.plan.eager_s == 5e-3 and result.plan.strategy == ok[0].strategy
