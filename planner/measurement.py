@@ -189,6 +189,8 @@ class Runner(Protocol):
         label: str,
         reference: Callable[..., Any] | None = None,
         compile_s: float = 0.0,
+        dtype: str = "",
     ) -> Measurement:
-        """Check `fn` against `reference` (when given), then time `fn(*inputs)`."""
+        """Check `fn` against `reference` (when given), then time `fn(*inputs)`; `dtype`
+        is recorded (default: the one the check found)."""
         ...
