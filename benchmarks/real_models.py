@@ -16,10 +16,10 @@ Cells are (model, shape) pairs of `benchmarks/models` (`SUITE`), named like
 2. in this process, under `torch.inference_mode()`: eager, `torch.compile` (default),
    `mode="reduce-overhead"`, `mode="max-autotune-no-cudagraphs"` and the planner backend
    on that cache. Each contender's first call is its compile time; after warm-up calls,
-   the timer runs interleaved rounds (the contenders in rotated order each round, the same
-   number of calls per round for all, CUDA events on GPU, perf_counter on CPU); a
-   contender's latency is the median per-call time over rounds, its spread the IQR over
-   the median;
+   the runner's interleaved timer runs rounds (profiling.runner, profiling.timer: the
+   contenders in rotated order each round, the same number of calls per round for all,
+   CUDA events on GPU, perf_counter on CPU); a contender's latency is the median per-call
+   time over rounds, its spread the IQR over the median;
 3. from the cache: the stored plan's measured latency (served / tuned: what the backend
    delivers against what `tune` measured) and its predicted latency (the cost model's
    plan error, predicted / measured); from the backend: its RuntimeStats (cache hits,
@@ -43,7 +43,6 @@ import math
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,9 +59,11 @@ import torch  # noqa: E402
 
 from benchmarks.models import OPTIONAL, SUITE, SuiteModel  # noqa: E402
 from planner.cache import PlanCache  # noqa: E402
+from planner.measurement import Measurement  # noqa: E402
 from planner.modelspec import parse_dtype, resolve  # noqa: E402
 from planner.pytrees import flat_values  # noqa: E402
 from planner.runtime import fusion_planner_backend  # noqa: E402
+from profiling.runner import DeviceRunner, first_call  # noqa: E402
 
 MODES = ("eager", "compile", "reduce-overhead", "max-autotune-no-cudagraphs", "planner")
 ALTERNATIVES = MODES[:4]  # what the planner is compared with
@@ -84,73 +85,18 @@ def cells(tiny: bool, patterns: list[str]) -> list[tuple[str, SuiteModel, dict[s
     return out
 
 
-# ---- one timer ------------------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _first_call_s(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
-    """Wall time of the first call (compiles happen here) and its output."""
-    _sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    _sync(device)
-    return time.perf_counter() - t0, out
-
-
-def _run_reps(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
-    """Mean seconds per call over `reps` back-to-back calls."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / reps
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps
-
-
-def interleaved(
-    fns: dict[str, Callable[[], Any]],
-    device: torch.device,
-    *,
-    rounds: int,
-    round_s: float,
-    warmup: int,
-) -> dict[str, dict[str, float]]:
-    """{name: {median_s, iqr_s, spread, reps, rounds}} from interleaved rounds; every
-    contender runs the same number of calls per round, sized so the slowest of them fills
-    about `round_s`."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    _sync(device)
-    slowest = max(
-        statistics.median(_run_reps(fn, 1, device) for _ in range(3)) for fn in fns.values()
-    )
-    reps = max(1, min(200, int(round_s / max(slowest, 1e-7))))
-    samples: dict[str, list[float]] = {n: [] for n in fns}
-    names = list(fns)
-    for r in range(rounds):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            samples[n].append(_run_reps(fns[n], reps, device))
-    out = {}
-    for n, xs in samples.items():
-        q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
-        med = statistics.median(xs)
-        out[n] = {
-            "median_s": med,
-            "iqr_s": q[2] - q[0],
-            "spread": (q[2] - q[0]) / med,
-            "reps": reps,
-            "rounds": rounds,
-        }
-    return out
+def _timing_row(m: Measurement) -> dict[str, float]:
+    """The row's timing of one contender: median and spread per call, calls per round
+    (`reps`) and rounds."""
+    t = m.timing
+    assert t is not None
+    return {
+        "median_s": t.median_s,
+        "iqr_s": t.iqr_s,
+        "spread": t.spread,
+        "reps": t.copies,
+        "rounds": t.reps,
+    }
 
 
 # ---- outputs --------------------------------------------------------------------------------
@@ -312,7 +258,7 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
             for n, call in list(calls.items()):
                 _say(f"{name}: first call of {n}")
                 try:
-                    compile_s[n], out = _first_call_s(call, device)
+                    compile_s[n], out = first_call(call, device)
                 except Exception as e:  # a contender that cannot run is reported, not fatal
                     errors[n] = (
                         f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
@@ -332,9 +278,17 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
                 _sync(device)
                 compile_s["planner_static"] = time.perf_counter() - t0
             _say(f"{name}: timing {list(calls)}")
-            timing = interleaved(
-                calls, device, rounds=args.rounds, round_s=args.round_ms / 1e3, warmup=args.warmup
+            runner = DeviceRunner(device=device)
+            measured = runner.measure_interleaved(
+                calls,
+                rounds=args.rounds,
+                round_s=args.round_ms / 1e3,
+                warmup=args.warmup,
+                dtype=args.dtype,
+                compile_s=compile_s,
             )
+            timing = {n: _timing_row(m) for n, m in measured.items() if m.timing is not None}
+            errors |= {n: str(m.error) for n, m in measured.items() if m.error is not None}
         row.update(timing=timing, compile_s=compile_s, errors=errors, max_abs_diff=diffs)
         if backend is not None:
             s = backend.stats

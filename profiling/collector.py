@@ -44,18 +44,20 @@ from planner.errors import FusionPlannerError, ModelSpecError
 from planner.features import group_descriptor
 from planner.hardware import device_fingerprint, get_spec, local_device_name
 from planner.ir import Category, OpGraph
+from planner.measurement import Measurement
 from planner.partition import Partition
 from planner.plan import now_iso
 from planner.realize_patterns import choose_realization
 from profiling.dataset import COLLECTOR_VERSION, ProfileStore, row_key
 from profiling.sampling import random_groups, random_partition
 from profiling.units import (
-    Outcome,
+    dominant_realization,
     export_on,
     group_unit,
     measure_group,
     measure_plan,
     reference,
+    unit_runner,
 )
 from profiling.warm import WarmPool
 
@@ -262,7 +264,7 @@ def _row(
     job: Job,
     graph: OpGraph,
     unit: Unit,
-    outcome: Outcome,
+    outcome: Measurement,
     cost_model: CostModel,
     device: str,
     device_fp: str,
@@ -283,7 +285,9 @@ def _row(
         "nodes": json.dumps(list(unit.groups[0]) if unit.kind == "group" else unit.groups),
         "n_groups": len(unit.groups),
         "strategy": unit.strategy,
-        "realization": outcome.realization if unit.kind == "plan" else unit.realization,
+        "realization": (
+            dominant_realization(outcome.realizations) if unit.kind == "plan" else unit.realization
+        ),
         "dtype": job.dtype,
         "device": device,
         "device_fingerprint": device_fp,
@@ -300,13 +304,13 @@ def _row(
         "stable": bool(t.stable) if t else False,
         "compile_s": float(outcome.compile_s),
         "ok": outcome.ok,
-        "error": outcome.error[:500],
+        "error": str(outcome.error or "")[:500],
         "created_at": now_iso(),
         "collector_version": COLLECTOR_VERSION,
         "cuda_graph": outcome.cuda_graph,
         "graph_copies": t.copies if t else 0,
         "call_median_s": outcome.call_s,
-        "n_fallbacks": outcome.n_fallbacks,
+        "n_fallbacks": len(outcome.fallbacks),
         "realizations": json.dumps(
             [choose_realization(graph, g) for g in unit.groups] if unit.kind == "plan" else []
         ),
@@ -400,6 +404,7 @@ class Collector:
         self.device_fp = device_fingerprint(self.device)
         self.torch_version = torch.__version__.split("+")[0]
         self.spec = get_spec(self.device_name)
+        self.runner = unit_runner(self.device)
 
     def _plan(self, graph: OpGraph, job: Job, notes: list[str]) -> list[Unit]:
         return plan_units(
@@ -544,9 +549,11 @@ class Collector:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if unit.kind == "group":
-                    outcome = measure_group(captured, values, unit.groups[0], unit.realization)
+                    outcome = measure_group(
+                        captured, values, unit.groups[0], unit.realization, runner=self.runner
+                    )
                 else:
-                    outcome = measure_plan(captured, unit.groups)
+                    outcome = measure_plan(captured, unit.groups, runner=self.runner)
             row = _row(
                 job,
                 graph,
@@ -565,7 +572,7 @@ class Collector:
                 f"  [{k + 1}/{len(todo)}] {time.perf_counter() - t0:6.0f}s {unit.kind} "
                 f"{sum(map(len, unit.groups))} ops {row['realization']}: {med} "
                 f"(pred {row['analytical_s'] * 1e6:.1f} us)"
-                + (f" {outcome.error[:120]}" if outcome.error else "")
+                + (f" {str(outcome.error)[:120]}" if outcome.error else "")
             )
         del values
         if self.device.type == "cuda":

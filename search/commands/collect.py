@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from learned_cost.analytical import AnalyticalModel
-from learned_cost.corrected import load_corrected
 from planner import zoo
 from planner.errors import FusionPlannerError
 from planner.hardware import get_spec, local_device_name
 from profiling.collector import CollectConfig, Collector
 from search.cli_common import nonneg_int, positive_float, positive_int
+from search.cost_models import cost_model_for
 from search.planning import plan_maker
 
 
@@ -97,11 +97,13 @@ def run(args: argparse.Namespace) -> int:
     )
     shapes = None if args.shapes == "auto" else [s.strip() for s in args.shapes.split(";")]
     spec = get_spec(local_device_name())
+    # The dataset's `analytical_s` column and the strategies' plans are the analytical
+    # model's by definition (learned_cost trains a correction of it), whatever the default.
     cost_model = AnalyticalModel(spec)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     makers = {name: plan_maker(name, cost_model) for name in strategies}
     if args.learned:
-        learned = load_corrected(args.learned, spec.name)
+        learned = cost_model_for(args.learned, spec.name)
         if isinstance(learned, AnalyticalModel):  # it warned why; its plans are the above
             print(f"collect: --learned {args.learned} not used", file=sys.stderr)
         else:

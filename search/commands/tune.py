@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from learned_cost.analytical import AnalyticalModel
-from learned_cost.corrected import load_corrected
 from planner.cache import PlanCache
-from planner.hardware import get_spec, local_device_name
+from planner.hardware import local_device_name
 from planner.modelspec import parse_dtype, resolve
 from planner.realize_check import short_reason
 from search.cli_common import Resolved, capture_for_planning, emit, positive_float, positive_int
+from search.cost_models import add_cost_model_arg, cost_model_for
 from search.strategies import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
 
@@ -49,12 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workers", type=positive_int, default=1, help="local worker processes per study"
     )
-    p.add_argument(
-        "--cost-model",
-        default=None,
-        help="a trained learned_cost model (.json), 'realized' (the default: the roofline "
-        "per kernel the realizer launches) or 'analytical' (the ideal fused roofline)",
-    )
+    add_cost_model_arg(p)
     p.add_argument(
         "--cost-model-out", default=None, help="save the online-updated learned model here"
     )
@@ -74,14 +68,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = device != "cpu"
     dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
     spec = resolve(args.model, args.shape)
-    if args.cost_model in (None, "realized"):
-        from learned_cost.realized import RealizedRoofline
-
-        cost_model = RealizedRoofline(get_spec(device))
-    elif args.cost_model == "analytical":
-        cost_model = AnalyticalModel(get_spec(device))
-    else:
-        cost_model = load_corrected(args.cost_model, device)
+    cost_model = cost_model_for(args.cost_model, device)
     cfg = TuneConfig(
         spec=spec,
         dynamic=args.dynamic,
