@@ -306,6 +306,7 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
                 {
                     "groups": len(rp.partition),
                     "static": bool(getattr(rp, "static_shapes", False)),
+                    "reference": getattr(rp, "reference", None),
                     "fallback_groups": len(rp.fallbacks),
                     "fallback_reasons": sorted(set(rp.fallbacks.values()))[:5],
                     # set when no group-level fallback made the plan agree with eager
