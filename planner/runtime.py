@@ -272,11 +272,14 @@ class FusionPlannerBackend:
             return True
 
     def background_for(self, device: torch.device) -> bool:
-        """Whether a static specialization builds in a background thread (default: on CUDA,
-        where the calls keep being served from the bucket's CUDA graphs meanwhile)."""
-        if self.static_background is not None:
-            return self.static_background
-        return device.type == "cuda"
+        """Whether a static specialization builds in a background thread. Off unless asked
+        for: torch's tracer keeps process-wide state (torch.fx's current make_fx tracer), so
+        an export in the background can break a torch.compile that the serving thread
+        starts meanwhile (seen on an H100: "s33 is not tracked with proxy for
+        _ModuleStackTracer" in a model compiled while a specialization was exporting). Ask
+        for it only where nothing else compiles while specializations build."""
+        del device
+        return bool(self.static_background)
 
     def wait_static(self, timeout: float | None = None) -> bool:
         """Wait for static specializations building in the background; True if none is left."""
@@ -360,7 +363,7 @@ def fusion_planner_backend(
     Keyword options of FusionPlannerBackend: `static_after` (calls of one shape before it
     gets a static specialization of its bucket's plan; None: never), `static_budget` (how
     many specializations the process pays for), `static_background` (build them in a
-    background thread; default: on CUDA).
+    background thread; off by default, see FusionPlannerBackend.background_for).
     """
     return FusionPlannerBackend(
         cache,
