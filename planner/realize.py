@@ -4,7 +4,8 @@
     y = realized(x)                           # the model's call signature
 
 Each group's FX subgraph (planner.realize_graph: boundary tensors in, boundary tensors
-out, nothing else crosses) runs as one of `planner.plan.REALIZATIONS`:
+out, nothing else crosses) runs as its label, one of `planner.realization.REALIZATIONS`:
+the label a Plan records for it (by default), else the realization rule's:
 - "inductor": compiled by TorchInductor as one unit (`torch._inductor.standalone_compile`,
   present with the same arguments in torch 2.11 and 2.13), so everything inside may fuse;
 - "sdpa" / "concat_gemm": the group's attention pattern or sibling GEMMs rewritten into a
@@ -43,12 +44,12 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from planner import realize_layout as layout
-from planner import realize_patterns as patterns
 from planner.capture import Captured
 from planner.errors import PlanError
 from planner.ir import OpGraph
 from planner.partition import Partition
-from planner.plan import REALIZATIONS, Plan
+from planner.plan import Plan
+from planner.realization import REALIZATIONS, realization_of, realizations_of, unmet
 from planner.realize_check import Mismatch, compare_outputs
 from planner.realize_graph import (
     GroupGraph,
@@ -71,7 +72,7 @@ from planner.realize_units import (
 
 log = logging.getLogger(__name__)
 
-choose_realization = patterns.choose_realization
+choose_realization = realization_of  # an alias of the rule (planner.realization)
 
 # A group compiler: (subgraph, fake inputs, fake mode) -> callable over real inputs.
 GroupCompiler = Callable[[fx.GraphModule, tuple[Any, ...], Any], Callable[..., Any]]
@@ -119,18 +120,22 @@ def _requested(
     """The realization asked for each group (index into partition.groups)."""
     n = len(partition)
     if realizations == "auto":
-        return [choose_realization(graph, g) for g in partition.groups]
+        return list(realizations_of(graph, partition.groups))
     if realizations == "plan":
         if not isinstance(plan, Plan):
-            return [choose_realization(graph, g) for g in partition.groups]
+            return list(realizations_of(graph, partition.groups))
         by_nodes = {gp.nodes: gp.realization for gp in plan.groups}
-        return [by_nodes.get(tuple(sorted(g)), "inductor") for g in partition.groups]
-    if isinstance(realizations, str):
+        wanted = [by_nodes.get(tuple(sorted(g)), "") for g in partition.groups]
+        unlabelled = [i for i, r in enumerate(wanted) if not r]
+        for i in unlabelled:  # a plan that records no label: the rule's, as planning would
+            wanted[i] = realization_of(graph, partition.groups[i])
+        if unlabelled:
+            log.info("plan records no realization for %d group(s): derived", len(unlabelled))
+    elif isinstance(realizations, str):
         wanted = [realizations] * n
     elif isinstance(realizations, Mapping):
         wanted = [
-            realizations.get(i, choose_realization(graph, g))
-            for i, g in enumerate(partition.groups)
+            realizations.get(i, realization_of(graph, g)) for i, g in enumerate(partition.groups)
         ]
     else:
         wanted = list(realizations)
@@ -140,6 +145,25 @@ def _requested(
     if bad:
         raise PlanError(f"unknown realization(s) {bad}; use 'auto', 'plan' or {REALIZATIONS}")
     return wanted
+
+
+def _honoured(graph: OpGraph, partition: Partition, wanted: list[str]) -> dict[int, str]:
+    """Groups that cannot run as asked (planner.realization.unmet), with the reason. Each
+    runs as the rule's own label for it ("inductor" where that is the kernel it lacks):
+    never a different realization without a warning saying which and why."""
+    out: dict[int, str] = {}
+    for gi, label in enumerate(wanted):
+        why = unmet(graph, partition.groups[gi], label)
+        if why is None:
+            continue
+        instead = realization_of(graph, partition.groups[gi])
+        if instead == label:  # pragma: no cover - the rule never picks what is unmet
+            instead = "inductor"
+        out[gi] = f"asked for {label}, runs as {instead}: {why}"
+        wanted[gi] = instead
+        log.warning("group %d (%d ops): %s", gi, len(partition.groups[gi]), out[gi])
+        warnings.warn(f"group {gi}: {out[gi]}", RealizeWarning, stacklevel=3)
+    return out
 
 
 def _device_of(parts: ProgramParts, captured: Captured, device: Any) -> torch.device:
@@ -272,6 +296,12 @@ class RealizedPlan:
     @property
     def realizations(self) -> tuple[str, ...]:
         return tuple(u.realization for u in self._units)
+
+    @property
+    def modules(self) -> tuple[fx.GraphModule, ...]:
+        """The FX module each group runs: its subgraph after its realization's rewrite
+        (compiled from it where `groups[g].compiled`); the group's own ops when eager."""
+        return tuple(u.group.module if u.is_eager else u.module for u in self._units)
 
     @property
     def fallbacks(self) -> dict[int, str]:
@@ -695,7 +725,7 @@ def realize(
     plan_or_partition: Plan | Partition,
     *,
     device: str | torch.device | None = None,
-    realizations: str | Sequence[str] | Mapping[int, str] = "auto",
+    realizations: str | Sequence[str] | Mapping[int, str] = "plan",
     cuda_graphs: bool | str = "auto",
     verify: bool = True,
     compiler: GroupCompiler | None = None,
@@ -705,8 +735,13 @@ def realize(
 ) -> RealizedPlan:
     """Realize `plan_or_partition` of `captured` (see the module docstring).
 
-    `realizations`: "auto" (choose_realization per group), "plan" (the Plan's own), one
-    name for every group, or one per group (sequence, or {group index: name}).
+    `realizations`: "plan" (the default: a Plan's recorded labels; for a Partition, or a
+    group whose label was not recorded, the realization rule's, planner.realization),
+    "auto" (the rule's for every group, whatever the Plan says), one name for every group,
+    or one per group (sequence, or {group index: name}; groups left out get the rule's). A
+    group that cannot run as asked (a fused-kernel label without its pattern in the group)
+    runs as the rule's label instead, with a `RealizeWarning` and a logged reason; its
+    report keeps what was asked (`groups[g].requested`) and why (`groups[g].note`).
     `cuda_graphs`: "auto" = on CUDA, one graph for static shapes, else one per recurring
     shape (outputs must then be copied out: `copy_outputs`). `verify` checks against eager on
     `inputs` (default: the capture's example inputs). `compiler` replaces Inductor (tests
@@ -716,7 +751,9 @@ def realize(
     """
     graph = captured.graph
     partition = _partition_of(graph, plan_or_partition)
-    wanted = _requested(graph, partition, plan_or_partition, realizations)
+    asked = _requested(graph, partition, plan_or_partition, realizations)
+    wanted = list(asked)
+    substituted = _honoured(graph, partition, wanted)
     parts = take_apart(captured, partition)
     dev = _device_of(parts, captured, device)
     groups: list[GroupGraph] = group_graphs(parts, partition)
@@ -748,6 +785,9 @@ def realize(
             )
             for gg in groups
         ]
+    for gi, why in substituted.items():
+        units[gi].requested = asked[gi]
+        units[gi].note = "; ".join(filter(None, [why, units[gi].note]))
     log.info(
         "realized %d groups in %.2f s (%d compiled)",
         len(units),

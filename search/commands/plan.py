@@ -20,7 +20,7 @@ from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import load_corrected
 from planner.cost import CostModel
 from planner.hardware import get_spec
-from planner.objective import Evaluation, Objective, realization_of
+from planner.objective import Evaluation, Objective
 from search.cli_common import (
     add_model_args,
     capture_for_planning,
@@ -67,7 +67,7 @@ def _cost_model(args: argparse.Namespace, device: str) -> CostModel:
 
         return RealizedRoofline(get_spec(device))
     if args.cost_model:
-        return load_corrected(args.cost_model, device, realization_of=realization_of)
+        return load_corrected(args.cost_model, device)
     return AnalyticalModel(get_spec(device))
 
 

@@ -1,0 +1,131 @@
+"""The realization rule: how one group of a partition runs, decided in one place.
+
+A group becomes code in one of the ways of `REALIZATIONS`. `realization_of(graph, nodes)`
+picks one by `REALIZATION_RULES`, the first rule that holds winning; attention and sibling
+GEMMs are found by planner.recognize, the recognizer the pattern library uses too. Every
+stage takes its labels from this function:
+
+- the objective labels each group of a Plan with it (`Objective.make_plan`,
+  `Plan.from_partition`);
+- `planner.realize` runs the Plan's labels, and derives them with this rule for a bare
+  partition or an unlabelled plan;
+- the realized-roofline cost model splits a group into the kernels of its label, the
+  learned model reads the label as a feature, and the profiling collector writes it into
+  every dataset row.
+
+So the label the cost model scored, the one measured and the one served are the same.
+`unmet(graph, nodes, label)` says why a group cannot run as a given label (a plan stored
+by another version may ask for a kernel whose pattern the group no longer holds);
+`planner.realize` then runs the rule's own label for that group and warns with the reason.
+docs/realization.md has the rule with examples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from planner.ir import OpGraph
+from planner.opkinds import Kind, kinds
+from planner.recognize import find_attention, find_sibling_gemms
+
+# How a group becomes executable code (planner.realize):
+REALIZATIONS = (
+    "inductor",  # the group's aten subgraph compiled by TorchInductor as one unit
+    "sdpa",  # the attention pattern -> torch.nn.functional.scaled_dot_product_attention
+    "concat_gemm",  # sibling GEMMs on one input -> one GEMM on concatenated weights
+    "eager",  # run the aten ops as they are (singletons, fallbacks, opaque ops)
+)
+
+
+@dataclass(frozen=True)
+class RealizationRule:
+    """One entry of the rule: `label` when `holds(graph, work)`; `work` is the group's
+    members that are not views (sorted), `members` all of them."""
+
+    label: str
+    holds: Callable[[OpGraph, list[int], list[int]], bool]
+    why: str
+    test: str
+
+
+def _opaque(g: OpGraph, members: list[int], work: list[int]) -> bool:
+    ks = kinds(g)
+    return any(ks[i] is Kind.OPAQUE for i in work)
+
+
+# The rule, first entry that holds wins. The learned cost model was trained on these labels
+# (the collector wrote them); a change here changes what its `realization_*` features mean.
+# fmt: off
+REALIZATION_RULES: tuple[RealizationRule, ...] = (
+    RealizationRule("eager", _opaque,
+                    "opaque ops and collectives cannot be compiled into a fused unit",
+                    "test_realization::test_rule_table_on_hand_built_groups"),
+    RealizationRule("eager", lambda g, ms, work: len(work) <= 1,
+                    "one op (plus views) has nothing to fuse: its eager kernel is the fused "
+                    "kernel", "test_realization::test_rule_table_on_hand_built_groups"),
+    RealizationRule("sdpa", lambda g, ms, work: bool(find_attention(g, ms)),
+                    "explicit attention -> one SDPA call: the score matrix never reaches memory",
+                    "test_realize::test_sdpa_and_concat_rewrites_match_eager"),
+    RealizationRule("concat_gemm", lambda g, ms, work: bool(find_sibling_gemms(g, ms)),
+                    "sibling GEMMs on one input -> one GEMM: the input is read once; Inductor "
+                    "compiles what else the group holds around it",
+                    "test_realize::test_sdpa_and_concat_rewrites_match_eager"),
+    RealizationRule("inductor", lambda g, ms, work: True,
+                    "anything else: Inductor fuses the group as one unit",
+                    "test_realize::test_transformer_block_compiled_by_inductor_matches_eager"),
+)
+# fmt: on
+
+
+def _members(nodes: int | Iterable[int]) -> list[int]:
+    if isinstance(nodes, int):
+        return [i for i in range(nodes.bit_length()) if nodes >> i & 1]
+    return sorted(set(nodes))
+
+
+def rule_for(graph: OpGraph, nodes: int | Iterable[int]) -> RealizationRule:
+    """The entry of `REALIZATION_RULES` that decides the group (a bitmask or node indices)."""
+    members = _members(nodes)
+    ks = kinds(graph)
+    work = [i for i in members if ks[i] is not Kind.FREE]
+    for rule in REALIZATION_RULES:
+        if rule.holds(graph, members, work):
+            return rule
+    raise AssertionError("the last realization rule always holds")  # pragma: no cover
+
+
+def realization_of(graph: OpGraph, nodes: int | Iterable[int]) -> str:
+    """How the group `nodes` (a bitmask or node indices) of `graph` runs: one of
+    `REALIZATIONS`, by `REALIZATION_RULES`."""
+    return rule_for(graph, nodes).label
+
+
+def realizations_of(graph: OpGraph, groups: Iterable[int | Iterable[int]]) -> tuple[str, ...]:
+    """`realization_of` for each group of a partition (masks or node sets), in order."""
+    return tuple(realization_of(graph, g) for g in groups)
+
+
+def unmet(graph: OpGraph, nodes: int | Iterable[int], label: str) -> str | None:
+    """Why the group cannot run as `label` (None when it can). A fused-kernel label needs
+    its pattern inside the group; "inductor" and "eager" can always be attempted (a group
+    Inductor cannot compile falls back to eager at realization, with its reason)."""
+    if label not in REALIZATIONS:
+        return f"unknown realization {label!r} (known: {', '.join(REALIZATIONS)})"
+    members = _members(nodes)
+    if label == "sdpa" and not find_attention(graph, members):
+        return "the group holds no attention pattern the SDPA rewrite applies to"
+    if label == "concat_gemm" and not find_sibling_gemms(graph, members):
+        return "the group holds no sibling linears on one input to concatenate"
+    return None
+
+
+__all__ = [
+    "REALIZATIONS",
+    "REALIZATION_RULES",
+    "RealizationRule",
+    "realization_of",
+    "realizations_of",
+    "rule_for",
+    "unmet",
+]
