@@ -22,12 +22,15 @@ docs/realization.md has the rule with examples.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from planner.ir import OpGraph
 from planner.opkinds import Kind, kinds
 from planner.recognize import find_attention, find_sibling_gemms
+
+log = logging.getLogger(__name__)
 
 # How a group becomes executable code (planner.realize):
 REALIZATIONS = (
@@ -120,12 +123,68 @@ def unmet(graph: OpGraph, nodes: int | Iterable[int], label: str) -> str | None:
     return None
 
 
+def labels_to_run(
+    graph: OpGraph,
+    groups: Sequence[Iterable[int]],
+    recorded: Mapping[tuple[int, ...], str] | None,
+    realizations: str | Sequence[str] | Mapping[int, str] = "plan",
+) -> list[str]:
+    """The label each group (of a partition, in order) is asked to run as.
+
+    `recorded`: a Plan's labels by sorted node tuple (None for a bare partition).
+    `realizations`: "plan" (the recorded label; the rule's where none is recorded),
+    "auto" (the rule's for every group), one label for all, or one per group (a sequence,
+    or {group index: label} with the rule's for the groups left out). Raises ValueError
+    for an unknown label or a sequence of the wrong length.
+    """
+    n = len(groups)
+    if realizations in ("plan", "auto"):
+        recorded = recorded if realizations == "plan" else None
+        wanted = [(recorded or {}).get(tuple(sorted(g)), "") for g in groups]
+        unlabelled = [i for i, r in enumerate(wanted) if not r]
+        for i in unlabelled:
+            wanted[i] = realization_of(graph, groups[i])
+        if recorded is not None and unlabelled:
+            log.info("the plan records no realization for %d group(s): the rule's", len(unlabelled))
+    elif isinstance(realizations, str):
+        wanted = [realizations] * n
+    elif isinstance(realizations, Mapping):
+        wanted = [realizations.get(i) or realization_of(graph, g) for i, g in enumerate(groups)]
+    else:
+        wanted = list(realizations)
+        if len(wanted) != n:
+            raise ValueError(f"{len(wanted)} realizations for {n} groups")
+    bad = sorted({r for r in wanted if r not in REALIZATIONS})
+    if bad:
+        raise ValueError(f"unknown realization(s) {bad}; use 'auto', 'plan' or {REALIZATIONS}")
+    return wanted
+
+
+def substitute_unmet(
+    graph: OpGraph, groups: Sequence[Iterable[int]], wanted: list[str]
+) -> dict[int, str]:
+    """Replace, in `wanted`, each label its group cannot run as (`unmet`) by the rule's own
+    label for the group; returns {group index: what was asked, what runs and why}, for the
+    caller to warn with. Never a different realization without such a reason."""
+    out: dict[int, str] = {}
+    for gi, label in enumerate(wanted):
+        why = unmet(graph, groups[gi], label)
+        if why is None:
+            continue
+        instead = realization_of(graph, groups[gi])
+        out[gi] = f"asked for {label}, runs as {instead}: {why}"
+        wanted[gi] = instead
+    return out
+
+
 __all__ = [
     "REALIZATIONS",
     "REALIZATION_RULES",
     "RealizationRule",
+    "labels_to_run",
     "realization_of",
     "realizations_of",
     "rule_for",
+    "substitute_unmet",
     "unmet",
 ]

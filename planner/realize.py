@@ -49,7 +49,7 @@ from planner.errors import PlanError
 from planner.ir import OpGraph
 from planner.partition import Partition
 from planner.plan import Plan
-from planner.realization import REALIZATIONS, realization_of, realizations_of, unmet
+from planner.realization import labels_to_run, realization_of, substitute_unmet
 from planner.realize_check import Mismatch, compare_outputs
 from planner.realize_graph import (
     GroupGraph,
@@ -118,51 +118,21 @@ def _requested(
     realizations: str | Sequence[str] | Mapping[int, str],
 ) -> list[str]:
     """The realization asked for each group (index into partition.groups)."""
-    n = len(partition)
-    if realizations == "auto":
-        return list(realizations_of(graph, partition.groups))
-    if realizations == "plan":
-        if not isinstance(plan, Plan):
-            return list(realizations_of(graph, partition.groups))
-        by_nodes = {gp.nodes: gp.realization for gp in plan.groups}
-        wanted = [by_nodes.get(tuple(sorted(g)), "") for g in partition.groups]
-        unlabelled = [i for i, r in enumerate(wanted) if not r]
-        for i in unlabelled:  # a plan that records no label: the rule's, as planning would
-            wanted[i] = realization_of(graph, partition.groups[i])
-        if unlabelled:
-            log.info("plan records no realization for %d group(s): derived", len(unlabelled))
-    elif isinstance(realizations, str):
-        wanted = [realizations] * n
-    elif isinstance(realizations, Mapping):
-        wanted = [
-            realizations.get(i, realization_of(graph, g)) for i, g in enumerate(partition.groups)
-        ]
-    else:
-        wanted = list(realizations)
-        if len(wanted) != n:
-            raise PlanError(f"{len(wanted)} realizations for {n} groups")
-    bad = sorted({r for r in wanted if r not in REALIZATIONS})
-    if bad:
-        raise PlanError(f"unknown realization(s) {bad}; use 'auto', 'plan' or {REALIZATIONS}")
-    return wanted
+    recorded = None
+    if isinstance(plan, Plan):
+        recorded = {gp.nodes: gp.realization for gp in plan.groups}
+    try:
+        return labels_to_run(graph, partition.groups, recorded, realizations)
+    except ValueError as e:
+        raise PlanError(str(e)) from e
 
 
 def _honoured(graph: OpGraph, partition: Partition, wanted: list[str]) -> dict[int, str]:
-    """Groups that cannot run as asked (planner.realization.unmet), with the reason. Each
-    runs as the rule's own label for it ("inductor" where that is the kernel it lacks):
-    never a different realization without a warning saying which and why."""
-    out: dict[int, str] = {}
-    for gi, label in enumerate(wanted):
-        why = unmet(graph, partition.groups[gi], label)
-        if why is None:
-            continue
-        instead = realization_of(graph, partition.groups[gi])
-        if instead == label:  # pragma: no cover - the rule never picks what is unmet
-            instead = "inductor"
-        out[gi] = f"asked for {label}, runs as {instead}: {why}"
-        wanted[gi] = instead
-        log.warning("group %d (%d ops): %s", gi, len(partition.groups[gi]), out[gi])
-        warnings.warn(f"group {gi}: {out[gi]}", RealizeWarning, stacklevel=3)
+    """`substitute_unmet` on `wanted` (in place), each substitution warned and logged."""
+    out = substitute_unmet(graph, partition.groups, wanted)
+    for gi, why in out.items():
+        log.warning("group %d (%d ops): %s", gi, len(partition.groups[gi]), why)
+        warnings.warn(f"group {gi}: {why}", RealizeWarning, stacklevel=3)
     return out
 
 
