@@ -16,7 +16,7 @@ import torch
 from planner.errors import PlanError
 from planner.ir import OpGraph
 from planner.partition import Partition
-from planner.realization import REALIZATIONS, realizations_of
+from planner.realization import REALIZATIONS, RULE_VERSION, realizations_of
 
 SCHEMA_VERSION = 1
 
@@ -37,7 +37,11 @@ class GroupPlan:
 
 def versions() -> dict[str, str]:
     """The versions every plan and measurement records."""
-    return {"torch": torch.__version__.split("+")[0], "planner_schema": str(SCHEMA_VERSION)}
+    return {
+        "torch": torch.__version__.split("+")[0],
+        "planner_schema": str(SCHEMA_VERSION),
+        "realization_rule": RULE_VERSION,
+    }
 
 
 def now_iso() -> str:

@@ -32,6 +32,11 @@ from planner.recognize import find_attention, find_sibling_gemms
 
 log = logging.getLogger(__name__)
 
+# Recorded in every Plan's `versions` ("realization_rule"): a plan made under another rule
+# (or before plans recorded one, when labels came from a rule realize did not run) has
+# its labels re-derived by realize, with a warning, rather than trusted.
+RULE_VERSION = "1"
+
 # How a group becomes executable code (planner.realize):
 REALIZATIONS = (
     "inductor",  # the group's aten subgraph compiled by TorchInductor as one unit
@@ -160,6 +165,30 @@ def labels_to_run(
     return wanted
 
 
+def current_labels(
+    graph: OpGraph,
+    groups: Sequence[Iterable[int]],
+    recorded: Mapping[tuple[int, ...], str],
+    versions: Mapping[str, str],
+) -> tuple[dict[tuple[int, ...], str], str]:
+    """A plan's labels (by sorted node tuple) as realize should run them, and why they
+    changed ("" when they did not): a plan recording another `RULE_VERSION` (or none: made
+    before the rule was one, when realize ran labels other than those recorded) runs as
+    the current rule labels its groups."""
+    rule = versions.get("realization_rule")
+    if rule == RULE_VERSION:
+        return dict(recorded), ""
+    derived = {tuple(sorted(g)): realization_of(graph, g) for g in groups}
+    changed = sum(1 for k, v in derived.items() if recorded.get(k) not in ("", v))
+    if not changed:
+        return derived, ""
+    since = f"rule {rule}" if rule else "no recorded rule"
+    return derived, (
+        f"the plan's realization labels were made under {since}, this is rule {RULE_VERSION}:"
+        f" its groups run as the current rule labels them ({changed} label(s) differ)"
+    )
+
+
 def substitute_unmet(
     graph: OpGraph, groups: Sequence[Iterable[int]], wanted: list[str]
 ) -> dict[int, str]:
@@ -180,7 +209,9 @@ def substitute_unmet(
 __all__ = [
     "REALIZATIONS",
     "REALIZATION_RULES",
+    "RULE_VERSION",
     "RealizationRule",
+    "current_labels",
     "labels_to_run",
     "realization_of",
     "realizations_of",

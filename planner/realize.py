@@ -49,7 +49,7 @@ from planner.errors import PlanError
 from planner.ir import OpGraph
 from planner.partition import Partition
 from planner.plan import Plan
-from planner.realization import labels_to_run, realization_of, substitute_unmet
+from planner.realization import current_labels, labels_to_run, realization_of, substitute_unmet
 from planner.realize_check import Mismatch, compare_outputs
 from planner.realize_graph import (
     GroupGraph,
@@ -121,6 +121,11 @@ def _requested(
     recorded = None
     if isinstance(plan, Plan):
         recorded = {gp.nodes: gp.realization for gp in plan.groups}
+        if realizations == "plan":
+            recorded, why = current_labels(graph, partition.groups, recorded, plan.versions)
+            if why:
+                log.warning(why)
+                warnings.warn(why, RealizeWarning, stacklevel=3)
     try:
         return labels_to_run(graph, partition.groups, recorded, realizations)
     except ValueError as e:

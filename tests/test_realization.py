@@ -30,7 +30,14 @@ from planner.partition import Partition
 from planner.patterns import LIBRARY, PatternDef, match_all
 from planner.plan import GroupPlan, Plan
 from planner.randgraph import GraphBuilder
-from planner.realization import REALIZATION_RULES, REALIZATIONS, realization_of, rule_for, unmet
+from planner.realization import (
+    REALIZATION_RULES,
+    REALIZATIONS,
+    RULE_VERSION,
+    realization_of,
+    rule_for,
+    unmet,
+)
 from planner.realize import RealizeWarning, realize
 from planner.recognize import find_attention, find_sibling_gemms
 from search.strategies import get_strategy
@@ -268,3 +275,24 @@ def test_an_unlabelled_plan_is_realized_with_the_rules_labels():
     assert Plan.from_json(bare.to_json()).groups == bare.groups  # "" survives a round trip
     r = realize(c, bare, compiler=run_eagerly)
     assert r.realizations == tuple(gp.realization for gp in plan.groups)
+
+
+def test_a_plan_from_before_the_rule_runs_as_the_rule_labels_it():
+    """Plans stored before the rule was versioned carry labels realize never ran (a lone
+    GEMM "inductor"): they run as the rule labels them, with a warning saying so."""
+    _, _, c = build("mlp")
+    plan = planned(c)
+    old = dataclasses.replace(
+        plan,
+        groups=tuple(
+            dataclasses.replace(gp, realization="inductor") if gp.realization == "eager" else gp
+            for gp in plan.groups
+        ),
+        versions={k: v for k, v in plan.versions.items() if k != "realization_rule"},
+    )
+    old = Plan.from_json(old.to_json())
+    assert "realization_rule" not in old.versions and old.groups != plan.groups
+    with pytest.warns(RealizeWarning, match="no recorded rule"):
+        r = realize(c, old, compiler=run_eagerly)
+    assert r.realizations == tuple(gp.realization for gp in plan.groups)
+    assert plan.versions["realization_rule"] == RULE_VERSION
