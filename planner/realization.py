@@ -17,7 +17,7 @@ So the label the cost model scored, the one measured and the one served are the 
 `unmet(graph, nodes, label)` says why a group cannot run as a given label (a plan stored
 by another version may ask for a kernel whose pattern the group no longer holds);
 `planner.realize` then runs the rule's own label for that group and warns with the reason.
-docs/realization.md has the rule with examples.
+docs/realization.md has the rule, its consumers and the fallbacks.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from planner.recognize import find_attention, find_sibling_gemms
 
 log = logging.getLogger(__name__)
 
-# Recorded in every Plan's `versions` ("realization_rule"): a plan made under another rule
-# (or before plans recorded one, when labels came from a rule realize did not run) has
-# its labels re-derived by realize, with a warning, rather than trusted.
+# Recorded in every Plan's `versions` ("realization_rule"): a plan that records another
+# version, or none, has its labels re-derived by realize (`current_labels`), with a
+# warning where they change, rather than trusted.
 RULE_VERSION = "1"
 
 # How a group becomes executable code (planner.realize):
@@ -48,8 +48,8 @@ REALIZATIONS = (
 
 @dataclass(frozen=True)
 class RealizationRule:
-    """One entry of the rule: `label` when `holds(graph, work)`; `work` is the group's
-    members that are not views (sorted), `members` all of them."""
+    """One entry of the rule: `label` when `holds(graph, members, work)`; `members` are the
+    group's nodes (sorted), `work` those that are not views."""
 
     label: str
     holds: Callable[[OpGraph, list[int], list[int]], bool]
@@ -172,9 +172,9 @@ def current_labels(
     versions: Mapping[str, str],
 ) -> tuple[dict[tuple[int, ...], str], str]:
     """A plan's labels (by sorted node tuple) as realize should run them, and why they
-    changed ("" when they did not): a plan recording another `RULE_VERSION` (or none: made
-    before the rule was one, when realize ran labels other than those recorded) runs as
-    the current rule labels its groups."""
+    changed ("" when they did not): a plan recording another `RULE_VERSION`, or none (its
+    labels were not necessarily what realize ran), runs as the current rule labels its
+    groups."""
     rule = versions.get("realization_rule")
     if rule == RULE_VERSION:
         return dict(recorded), ""
