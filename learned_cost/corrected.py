@@ -39,7 +39,7 @@ from planner.errors import CostModelError
 from planner.features import group_descriptor
 from planner.hardware import device_fingerprint, get_spec
 from planner.ir import OpGraph
-from planner.realize_patterns import choose_realization
+from planner.realization import realization_of
 
 RealizationOf = Callable[[OpGraph, frozenset[int]], str]
 
@@ -49,10 +49,10 @@ class CostModelFallbackWarning(UserWarning):
 
 
 def default_realization(graph: OpGraph, nodes: frozenset[int]) -> str:
-    """How a group is realized when the plan says "auto": the collector labels every
-    measured group with this same rule (planner.realize_patterns.REALIZATION_RULES), so
-    the model sees at planning time the label it learned from."""
-    return choose_realization(graph, nodes)
+    """A group's realization label: planner.realization's rule, the one the Plan records,
+    realize runs and the collector wrote into every training row, so the model sees at
+    planning time the label it learned from."""
+    return realization_of(graph, nodes)
 
 
 def graph_dtype(graph: OpGraph) -> str:

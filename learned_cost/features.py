@@ -63,6 +63,9 @@ TRANSCENDENTAL_OPS = frozenset(
 GEMM_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "addbmm"})
 CONV_OPS = frozenset({"convolution", "conv1d", "conv2d", "conv3d", "_convolution"})
 DTYPES = ("float32", "bfloat16", "float16")
+# The labels of planner.realization.REALIZATIONS, in the order the trained models'
+# one-hot features were saved with (their names enter SCHEMA_HASH: a change is refused on
+# load; tests/test_realization.py checks the two lists hold the same labels).
 REALIZATIONS = ("inductor", "sdpa", "concat_gemm", "eager")
 
 

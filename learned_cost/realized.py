@@ -11,7 +11,8 @@ On the H100 that made the planner prefer {O-projection GEMM, residual add} over
 {residual add, LayerNorm}, and the first is one kernel more and a pass over memory worse
 once realized.
 
-`RealizedRoofline` splits a group into the kernels its realization launches: each
+`RealizedRoofline` splits a group into the kernels its realization launches (the label of
+planner.realization, the one a Plan records and realize runs): each
 library call (a GEMM or convolution, with its bias and eligible GELU epilogue; an SDPA
 call; one concatenated GEMM), and each connected piece of what is left, which Inductor
 fuses. The group's cost is the roofline sum over those kernels, so values crossing from a
@@ -26,11 +27,8 @@ from collections.abc import Iterable
 from learned_cost.analytical import AnalyticalModel
 from planner.cost import GroupCost
 from planner.ir import Category, OpGraph
-from planner.realize_patterns import (
-    choose_realization,
-    find_attention,
-    find_sibling_gemms,
-)
+from planner.realization import realization_of
+from planner.recognize import find_attention, find_sibling_gemms
 
 VERSION = "realized-roofline-1"
 HALF = frozenset({"bfloat16", "float16"})
@@ -48,7 +46,7 @@ class RealizedRoofline(AnalyticalModel):
     def kernels(self, graph: OpGraph, nodes: Iterable[int]) -> list[frozenset[int]]:
         """The node sets of the kernels the group's realization launches."""
         members = frozenset(nodes)
-        realization = choose_realization(graph, members)
+        realization = realization_of(graph, members)
         if realization == "eager":
             work = [i for i in members if graph.nodes[i].category is not Category.VIEW]
             return [frozenset((i,)) for i in work] if len(work) > 1 else [members]

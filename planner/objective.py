@@ -25,18 +25,16 @@ boundary tensors alive at once when the groups run in the plan's order.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from planner.cost import CostModel, GroupCost, group_io
 from planner.hardware import DeviceSpec
 from planner.ir import OpGraph
-from planner.legality import check, facts_of, fused_region_of, siblings_ok
-from planner.opkinds import Kind, kinds
+from planner.legality import check
 from planner.partition import Partition, bits
-from planner.patterns import concat_gemm_ok
 from planner.plan import Plan
+from planner.realization import realization_of, realizations_of  # realization_of: re-exported
 from planner.resources import ResourceLimits
 
 INF = math.inf
@@ -205,7 +203,8 @@ class Objective:
         dtype: str,
         **kw: Any,
     ) -> Plan:
-        """A Plan record with each group's realization (see `realization_of`)."""
+        """A Plan record with each group's realization label (planner.realization: the
+        label realize runs and the cost models scored)."""
         return Plan.from_partition(
             partition,
             device=device,
@@ -214,27 +213,9 @@ class Objective:
             cost_model=self.cost_model_label,
             predicted_s=evaluation.total_s,
             group_costs=tuple(c.latency_s for c in evaluation.group_costs),
-            realizations=tuple(realization_of(partition.graph, m) for m in partition.masks),
+            realizations=realizations_of(partition.graph, partition.masks),
             **kw,
         )
-
-
-def realization_of(graph: OpGraph, nodes: int | Iterable[int]) -> str:
-    """How a group (a bitmask or node indices) is realized: "sdpa" for an attention group,
-    "concat_gemm" for sibling GEMMs (views aside), "eager" for view-only groups and
-    opaque/collective singletons, else "inductor". Also fits CorrectedModel's
-    `realization_of` argument."""
-    mask = nodes if isinstance(nodes, int) else sum(1 << i for i in set(nodes))
-    ks = kinds(graph)
-    work = [i for i in bits(mask) if ks[i] is not Kind.FREE]
-    if not work or any(ks[i] is Kind.OPAQUE for i in work):
-        return "eager"
-    facts = facts_of(graph, mask)
-    if fused_region_of(graph, facts) is not None:
-        return "sdpa"
-    if siblings_ok(facts) and concat_gemm_ok(graph, work):
-        return "concat_gemm"
-    return "inductor"
 
 
 def _failed(partition: Partition, reasons: tuple[str, ...]) -> Evaluation:

@@ -8,7 +8,8 @@ A pattern matches a set of nodes entered at one node and left at one or more exi
 absorbed into the match (they are free). `Par` matches its branches at distinct consumers
 of one tensor with no path between them (docs/formulas.md §3: shared input, no dependency).
 `Rep(p, lo, hi)` repeats p along a chain (lo=0 makes it optional). `Where` filters
-matches by a predicate on the whole match. The library of named patterns and the
+matches by a predicate on the whole match. `Found` takes its matches from a hand-written
+recognizer (planner.recognize), for patterns whose conditions go beyond structure. The library of named patterns and the
 conflict resolution live in planner/patterns.py.
 """
 
@@ -248,6 +249,22 @@ class Where(Pattern):
 
     def paths(self, ctx: Ctx, start: int) -> list[Path]:
         return [p for p in self.part.paths(ctx, start) if self.pred(ctx.graph, p)]
+
+
+class Found(Pattern):
+    """The matches a recognizer finds in the whole graph (`find(graph)` -> Paths), each
+    entered at its lowest-index node. Lets the library match exactly what a hand-written
+    recognizer accepts (planner.recognize: attention's scale and mask, the weights of
+    sibling GEMMs), so nothing else has to describe the same pattern again."""
+
+    def __init__(self, find: Callable[[OpGraph], Iterable[Path]]):
+        self.find = find
+
+    def paths(self, ctx: Ctx, start: int) -> list[Path]:
+        key = (id(self), -1)
+        if key not in ctx.memo:
+            ctx.memo[key] = list(self.find(ctx.graph))
+        return [p for p in ctx.memo[key] if min(p.nodes) == start]
 
 
 def _join(paths: list[Path]) -> Path:

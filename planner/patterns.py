@@ -1,16 +1,17 @@
 """Fusion patterns (docs/formulas.md §6-7): the library, the matcher entry point, conflicts.
 
-The pattern language (Op, Seq, Par, Rep, Alt, Where) is in planner/pattern_lang.py and
-re-exported here. `match_all` runs every library pattern from every node and keeps the
+The pattern language (Op, Seq, Par, Rep, Alt, Where, Found) is in planner/pattern_lang.py
+and re-exported here. `match_all` runs every library pattern from every node and keeps the
 maximal convex matches; `resolve` settles overlaps by score = benefit / cost * priority
-(docs/formulas.md §7). Matches with a known fused kernel carry it as `realization` ("sdpa" for
-attention, "concat_gemm" for sibling GEMMs on one input); legality accepts such a group
-even though it holds two or more GEMMs.
+(docs/formulas.md §7). A match's `realization` is the realization rule's label for its
+nodes (planner.realization): "sdpa" for attention, "concat_gemm" for sibling GEMMs on one
+input, else "inductor". Legality accepts an attention group even though it holds two GEMMs.
 
 Attention ::= (Q || K || V) -> MatMul -> Softmax -> MatMul is two library
 entries because it is realized as two kernels (docs/formulas.md §14: [QKV fused] -> [attention
 fused]): `sibling_gemms` (one GEMM on concatenated weights) and `attention` (one flash
-kernel).
+kernel). Both take their matches from planner.recognize, the recognizer the rewrites use,
+so the library matches exactly what realization can turn into those kernels.
 """
 
 from __future__ import annotations
@@ -22,66 +23,38 @@ from planner.cost import CostModel
 from planner.ir import Category, OpGraph
 from planner.opkinds import Kind, kinds
 from planner.partition import is_convex, mask_of
-from planner.pattern_lang import Alt, Ctx, Op, Par, Path, Pattern, Rep, Seq, Where
+from planner.pattern_lang import Alt, Ctx, Found, Op, Par, Path, Pattern, Rep, Seq, Where
+from planner.realization import realization_of
+from planner.recognize import find_attention, find_sibling_gemms
 from planner.resources import ResourceLimits, anchor_smem, node_regs
 
 # ---- the library ---------------------------------------------------------------------------
 EW = Op(kinds=(Kind.ELEMWISE, Kind.BROADCAST))
 GEMM = Op(ops=("linear", "addmm", "mm", "matmul", "bmm", "baddbmm"), role="gemm")
-BMM = ("matmul", "bmm", "baddbmm")
 
 
-def _pv_reads_softmax(g: OpGraph, p: Path) -> bool:
-    """The second GEMM of attention takes the probabilities as its left operand."""
-    roles = dict(p.roles)
-    sm, pv = roles.get("softmax"), roles.get("pv")
-    if sm is None or pv is None:
-        return False
-    first = g.nodes[pv].inputs[0] if g.nodes[pv].inputs else -1
-    return first >= 0 and g.root(first) in {g.root(t) for t in g.nodes[sm].outputs}
+def _attention_paths(g: OpGraph) -> list[Path]:
+    """planner.recognize's attention matches: the core ops, roles qk/scale/mask/softmax/pv."""
+    out = []
+    for m in find_attention(g):
+        roles = [("qk", m.qk)]
+        roles += [("scale", m.scale_node)] if m.scale_node is not None else []
+        roles += [("mask", m.mask_node)] if m.mask_node is not None else []
+        roles += [("softmax", m.softmax), ("pv", m.pv)]
+        out.append(Path(frozenset(m.core), (m.pv,), tuple(roles)))
+    return out
 
 
-ATTENTION = Where(
-    Seq(
-        Op(ops=BMM, role="qk"),
-        Rep(
-            Alt(
-                Op(ops=("div", "mul"), role="scale"),
-                Op(ops=("add", "masked_fill", "where", "sub"), role="mask"),
-            ),
-            lo=0,
-            hi=4,
-        ),
-        Op(categories=(Category.SOFTMAX,), role="softmax"),
-        Op(ops=BMM, role="pv"),
-    ),
-    _pv_reads_softmax,
-)
+def _sibling_paths(g: OpGraph) -> list[Path]:
+    """planner.recognize's sibling GEMM sets, each GEMM in role "gemm"."""
+    return [
+        Path(frozenset(s.nodes), s.nodes, tuple(("gemm", i) for i in s.nodes))
+        for s in find_sibling_gemms(g)
+    ]
 
 
-# Where the activation and the weight sit in each GEMM that can take concatenated weights.
-_GEMM_OPERANDS = {"linear": (0, 1), "mm": (0, 1), "addmm": (1, 2)}
-
-
-def _weighted_gemm(g: OpGraph, i: int) -> bool:
-    """x @ W with W state the model owns (a parameter): the kind whose weights concatenate."""
-    n = g.nodes[i]
-    where = _GEMM_OPERANDS.get(n.op)
-    if where is None or len(n.inputs) <= where[1]:
-        return False
-    return g.tensors[n.inputs[where[1]]].kind in ("param", "buffer", "const")
-
-
-def concat_gemm_ok(g: OpGraph, nodes: Iterable[int]) -> bool:
-    """Two or more weighted GEMMs reading the same activation: one GEMM on [W1; W2; ...]."""
-    acts = set()
-    count = 0
-    for i in nodes:
-        if not _weighted_gemm(g, i):
-            return False
-        acts.add(g.root(g.nodes[i].inputs[_GEMM_OPERANDS[g.nodes[i].op][0]]))
-        count += 1
-    return count >= 2 and len(acts) == 1
+ATTENTION = Found(_attention_paths)
+SIBLING_GEMMS = Found(_sibling_paths)
 
 
 def _is_conv(g: OpGraph, i: int) -> bool:
@@ -96,7 +69,6 @@ def _is_bn(g: OpGraph, i: int) -> bool:
 class PatternDef:
     name: str
     pattern: Pattern
-    realization: str  # how a group that is exactly this match is best realized
     priority: float  # priority(m) of docs/formulas.md §7, before path criticality
     why: str
     extend: Callable[[OpGraph, frozenset[int]], frozenset[int]] | None = None
@@ -131,19 +103,17 @@ def _constant_nodes(g: OpGraph) -> set[int]:
 
 # fmt: off
 LIBRARY: tuple[PatternDef, ...] = (
-    PatternDef("attention", ATTENTION, "sdpa", 4.0,
+    PatternDef("attention", ATTENTION, 4.0,
                "QK^T -> scale/mask -> softmax -> PV is one flash-attention kernel; the score "
                "matrix never reaches memory (test_patterns::test_attention_on_zoo)",
                _with_constant_producers),
-    PatternDef("sibling_gemms",
-               Where(Par.many(Op(where=_weighted_gemm), 2), lambda g, p: concat_gemm_ok(g, p.nodes)),
-               "concat_gemm", 2.0,
+    PatternDef("sibling_gemms", SIBLING_GEMMS, 2.0,
                "GEMMs on one input (Q||K||V, gate||up) are one GEMM on concatenated weights "
                "reading the input once (test_patterns::test_sibling_gemms_qkv)"),
     PatternDef("conv_bn_act", Seq(Op(where=_is_conv, role="conv"), Op(where=_is_bn), Rep(EW, 1, 4)),
-               "inductor", 3.0, "Conv -> BN -> Act (CBA): BN folds into the conv epilogue "
+               3.0, "Conv -> BN -> Act (CBA): BN folds into the conv epilogue "
                "(test_patterns::test_conv_bn_act)"),
-    PatternDef("gemm_epilogue", Seq(GEMM, Rep(EW, 1, 6)), "inductor", 2.5,
+    PatternDef("gemm_epilogue", Seq(GEMM, Rep(EW, 1, 6)), 2.5,
                "bias / activation / residual applied while the GEMM tile is in registers "
                "(test_patterns::test_gemm_epilogue)"),
     PatternDef("norm_act",
@@ -151,13 +121,13 @@ LIBRARY: tuple[PatternDef, ...] = (
                        Rep(EW, 1, 4)),
                    Seq(Rep(EW, 1, 4), Op(kinds=(Kind.REDUCE,), categories=(Category.NORM,),
                                          role="norm"))),
-               "inductor", 1.5, "a norm with its elementwise neighbours: one pass over the row "
+               1.5, "a norm with its elementwise neighbours: one pass over the row "
                "(test_patterns::test_norm_act)"),
     PatternDef("rms_norm", Seq(Op(ops=("pow", "square")), Op(ops=("mean",), role="norm"),
                                Rep(EW, 1, 8)),
-               "inductor", 1.5, "a hand-written RMSNorm (pow, mean, rsqrt, mul) is one row "
+               1.5, "a hand-written RMSNorm (pow, mean, rsqrt, mul) is one row "
                "kernel (test_patterns::test_rms_norm_llama)"),
-    PatternDef("ew_chain", Rep(EW, 2), "inductor", 1.0,
+    PatternDef("ew_chain", Rep(EW, 2), 1.0,
                "EW+: a chain of elementwise ops reads and writes memory once "
                "(test_patterns::test_pointwise_chain_is_one_match)"),
 )
@@ -170,7 +140,6 @@ class Match:
 
     pattern: str
     nodes: frozenset[int]
-    realization: str
     priority: float
     roles: tuple[tuple[str, int], ...] = ()
     graph: OpGraph | None = field(default=None, compare=False, repr=False)
@@ -178,6 +147,13 @@ class Match:
     @property
     def mask(self) -> int:
         return mask_of(self.nodes)
+
+    @property
+    def realization(self) -> str:
+        """How the match runs as one group: the realization rule's label for its nodes."""
+        if self.graph is None:
+            raise ValueError("a Match without its graph has no realization; use match_all()")
+        return realization_of(self.graph, self.nodes)
 
     def role(self, name: str) -> list[int]:
         return [n for r, n in self.roles if r == name]
@@ -208,7 +184,7 @@ def match_all(graph: OpGraph, library: tuple[PatternDef, ...] = LIBRARY) -> list
             m = masks[nodes]
             if any(o != m and m & ~o == 0 for o in masks.values()):
                 continue  # contained in a larger match of the same pattern
-            found.append(Match(d.name, nodes, d.realization, d.priority, p.roles, graph))
+            found.append(Match(d.name, nodes, d.priority, p.roles, graph))
     found.sort(key=lambda m: (min(m.nodes), m.pattern, sorted(m.nodes)))
     if cache_key:
         if len(_MATCH_CACHE) > 64:
@@ -219,7 +195,7 @@ def match_all(graph: OpGraph, library: tuple[PatternDef, ...] = LIBRARY) -> list
 
 def fused_kernel_matches(graph: OpGraph) -> list[Match]:
     """Matches realized by a known multi-GEMM kernel (attention): legality's exception."""
-    return [m for m in match_all(graph) if m.realization == "sdpa"]
+    return [m for m in match_all(graph) if m.pattern == "attention"]
 
 
 # ---- conflict resolution (docs/formulas.md §7) -------------------------------------------------
@@ -309,6 +285,7 @@ def _longest_paths(g: OpGraph, cost_model: CostModel) -> tuple[list[float], list
 __all__ = [
     "LIBRARY",
     "Alt",
+    "Found",
     "Match",
     "Op",
     "Par",
@@ -319,7 +296,6 @@ __all__ = [
     "Scored",
     "Seq",
     "Where",
-    "concat_gemm_ok",
     "fused_kernel_matches",
     "match_all",
     "resolve",

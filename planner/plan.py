@@ -16,32 +16,32 @@ import torch
 from planner.errors import PlanError
 from planner.ir import OpGraph
 from planner.partition import Partition
+from planner.realization import REALIZATIONS, RULE_VERSION, realizations_of
 
 SCHEMA_VERSION = 1
-
-# How a group becomes executable code (planner.realize):
-REALIZATIONS = (
-    "inductor",  # the group's aten subgraph compiled by TorchInductor as one unit
-    "sdpa",  # the attention pattern -> torch.nn.functional.scaled_dot_product_attention
-    "concat_gemm",  # sibling GEMMs on one input -> one GEMM on concatenated weights
-    "eager",  # run the aten ops as they are (singletons, fallbacks, opaque ops)
-)
 
 
 @dataclass(frozen=True)
 class GroupPlan:
+    """One group: its nodes, how it runs (planner.realization; "" = not recorded, derived
+    by the rule when realized) and its predicted latency."""
+
     nodes: tuple[int, ...]
-    realization: str = "inductor"
+    realization: str = ""
     predicted_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.realization not in REALIZATIONS:
+        if self.realization and self.realization not in REALIZATIONS:
             raise PlanError(f"unknown realization {self.realization!r}; use one of {REALIZATIONS}")
 
 
 def versions() -> dict[str, str]:
     """The versions every plan and measurement records."""
-    return {"torch": torch.__version__.split("+")[0], "planner_schema": str(SCHEMA_VERSION)}
+    return {
+        "torch": torch.__version__.split("+")[0],
+        "planner_schema": str(SCHEMA_VERSION),
+        "realization_rule": RULE_VERSION,
+    }
 
 
 def now_iso() -> str:
@@ -86,9 +86,13 @@ class Plan:
         realizations: tuple[str, ...] | None = None,
         **kw: Any,
     ) -> Plan:
+        """The plan of `partition`; `realizations` per group default to the realization
+        rule's labels (planner.realization), the ones realize runs."""
         n = len(partition)
         costs = group_costs or (0.0,) * n
-        reals = realizations or ("inductor",) * n
+        reals = realizations or realizations_of(partition.graph, partition.groups)
+        if len(reals) != n:
+            raise PlanError(f"{len(reals)} realizations for {n} groups")
         groups = tuple(
             GroupPlan(tuple(sorted(g)), r, c) for g, r, c in zip(partition.groups, reals, costs)
         )
@@ -162,7 +166,7 @@ class Plan:
         d = {k: v for k, v in data.items() if k != "schema"}
         try:
             d["groups"] = tuple(
-                GroupPlan(tuple(g["nodes"]), g["realization"], g["predicted_s"])
+                GroupPlan(tuple(g["nodes"]), g.get("realization") or "", g["predicted_s"])
                 for g in d["groups"]
             )
             return cls(**d)

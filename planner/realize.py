@@ -4,7 +4,8 @@
     y = realized(x)                           # the model's call signature
 
 Each group's FX subgraph (planner.realize_graph: boundary tensors in, boundary tensors
-out, nothing else crosses) runs as one of `planner.plan.REALIZATIONS`:
+out, nothing else crosses) runs as its label, one of `planner.realization.REALIZATIONS`:
+the label a Plan records for it (by default), else the realization rule's:
 - "inductor": compiled by TorchInductor as one unit (`torch._inductor.standalone_compile`,
   present with the same arguments in torch 2.11 and 2.13), so everything inside may fuse;
 - "sdpa" / "concat_gemm": the group's attention pattern or sibling GEMMs rewritten into a
@@ -43,12 +44,12 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from planner import realize_layout as layout
-from planner import realize_patterns as patterns
 from planner.capture import Captured
 from planner.errors import PlanError
 from planner.ir import OpGraph
 from planner.partition import Partition
-from planner.plan import REALIZATIONS, Plan
+from planner.plan import Plan
+from planner.realization import current_labels, labels_to_run, realization_of, substitute_unmet
 from planner.realize_check import Mismatch, compare_outputs
 from planner.realize_graph import (
     GroupGraph,
@@ -71,7 +72,7 @@ from planner.realize_units import (
 
 log = logging.getLogger(__name__)
 
-choose_realization = patterns.choose_realization
+choose_realization = realization_of  # an alias of the rule (planner.realization)
 
 # A group compiler: (subgraph, fake inputs, fake mode) -> callable over real inputs.
 GroupCompiler = Callable[[fx.GraphModule, tuple[Any, ...], Any], Callable[..., Any]]
@@ -117,29 +118,27 @@ def _requested(
     realizations: str | Sequence[str] | Mapping[int, str],
 ) -> list[str]:
     """The realization asked for each group (index into partition.groups)."""
-    n = len(partition)
-    if realizations == "auto":
-        return [choose_realization(graph, g) for g in partition.groups]
-    if realizations == "plan":
-        if not isinstance(plan, Plan):
-            return [choose_realization(graph, g) for g in partition.groups]
-        by_nodes = {gp.nodes: gp.realization for gp in plan.groups}
-        return [by_nodes.get(tuple(sorted(g)), "inductor") for g in partition.groups]
-    if isinstance(realizations, str):
-        wanted = [realizations] * n
-    elif isinstance(realizations, Mapping):
-        wanted = [
-            realizations.get(i, choose_realization(graph, g))
-            for i, g in enumerate(partition.groups)
-        ]
-    else:
-        wanted = list(realizations)
-        if len(wanted) != n:
-            raise PlanError(f"{len(wanted)} realizations for {n} groups")
-    bad = sorted({r for r in wanted if r not in REALIZATIONS})
-    if bad:
-        raise PlanError(f"unknown realization(s) {bad}; use 'auto', 'plan' or {REALIZATIONS}")
-    return wanted
+    recorded = None
+    if isinstance(plan, Plan):
+        recorded = {gp.nodes: gp.realization for gp in plan.groups}
+        if realizations == "plan":
+            recorded, why = current_labels(graph, partition.groups, recorded, plan.versions)
+            if why:
+                log.warning(why)
+                warnings.warn(why, RealizeWarning, stacklevel=3)
+    try:
+        return labels_to_run(graph, partition.groups, recorded, realizations)
+    except ValueError as e:
+        raise PlanError(str(e)) from e
+
+
+def _honoured(graph: OpGraph, partition: Partition, wanted: list[str]) -> dict[int, str]:
+    """`substitute_unmet` on `wanted` (in place), each substitution warned and logged."""
+    out = substitute_unmet(graph, partition.groups, wanted)
+    for gi, why in out.items():
+        log.warning("group %d (%d ops): %s", gi, len(partition.groups[gi]), why)
+        warnings.warn(f"group {gi}: {why}", RealizeWarning, stacklevel=3)
+    return out
 
 
 def _device_of(parts: ProgramParts, captured: Captured, device: Any) -> torch.device:
@@ -272,6 +271,12 @@ class RealizedPlan:
     @property
     def realizations(self) -> tuple[str, ...]:
         return tuple(u.realization for u in self._units)
+
+    @property
+    def modules(self) -> tuple[fx.GraphModule, ...]:
+        """The FX module each group runs: its subgraph after its realization's rewrite
+        (compiled from it where `groups[g].compiled`); the group's own ops when eager."""
+        return tuple(u.group.module if u.is_eager else u.module for u in self._units)
 
     @property
     def fallbacks(self) -> dict[int, str]:
@@ -695,7 +700,7 @@ def realize(
     plan_or_partition: Plan | Partition,
     *,
     device: str | torch.device | None = None,
-    realizations: str | Sequence[str] | Mapping[int, str] = "auto",
+    realizations: str | Sequence[str] | Mapping[int, str] = "plan",
     cuda_graphs: bool | str = "auto",
     verify: bool = True,
     compiler: GroupCompiler | None = None,
@@ -705,8 +710,13 @@ def realize(
 ) -> RealizedPlan:
     """Realize `plan_or_partition` of `captured` (see the module docstring).
 
-    `realizations`: "auto" (choose_realization per group), "plan" (the Plan's own), one
-    name for every group, or one per group (sequence, or {group index: name}).
+    `realizations`: "plan" (the default: a Plan's recorded labels; for a Partition, or a
+    group whose label was not recorded, the realization rule's, planner.realization),
+    "auto" (the rule's for every group, whatever the Plan says), one name for every group,
+    or one per group (sequence, or {group index: name}; groups left out get the rule's). A
+    group that cannot run as asked (a fused-kernel label without its pattern in the group)
+    runs as the rule's label instead, with a `RealizeWarning` and a logged reason; its
+    report keeps what was asked (`groups[g].requested`) and why (`groups[g].note`).
     `cuda_graphs`: "auto" = on CUDA, one graph for static shapes, else one per recurring
     shape (outputs must then be copied out: `copy_outputs`). `verify` checks against eager on
     `inputs` (default: the capture's example inputs). `compiler` replaces Inductor (tests
@@ -716,7 +726,9 @@ def realize(
     """
     graph = captured.graph
     partition = _partition_of(graph, plan_or_partition)
-    wanted = _requested(graph, partition, plan_or_partition, realizations)
+    asked = _requested(graph, partition, plan_or_partition, realizations)
+    wanted = list(asked)
+    substituted = _honoured(graph, partition, wanted)
     parts = take_apart(captured, partition)
     dev = _device_of(parts, captured, device)
     groups: list[GroupGraph] = group_graphs(parts, partition)
@@ -748,6 +760,9 @@ def realize(
             )
             for gg in groups
         ]
+    for gi, why in substituted.items():
+        units[gi].requested = asked[gi]
+        units[gi].note = "; ".join(filter(None, [why, units[gi].note]))
     log.info(
         "realized %d groups in %.2f s (%d compiled)",
         len(units),

@@ -1,289 +1,38 @@
-"""Known fused kernels a group can be realized with, and the rule that picks one.
+"""The rewrites into known fused kernels, on a group's FX subgraph (nodes found by name).
 
-Two fusion patterns have a better kernel than whatever a generic fuser makes of them:
+Fusion patterns with a better kernel than whatever a generic fuser makes of them:
 - attention ((Q || K || V) -> MatMul -> Softmax -> MatMul): the explicit
   `softmax(q @ k^T * c [+ mask]) @ v` becomes one `scaled_dot_product_attention` call
   (flash / memory-efficient kernels: the L x S score matrix never reaches memory);
-- sibling GEMMs on one input (horizontal fusion; docs/formulas.md §14: "QKV generation fused"):
-  `linear(x, W1), linear(x, W2), ...` becomes one GEMM on the concatenated weights,
-  split afterwards, so x is read once and one large GEMM fills the device.
+- sibling GEMMs on one input (horizontal fusion; docs/formulas.md §14: "QKV generation
+  fused"): `linear(x, W1), linear(x, W2), ...` becomes one GEMM on the concatenated
+  weights, split afterwards, so x is read once and one large GEMM fills the device;
+- GEMM + bias + GELU in half precision on CUDA: one cuBLASLt call.
 
-Detection works on the OpGraph (structure only), so the planner and the cost model can ask
-`choose_realization(graph, nodes)` without a program; the rewrites work on a group's FX
-subgraph (planner.realize_graph), nodes found by name.
+What each rewrite applies to is found on the OpGraph by planner.recognize (the one
+recognizer the pattern library and the realization rule use too); which rewrite a group
+gets is the realization rule's label (planner.realization). Both are re-exported here.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
-from planner.ir import Category, OpGraph, OpNode
+from planner.realization import REALIZATION_RULES, realization_of
+from planner.recognize import (
+    CAUSAL_MASKS,
+    AttentionMatch,
+    SiblingGemms,
+    find_attention,
+    find_sibling_gemms,
+)
+
+choose_realization = realization_of  # an alias of the rule (planner.realization)
 
 aten = torch.ops.aten
-
-MATMUL_OPS = frozenset({"matmul", "bmm"})
-SOFTMAX_OPS = frozenset({"softmax", "_softmax"})
-STATE_KINDS = frozenset({"param", "buffer", "const"})
-
-# Masks recognised as causal (the future masked out): SDPA then runs with is_causal=True
-# and no mask tensor, which lets flash attention skip the masked half.
-# (kind, ops from the mask back to its source, attribute checks, why)
-CAUSAL_MASKS: tuple[tuple[str, tuple[str, ...], dict[str, tuple[object, ...]], str], ...] = (
-    (
-        "fill",
-        ("bitwise_not", "tril", "ones"),
-        {"tril.diagonal": (None, 0)},
-        "GPT-2: masked_fill(~ones(s, s).tril(), -inf)",
-    ),
-    (
-        "fill",
-        ("logical_not", "tril", "ones"),
-        {"tril.diagonal": (None, 0)},
-        "the same written with logical_not",
-    ),
-    (
-        "add",
-        ("triu", "full"),
-        {"triu.diagonal": (1,), "full.fill_value": ("-inf",)},
-        "LLaMA: scores + full((s, s), -inf).triu(1)",
-    ),
-)
-
-
-@dataclass(frozen=True)
-class AttentionMatch:
-    """softmax(q @ kT [* scale] [mask]) @ v found in an OpGraph (node indices)."""
-
-    qk: int
-    softmax: int
-    pv: int
-    scale_node: int | None
-    mask_node: int | None
-    scale: float  # multiplies the scores
-    mask_kind: str  # "none" | "fill" (masked_fill with -inf) | "add" (additive mask)
-    mask_tensor: int | None  # tensor id of the mask (fill: True = masked out)
-    causal: bool
-
-    @property
-    def core(self) -> tuple[int, ...]:
-        """The nodes the SDPA call replaces."""
-        extra = tuple(n for n in (self.scale_node, self.mask_node) if n is not None)
-        return (self.qk, *extra, self.softmax, self.pv)
-
-
-@dataclass(frozen=True)
-class SiblingGemms:
-    """linear(x, W_i[, b_i]) for several i on one input x (node indices, tensor ids)."""
-
-    nodes: tuple[int, ...]
-    input: int
-    weights: tuple[int, ...]
-    biases: tuple[int, ...]  # empty when no linear has a bias
-
-
-def _producer(graph: OpGraph, tid: int) -> OpNode | None:
-    p = graph.tensors[tid].producer
-    return graph.nodes[p] if p is not None else None
-
-
-def _only_feeds(graph: OpGraph, node: OpNode, consumer: OpNode) -> bool:
-    """node's single output is read by `consumer` alone and is not a model output."""
-    return (
-        len(node.outputs) == 1
-        and graph.consumers[node.outputs[0]] == (consumer.index,)
-        and node.outputs[0] not in graph.outputs
-    )
-
-
-def _attr(node: OpNode, name: str) -> object:
-    return dict(node.attrs).get(name)
-
-
-def _scalar(node: OpNode) -> float | None:
-    v = _attr(node, "other")
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def _is_causal(graph: OpGraph, kind: str, mask: int, scores_shape: tuple[int, ...]) -> bool:
-    if len(scores_shape) < 2 or scores_shape[-1] != scores_shape[-2]:
-        return False
-    for rule_kind, chain, checks, _why in CAUSAL_MASKS:
-        if rule_kind != kind:
-            continue
-        tid, seen, ok = mask, {}, True
-        for op in chain:
-            node = _producer(graph, tid)
-            if node is None or node.op != op:
-                ok = False
-                break
-            seen[op] = node
-            tid = node.inputs[0] if node.inputs else -1
-        if not ok:
-            continue
-        if all(_attr(seen[k.split(".")[0]], k.split(".")[1]) in v for k, v in checks.items()):
-            return True
-    return False
-
-
-_SCORE_OPS = MATMUL_OPS | {"div", "mul", "masked_fill", "add"}
-
-
-def _match_at(graph: OpGraph, pv: OpNode) -> AttentionMatch | None:
-    if pv.op not in MATMUL_OPS or len(pv.inputs) != 2:
-        return None
-    sm = _producer(graph, pv.inputs[0])
-    if sm is None or sm.op not in SOFTMAX_OPS or not _only_feeds(graph, sm, pv):
-        return None
-    rank = len(graph.tensors[sm.outputs[0]].shape)
-    if _attr(sm, "dim") not in (-1, rank - 1) or _attr(sm, "half_to_float"):
-        return None
-    scale, scale_node, mask_node, mask_kind, mask_t = 1.0, None, None, "none", None
-    nxt, scores_t = sm, sm.inputs[0]
-    # Walk back from the softmax over at most one scale and one mask.
-    for _ in range(2):
-        cur = _producer(graph, scores_t)
-        if cur is None or not _only_feeds(graph, cur, nxt):
-            return None
-        if cur.op in ("div", "mul") and scale_node is None and len(cur.inputs) == 1:
-            c = _scalar(cur)
-            if c is None or c <= 0:
-                return None  # a negative scale would turn -inf masks into +inf
-            scale, scale_node = (1.0 / c if cur.op == "div" else c), cur.index
-            scores_t = cur.inputs[0]
-        elif cur.op == "masked_fill" and mask_node is None and len(cur.inputs) == 2:
-            if _attr(cur, "value") != "-inf":
-                return None
-            mask_node, mask_kind, mask_t = cur.index, "fill", cur.inputs[1]
-            scores_t = cur.inputs[0]
-        elif cur.op == "add" and mask_node is None and len(cur.inputs) == 2:
-            if scale_node is not None or _attr(cur, "alpha") not in (None, 1):
-                return None  # an additive mask before the scale would need scaling too
-            a, b = cur.inputs
-            pa = _producer(graph, a)
-            scores_t, mask_t = (a, b) if pa is not None and pa.op in _SCORE_OPS else (b, a)
-            mask_node, mask_kind = cur.index, "add"
-        else:
-            break
-        nxt = cur
-    qk = _producer(graph, scores_t)
-    if qk is None or qk.op not in MATMUL_OPS or len(qk.inputs) != 2:
-        return None
-    if not _only_feeds(graph, qk, nxt):
-        return None
-    q, kt, v = (graph.tensors[t] for t in (qk.inputs[0], qk.inputs[1], pv.inputs[1]))
-    if not (len(q.shape) == len(kt.shape) == len(v.shape) >= 3):
-        return None
-    if q.shape[:-2] != kt.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
-        return None
-    if q.shape[-1] != kt.shape[-2] or kt.shape[-1] != v.shape[-2]:
-        return None
-    if not (q.dtype == kt.dtype == v.dtype) or not q.dtype.startswith(("float", "bfloat")):
-        return None
-    if mask_t is not None and qk.index in _ancestors(graph, mask_t):
-        return None  # the "mask" depends on the scores: not a mask
-    scores_shape = graph.tensors[qk.outputs[0]].shape
-    causal = mask_t is not None and _is_causal(graph, mask_kind, mask_t, scores_shape)
-    return AttentionMatch(
-        qk.index, sm.index, pv.index, scale_node, mask_node, scale, mask_kind, mask_t, causal
-    )
-
-
-def _ancestors(graph: OpGraph, tid: int) -> set[int]:
-    out: set[int] = set()
-    todo = [tid]
-    while todo:
-        p = graph.tensors[todo.pop()].producer
-        if p is not None and p not in out:
-            out.add(p)
-            todo.extend(graph.nodes[p].inputs)
-    return out
-
-
-def find_attention(graph: OpGraph, nodes: Iterable[int] | None = None) -> list[AttentionMatch]:
-    """Attention patterns whose core nodes all lie in `nodes` (default: the whole graph)."""
-    members = set(range(len(graph.nodes))) if nodes is None else set(nodes)
-    out = []
-    for i in sorted(members):
-        m = _match_at(graph, graph.nodes[i])
-        if m is not None and set(m.core) <= members:
-            out.append(m)
-    return out
-
-
-def find_sibling_gemms(graph: OpGraph, nodes: Iterable[int] | None = None) -> list[SiblingGemms]:
-    """Sets of >= 2 linears in `nodes` on one input with weights the model owns."""
-    members = sorted(set(range(len(graph.nodes))) if nodes is None else set(nodes))
-    by_input: dict[tuple[int, int, str, bool], list[OpNode]] = {}
-    for i in members:
-        n = graph.nodes[i]
-        if n.op != "linear" or len(n.inputs) not in (2, 3):
-            continue
-        w = graph.tensors[n.inputs[1]]
-        if w.kind not in STATE_KINDS or len(w.shape) != 2:
-            continue
-        if len(n.inputs) == 3 and graph.tensors[n.inputs[2]].kind not in STATE_KINDS:
-            continue
-        key = (n.inputs[0], w.shape[1], w.dtype, len(n.inputs) == 3)
-        by_input.setdefault(key, []).append(n)
-    out = []
-    for (x, _k, _dt, has_bias), ns in by_input.items():
-        if len(ns) >= 2:
-            out.append(
-                SiblingGemms(
-                    tuple(n.index for n in ns),
-                    x,
-                    tuple(n.inputs[1] for n in ns),
-                    tuple(n.inputs[2] for n in ns) if has_bias else (),
-                )
-            )
-    return out
-
-
-def _work(graph: OpGraph, members: list[int]) -> list[int]:
-    return [i for i in members if graph.nodes[i].category is not Category.VIEW]
-
-
-# How "auto" realizes a group: the first rule that holds wins.
-# (realization, predicate over (graph, sorted node list), why)
-REALIZATION_RULES: tuple[tuple[str, Callable[[OpGraph, list[int]], bool], str], ...] = (
-    (
-        "eager",
-        lambda g, ms: any(
-            g.nodes[i].category in (Category.OPAQUE, Category.COLLECTIVE) for i in ms
-        ),
-        "opaque ops and collectives cannot be compiled into a fused unit",
-    ),
-    (
-        "eager",
-        lambda g, ms: len(_work(g, ms)) <= 1,
-        "one op (plus views) has nothing to fuse: its eager kernel is the fused kernel",
-    ),
-    (
-        "sdpa",
-        lambda g, ms: bool(find_attention(g, ms)),
-        "explicit attention -> one SDPA call: the score matrix never reaches memory",
-    ),
-    (
-        "concat_gemm",
-        lambda g, ms: bool(find_sibling_gemms(g, ms)),
-        "sibling GEMMs on one input -> one GEMM: the input is read once",
-    ),
-    ("inductor", lambda g, ms: True, "anything else: Inductor fuses the group as one unit"),
-)
-
-
-def choose_realization(graph: OpGraph, nodes: Iterable[int]) -> str:
-    """The realization "auto" picks for `nodes` run as one group (REALIZATION_RULES)."""
-    members = sorted(set(nodes))
-    for realization, holds, _why in REALIZATION_RULES:
-        if holds(graph, members):
-            return realization
-    return "inductor"  # pragma: no cover - the last rule always holds
 
 
 # ---- FX rewrites of a group's subgraph ----------------------------------------------------
@@ -440,3 +189,21 @@ def rewrite_gelu_epilogue(gm: fx.GraphModule, devices: tuple[str, ...] | None = 
         g.eliminate_dead_code()
         gm.recompile()
     return len(sites)
+
+
+__all__ = [
+    "CAUSAL_MASKS",
+    "GELU_EPILOGUE_DEVICES",
+    "GELU_EPILOGUE_DTYPES",
+    "REALIZATION_RULES",
+    "AttentionMatch",
+    "SiblingGemms",
+    "choose_realization",
+    "find_attention",
+    "find_sibling_gemms",
+    "gelu_epilogue_sites",
+    "realization_of",
+    "rewrite_attention",
+    "rewrite_concat_gemm",
+    "rewrite_gelu_epilogue",
+]

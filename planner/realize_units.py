@@ -9,6 +9,7 @@ top-level program changing.
 
 from __future__ import annotations
 
+import logging
 import operator
 import time
 import warnings
@@ -32,6 +33,8 @@ from planner.realize_layout import (
     propagate,
     same_strides,
 )
+
+log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
@@ -294,6 +297,9 @@ def prepare_unit(
         if rewritten is None:
             realization = "inductor"
             note = note or f"no {requested} pattern in the group"
+            msg = f"group {gg.index} asked for {requested}, runs as inductor: {note}"
+            log.warning(msg)
+            warnings.warn(msg, warning, stacklevel=3)
         else:
             module, names, fakes, extra = rewritten
     if realization != "eager":

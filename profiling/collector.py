@@ -47,7 +47,7 @@ from planner.ir import Category, OpGraph
 from planner.measurement import Measurement
 from planner.partition import Partition
 from planner.plan import now_iso
-from planner.realize_patterns import choose_realization
+from planner.realization import realization_of
 from profiling.dataset import COLLECTOR_VERSION, ProfileStore, row_key
 from profiling.sampling import random_groups, random_partition
 from profiling.units import (
@@ -217,7 +217,7 @@ def plan_units(
         if kind == "group":
             if not _work(graph, gs[0]):
                 return
-            real = choose_realization(graph, gs[0])
+            real = realization_of(graph, gs[0])
             key = row_key(graph.key, list(gs[0]), device_fp, job.dtype, real, torch_version)
         else:
             real = "auto"
@@ -312,7 +312,7 @@ def _row(
         "call_median_s": outcome.call_s,
         "n_fallbacks": len(outcome.fallbacks),
         "realizations": json.dumps(
-            [choose_realization(graph, g) for g in unit.groups] if unit.kind == "plan" else []
+            [realization_of(graph, g) for g in unit.groups] if unit.kind == "plan" else []
         ),
     }
     for k, v in desc.items():
@@ -368,7 +368,7 @@ def plan_and_warm(
         seen: set[tuple[int, ...]] = set()
         for u in todo:
             for g in u.groups:
-                real = u.realization if u.kind == "group" else choose_realization(graph, g)
+                real = u.realization if u.kind == "group" else realization_of(graph, g)
                 if real == "eager" or g in seen:
                     continue
                 seen.add(g)

@@ -31,10 +31,10 @@ from planner import modelspec
 from planner.capture import Captured, export_model
 from planner.measurement import Measurement, PlanJob
 from planner.partition import Partition
+from planner.realization import realization_of
 from planner.realize import GroupCompiler, inductor_compiler
 from planner.realize_check import compare_outputs
 from planner.realize_graph import ProgramParts, group_graphs, take_apart
-from planner.realize_patterns import choose_realization
 from planner.realize_reference import run_in_high_precision
 from planner.realize_units import GroupUnit, fake_mode_of, prepare_unit, reference_values
 from profiling.runner import DeviceRunner, RealizedExecutor, compute_dtype
@@ -71,7 +71,7 @@ def group_unit(
     graph = captured.graph
     members = sorted(set(nodes))
     if realization == "auto":
-        realization = choose_realization(graph, members)
+        realization = realization_of(graph, members)
     rest = [[i] for i in range(len(graph)) if i not in set(members)]
     partition = Partition.from_groups(graph, [members, *rest])
     parts = take_apart(captured, partition)

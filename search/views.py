@@ -13,8 +13,9 @@ import html
 from typing import Any
 
 from planner.ir import Category, OpGraph
-from planner.objective import Evaluation, realization_of
+from planner.objective import Evaluation
 from planner.partition import Partition
+from planner.realization import realization_of
 
 BOX_W, BOX_H, GAP_X, GAP_Y, MARGIN = 128, 26, 16, 34, 20
 
