@@ -85,11 +85,11 @@ def _rank_main(spec: str) -> None:
 
 
 def run_ranks(
-    world_size: int, fn: Callable[..., Any], args: tuple = (), timeout_s: float = 120.0
+    world_size: int, fn: Callable[..., Any] | str, args: tuple = (), timeout_s: float = 120.0
 ) -> Any:
     """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks; rank 0's result.
 
-    `fn` is a module-level function and `args` JSON-able: each rank is a fresh Python
+    `fn` is a module-level function (or its "module:name") and `args` JSON-able: each rank is a fresh Python
     process (`python -c`, so no caller's `__main__` is re-imported) that imports `fn` by
     name."""
     if world_size < 2:
@@ -103,7 +103,7 @@ def run_ranks(
         for r in range(world_size):
             spec = json.dumps(
                 {
-                    "fn": f"{fn.__module__}:{fn.__qualname__}",
+                    "fn": fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}",
                     "rank": r,
                     "world": world_size,
                     "port": port,
