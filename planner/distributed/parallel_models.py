@@ -25,6 +25,7 @@ import torch.distributed._functional_collectives as fc
 import torch.nn as nn
 import torch.nn.functional as F
 
+from planner.distributed.dp import pack
 from planner.errors import ModelSpecError
 
 
@@ -119,23 +120,10 @@ class TPBlock(nn.Module):
 
 
 def buckets_for(sizes_bytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
-    """DDP's bucketing: indices in gradient-ready order (last parameter first), a bucket
-    closed when adding the next gradient would pass `bucket_bytes` (a gradient larger
-    than a bucket gets one of its own)."""
-    if bucket_bytes <= 0:
-        raise ModelSpecError(f"a bucket must hold at least one byte, got {bucket_bytes}")
-    out: list[list[int]] = []
-    cur: list[int] = []
-    filled = 0
-    for i in reversed(range(len(sizes_bytes))):
-        if cur and filled + sizes_bytes[i] > bucket_bytes:
-            out.append(cur)
-            cur, filled = [], 0
-        cur.append(i)
-        filled += sizes_bytes[i]
-    if cur:
-        out.append(cur)
-    return out
+    """DDP's buckets over parameters given in model order: gradients become ready last
+    parameter first, and are packed in that order (planner.distributed.dp.pack)."""
+    order = list(reversed(range(len(sizes_bytes))))
+    return [[order[i] for i in b] for b in pack([sizes_bytes[i] for i in order], bucket_bytes)]
 
 
 class BucketedGradSync(nn.Module):
