@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from planner.distributed.overlap import COMM, COMPUTE, Task, Timeline, schedule
 from planner.errors import FusionPlannerError
+from planner.ir import Category, OpGraph
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # torch DDP's bucket_cap_mb default
 
@@ -84,3 +85,25 @@ def dp_step_timeline(
     optimizer_s: float = 0.0,
 ) -> Timeline:
     return schedule(dp_step_tasks(steps, bucket_bytes, all_reduce_s, forward_s, optimizer_s))
+
+
+BACKWARD_FACTOR = 2.0  # backward ≈ 2x forward: a GEMM's dX and dW are one GEMM each
+
+
+def backward_steps(
+    graph: OpGraph, op_time_s: Callable[[int], float], factor: float = BACKWARD_FACTOR
+) -> list[BackwardStep]:
+    """The backward pass of `graph` as steps in the order they run (reverse topological),
+    each `factor` x the op's forward time, completing the gradients of the parameters the
+    op reads (each parameter once, at its last reader in forward order, i.e. the first the
+    backward reaches). Collectives take no compute time here. An estimate: the forward graph does not hold the backward's ops."""
+    seen: set[int] = set()
+    steps = []
+    for n in reversed(graph.nodes):
+        params = [t for t in n.inputs if graph.tensors[t].kind == "param" and t not in seen]
+        seen.update(params)
+        grads = tuple(graph.tensors[t].nbytes for t in params)
+        dur = 0.0 if n.category is Category.COLLECTIVE else factor * op_time_s(n.index)
+        if dur > 0 or grads:
+            steps.append(BackwardStep(n.name, dur, grads))
+    return steps
