@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from planner import zoo
 from planner.distributed.comm_cost import link_from_collective
 from planner.distributed.links import AlphaBeta, MeasuredLink
 from planner.errors import FusionPlannerError
@@ -293,3 +294,77 @@ def bench_comm(
         samples=tuple(sorted(rows.items())),
     )
     return CommBenchResult(link, fits, tr, ho, errs)
+
+
+# ---- a data-parallel step under DDP ---------------------------------------------------
+def _ddp_steps(
+    rank: int,
+    world: int,
+    d: int,
+    hidden: int,
+    layers: int,
+    batch: int,
+    caps_mb: list[float],
+    reps: int,
+    sizes: list[int],
+) -> dict[str, Any]:
+    """On each rank: forward and forward+backward of planner.zoo's MLP without
+    communication, a DDP training step per bucket cap, and all-reduce times per size for
+    the α-β fit; all medians, the max over ranks."""
+
+    torch.manual_seed(0)
+    model = zoo.MLP(d, hidden, layers)
+    x = torch.randn(batch, d)
+
+    def fwd() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def fwd_bwd(m: torch.nn.Module) -> None:
+        m.zero_grad(set_to_none=True)
+        m(x).square().mean().backward()
+
+    def med(fn: Callable[[], None]) -> float:
+        fn()
+        dist.barrier()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    out: dict[str, Any] = {"fwd_s": med(fwd), "fwd_bwd_s": med(lambda: fwd_bwd(model))}
+    out["ddp_s"] = {}
+    for cap in caps_mb:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
+        out["ddp_s"][str(cap)] = med(lambda ddp=ddp: fwd_bwd(ddp))
+        del ddp
+    out["all_reduce"] = _time_sizes(rank, world, "all_reduce", sizes, reps)
+    flat = [out["fwd_s"], out["fwd_bwd_s"], *out["ddp_s"].values()]
+    t = torch.tensor(flat, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    out["fwd_s"], out["fwd_bwd_s"] = t[0].item(), t[1].item()
+    out["ddp_s"] = dict(zip(out["ddp_s"], t[2:].tolist(), strict=True))
+    return out
+
+
+def measure_ddp(
+    world_size: int,
+    d: int,
+    hidden: int,
+    layers: int,
+    batch: int,
+    caps_mb: Sequence[float],
+    reps: int = 10,
+    sizes: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """DDP step times of planner.zoo's MLP per bucket cap over gloo, with the compute-only
+    forward and forward+backward times and all-reduce timings for a fit."""
+    sizes = list(sizes or [1 << k for k in range(12, 25, 2)])
+    return run_ranks(
+        world_size,
+        _ddp_steps,
+        (d, hidden, layers, batch, list(caps_mb), reps, sizes),
+        timeout_s=300,
+    )

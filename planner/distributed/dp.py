@@ -17,6 +17,7 @@ from planner.errors import FusionPlannerError
 from planner.ir import Category, OpGraph
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # torch DDP's bucket_cap_mb default
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 
 @dataclass(frozen=True)
@@ -28,17 +29,21 @@ class BackwardStep:
     grad_bytes: tuple[int, ...]
 
 
-def pack(sizes_bytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
+def pack(
+    sizes_bytes: Sequence[int], bucket_bytes: int, first_bucket_bytes: int | None = None
+) -> list[list[int]]:
     """DDP's packing over gradients in ready order: a bucket is closed when the next
-    gradient would take it past `bucket_bytes` (a gradient larger than a bucket gets a
-    bucket of its own). Indices into `sizes_bytes`."""
+    gradient would take it past `bucket_bytes` (`first_bucket_bytes` for the first one,
+    as DDP's 1 MiB first bucket; a gradient larger than a bucket gets a bucket of its
+    own). Indices into `sizes_bytes`."""
     if bucket_bytes <= 0:
         raise FusionPlannerError(f"a bucket must hold at least one byte, got {bucket_bytes}")
     out: list[list[int]] = []
     cur: list[int] = []
     filled = 0
     for i, size in enumerate(sizes_bytes):
-        if cur and filled + size > bucket_bytes:
+        cap = first_bucket_bytes if first_bucket_bytes and not out else bucket_bytes
+        if cur and filled + size > cap:
             out.append(cur)
             cur, filled = [], 0
         cur.append(i)
@@ -54,11 +59,12 @@ def dp_step_tasks(
     all_reduce_s: Callable[[int], float],
     forward_s: float = 0.0,
     optimizer_s: float = 0.0,
+    first_bucket_bytes: int | None = None,
 ) -> list[Task]:
     """Forward, then the backward steps with bucket all-reduces interleaved where their
     last gradient is ready, then the optimizer step waiting for every all-reduce."""
     sizes = [b for s in steps for b in s.grad_bytes]
-    buckets = pack(sizes, bucket_bytes)
+    buckets = pack(sizes, bucket_bytes, first_bucket_bytes)
     last_grad = [max(b) for b in buckets]
     tasks = [Task("forward", COMPUTE, forward_s)]
     comm_ids: list[int] = []
@@ -83,8 +89,11 @@ def dp_step_timeline(
     all_reduce_s: Callable[[int], float],
     forward_s: float = 0.0,
     optimizer_s: float = 0.0,
+    first_bucket_bytes: int | None = None,
 ) -> Timeline:
-    return schedule(dp_step_tasks(steps, bucket_bytes, all_reduce_s, forward_s, optimizer_s))
+    return schedule(
+        dp_step_tasks(steps, bucket_bytes, all_reduce_s, forward_s, optimizer_s, first_bucket_bytes)
+    )
 
 
 BACKWARD_FACTOR = 2.0  # backward ≈ 2x forward: a GEMM's dX and dW are one GEMM each
