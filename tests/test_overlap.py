@@ -6,10 +6,17 @@ import pytest
 import torch
 import torch.distributed._functional_collectives as fc
 
+from learned_cost.analytical import AnalyticalModel
 from planner.capture import capture
 from planner.distributed import parallel_models as pm
+from planner.distributed.comm_cost import collective_time_s
 from planner.distributed.dp import BackwardStep, dp_step_timeline, pack
+from planner.distributed.links import LINKS
 from planner.distributed.overlap import COMM, COMPUTE, Task, plan_tasks, schedule
+from planner.distributed.streams import evaluate_streams
+from planner.hardware import get_spec
+from planner.objective import Objective
+from planner.partition import Partition
 
 
 def test_collective_overlaps_independent_compute_and_blocks_its_consumer() -> None:
@@ -104,3 +111,17 @@ def test_bucket_size_trades_latency_against_overlap(
     assert small.makespan_s == pytest.approx(max(1 + ar(10), 2) + ar(10))
     assert large.makespan_s == pytest.approx(2 + ar(20))
     assert (small.makespan_s < large.makespan_s) == small_wins
+
+
+def test_partition_cost_over_two_streams_uses_the_objective_and_alpha_beta() -> None:
+    g = capture(TwoBranches(pm.capture_group(2)), (torch.randn(8, 32),))
+    obj = Objective(AnalyticalModel(get_spec("h100")))
+    part = Partition.singletons(g)
+    link = LINKS["pcie4"]
+    tl = evaluate_streams(obj, part, link)
+    ar = collective_time_s("all_reduce", "ring", 8 * 32 * 4, 2, link)
+    assert tl.t_comm_s == pytest.approx(ar)
+    assert tl.makespan_s <= tl.t_comp_s + tl.t_comm_s + 1e-12
+    captured_order = evaluate_streams(obj, part, link, sink_waits=False)
+    assert captured_order.exposed_comm_s == pytest.approx(ar)
+    assert tl.exposed_comm_s < captured_order.exposed_comm_s
