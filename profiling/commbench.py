@@ -13,6 +13,7 @@ sizes, fits on the first and reports its error on the second.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import datetime
 import importlib
@@ -100,36 +101,35 @@ def run_ranks(
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
         port = free_port()
-        procs = []
-        for r in range(world_size):
-            spec = json.dumps(
-                {
-                    "fn": fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}",
-                    "rank": r,
-                    "world": world_size,
-                    "port": port,
-                    "args": list(args),
-                    "out": out,
-                    "timeout_s": timeout_s,
-                }
-            )
-            code = f"from profiling.commbench import _rank_main; _rank_main({spec!r})"
-            log = open(os.path.join(tmp, f"rank{r}.log"), "w")  # noqa: SIM115
-            procs.append(
-                (
-                    subprocess.Popen(
-                        [sys.executable, "-c", code], env=env, stdout=log, stderr=subprocess.STDOUT
-                    ),
-                    log,
-                )
-            )
-        deadline = time.monotonic() + timeout_s
+        procs: list[tuple[subprocess.Popen, Any]] = []
         timed_out = False
         try:
-            for p, _ in procs:
-                p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            for r in range(world_size):
+                spec = json.dumps(
+                    {
+                        "fn": fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}",
+                        "rank": r,
+                        "world": world_size,
+                        "port": port,
+                        "args": list(args),
+                        "out": out,
+                        "timeout_s": timeout_s,
+                    }
+                )
+                code = f"from profiling.commbench import _rank_main; _rank_main({spec!r})"
+                log = open(os.path.join(tmp, f"rank{r}.log"), "w")  # noqa: SIM115
+                cmd = [sys.executable, "-c", code]
+                proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+                procs.append((proc, log))
+            deadline = time.monotonic() + timeout_s
+            # until all ended, one failed (the others would wait for it), or time is up
+            while any(p.poll() is None for p, _ in procs):
+                if any(p.poll() not in (None, 0) for p, _ in procs):
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                time.sleep(0.05)
         finally:
             for p, log in procs:
                 if p.poll() is None:
@@ -138,9 +138,10 @@ def run_ranks(
                 log.close()
         codes = [p.returncode for p, _ in procs]
         if timed_out or any(codes) or not os.path.exists(out):
-            tail = Path(tmp, "rank0.log").read_text()[-2000:]
+            failed = next((r for r, c in enumerate(codes) if c not in (0, -9)), 0)
+            tail = Path(tmp, f"rank{failed}.log").read_text()[-2000:]
             why = f"still ran after {timeout_s:.0f} s" if timed_out else f"exited with {codes}"
-            raise CommBenchError(f"{world_size} gloo ranks {why}; rank 0's output:\n{tail}")
+            raise CommBenchError(f"{world_size} gloo ranks {why}; rank {failed}'s output:\n{tail}")
         return json.loads(Path(out).read_text())
 
 
@@ -335,11 +336,24 @@ def _ddp_steps(
         return statistics.median(ts)
 
     out: dict[str, Any] = {"fwd_s": med(fwd), "fwd_bwd_s": med(lambda: fwd_bwd(model))}
-    out["ddp_s"] = {}
-    for cap in caps_mb:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
-        out["ddp_s"][str(cap)] = med(lambda ddp=ddp: fwd_bwd(ddp))
-        del ddp
+    # one DDP wrapper per cap, each over its own copy of the model (two wrappers on one
+    # module would both reduce its gradients), stepped in rounds over the caps so that a
+    # burst of load from other processes spreads over every cap
+    ddps = [
+        torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=cap)
+        for cap in caps_mb
+    ]
+    for ddp in ddps:
+        fwd_bwd(ddp)
+        fwd_bwd(ddp)  # DDP rebuilds its buckets after the first step
+    samples: list[list[float]] = [[] for _ in ddps]
+    for _ in range(reps):
+        dist.barrier()
+        for i, ddp in enumerate(ddps):
+            t0 = time.perf_counter()
+            fwd_bwd(ddp)
+            samples[i].append(time.perf_counter() - t0)
+    out["ddp_s"] = {str(c): statistics.median(ts) for c, ts in zip(caps_mb, samples, strict=True)}
     out["all_reduce"] = _time_sizes(rank, world, "all_reduce", sizes, reps)
     flat = [out["fwd_s"], out["fwd_bwd_s"], *out["ddp_s"].values()]
     t = torch.tensor(flat, dtype=torch.float64)

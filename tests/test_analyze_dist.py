@@ -6,7 +6,11 @@ import json
 
 import pytest
 
-from planner.distributed.comm_cost import bubble_fraction, collective_time_s
+from planner.distributed.comm_cost import (
+    bubble_fraction,
+    collective_time_s,
+    hierarchical_all_reduce_s,
+)
 from planner.distributed.links import LINKS
 from search.cli import main
 
@@ -79,3 +83,32 @@ def test_tp_on_a_model_without_a_tp_variant_is_a_clear_error(capsys) -> None:
     code = main(["analyze", "--model", "zoo:mlp", "--shape", "B=2,D=16,HID=32", "--tp", "2"])
     assert code != 0
     assert "no tensor-parallel variant" in capsys.readouterr().err
+
+
+def test_dp_across_nodes_is_priced_hierarchically(capsys) -> None:
+    argv = [
+        "--model",
+        "zoo:tp-mlp",
+        "--shape",
+        SHAPE,
+        "--tp",
+        "2",
+        "--dp",
+        "16",
+        "--device",
+        "h100",
+        "--dtype",
+        "fp32",
+        "--interconnect",
+        "nvlink4",
+        "--bucket-mb",
+        "1024",
+    ]
+    flat = _run(capsys, *argv)["distributed"]["train_step"]
+    hier = _run(capsys, *argv, "--ranks-per-node", "8")["distributed"]["train_step"]
+    grads = 4 * (64 * 128 + 128 + 64 * 128 + 64)  # the rank's shard: fc1, fc1 bias, fc2, bias
+    want = hierarchical_all_reduce_s(grads, 8, 2, LINKS["nvlink4"], LINKS["ib-ndr"])
+    assert hier["t_comm_s"] == pytest.approx(want)  # one bucket holds every gradient
+    assert flat["t_comm_s"] == pytest.approx(
+        collective_time_s("all_reduce", "ring", grads, 16, LINKS["nvlink4"])
+    )

@@ -14,7 +14,13 @@ import argparse
 from typing import Any
 
 from planner.distributed.collectives import Collective, require_group_size
-from planner.distributed.comm_cost import Algorithm, bubble_fraction, collective_time_s
+from planner.distributed.comm_cost import (
+    Algorithm,
+    CollectiveKind,
+    bubble_fraction,
+    collective_time_s,
+    hierarchical_all_reduce_s,
+)
 from planner.distributed.dp import backward_steps, dp_step_timeline
 from planner.distributed.links import LinkSpec, get_link, known_links
 from planner.distributed.overlap import Timeline, plan_tasks, schedule
@@ -37,10 +43,18 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
         help=f"link: {', '.join(known_links())} (default: nvlink on a GPU spec, else local)",
     )
     g.add_argument("--bucket-mb", type=float, default=25.0, help="DP gradient bucket (MiB)")
+    g.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=None,
+        help="ranks per node: an all-reduce over more ranks runs hierarchically",
+    )
+    g.add_argument("--inter-node", default="ib-ndr", help="link between nodes (default ib-ndr)")
 
 
 def wants_distributed(args: argparse.Namespace) -> bool:
-    return any(getattr(args, k) is not None for k in ("tp", "dp", "pp", "interconnect"))
+    keys = ("tp", "dp", "pp", "interconnect", "ranks_per_node")
+    return any(getattr(args, k) is not None for k in keys)
 
 
 def apply_tp(args: argparse.Namespace, params: dict[str, int]) -> None:
@@ -77,9 +91,20 @@ def distributed_report(
     args: argparse.Namespace, graph: OpGraph, op_time_s: list[float], device_kind: str
 ) -> tuple[dict[str, Any], str]:
     link = _link(args, device_kind)
+    inter = get_link(args.inter_node)
+    per_node = args.ranks_per_node
+
+    def all_reduce_s(nbytes: int, p: int, algorithm: Algorithm = Algorithm.RING) -> float:
+        if per_node and p > per_node:
+            if p % per_node:
+                raise ModelSpecError(f"{p} ranks do not fill nodes of {per_node} evenly")
+            return hierarchical_all_reduce_s(nbytes, per_node, p // per_node, link, inter)
+        return collective_time_s("all_reduce", algorithm, nbytes, p, link)
 
     def comm_s(c: Collective) -> float:
         p = require_group_size(c, args.tp)
+        if c.kind is CollectiveKind.ALL_REDUCE:
+            return all_reduce_s(c.nbytes, p, c.algorithm)
         return collective_time_s(c.kind, c.algorithm, c.nbytes, p, link)
 
     singletons = [frozenset((n.index,)) for n in graph.nodes]
@@ -93,13 +118,15 @@ def distributed_report(
         f"{'critical us':>11}",
         _line("forward", fwd),
     ]
+    if per_node:
+        rows.insert(1, f"  {per_node} ranks per node; across nodes {inter.name} (hierarchical)")
     out: dict[str, Any] = {"link": link.name, "forward": fwd.summary()}
     if args.dp:
         bucket = int(args.bucket_mb * MB)
         steps = backward_steps(graph, lambda i: op_time_s[i])
 
         def ar(nbytes: int) -> float:
-            return collective_time_s("all_reduce", Algorithm.RING, nbytes, args.dp, link)
+            return all_reduce_s(nbytes, args.dp)
 
         step = dp_step_timeline(steps, bucket, ar, forward_s=fwd.makespan_s)
         rows.append(_line(f"train dp={args.dp}", step))
