@@ -325,35 +325,29 @@ def _ddp_steps(
         m.zero_grad(set_to_none=True)
         m(x).square().mean().backward()
 
-    def med(fn: Callable[[], None]) -> float:
-        fn()
-        dist.barrier()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
-
-    out: dict[str, Any] = {"fwd_s": med(fwd), "fwd_bwd_s": med(lambda: fwd_bwd(model))}
     # one DDP wrapper per cap, each over its own copy of the model (two wrappers on one
-    # module would both reduce its gradients), stepped in rounds over the caps so that a
-    # burst of load from other processes spreads over every cap
+    # module would both reduce its gradients); the plain model's forward and
+    # forward+backward and every cap are stepped in rounds, so that a burst of load from
+    # other processes spreads over all of them alike
     ddps = [
         torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=cap)
         for cap in caps_mb
     ]
-    for ddp in ddps:
-        fwd_bwd(ddp)
-        fwd_bwd(ddp)  # DDP rebuilds its buckets after the first step
-    samples: list[list[float]] = [[] for _ in ddps]
+    runs: list[Callable[[], None]] = [fwd, lambda: fwd_bwd(model)]
+    runs += [lambda ddp=ddp: fwd_bwd(ddp) for ddp in ddps]
+    for run in runs:
+        run()
+        run()  # DDP rebuilds its buckets after the first step
+    samples: list[list[float]] = [[] for _ in runs]
     for _ in range(reps):
         dist.barrier()
-        for i, ddp in enumerate(ddps):
+        for i, run in enumerate(runs):
             t0 = time.perf_counter()
-            fwd_bwd(ddp)
+            run()
             samples[i].append(time.perf_counter() - t0)
-    out["ddp_s"] = {str(c): statistics.median(ts) for c, ts in zip(caps_mb, samples, strict=True)}
+    meds = [statistics.median(ts) for ts in samples]
+    out: dict[str, Any] = {"fwd_s": meds[0], "fwd_bwd_s": meds[1]}
+    out["ddp_s"] = {str(c): m for c, m in zip(caps_mb, meds[2:], strict=True)}
     out["all_reduce"] = _time_sizes(rank, world, "all_reduce", sizes, reps)
     flat = [out["fwd_s"], out["fwd_bwd_s"], *out["ddp_s"].values()]
     t = torch.tensor(flat, dtype=torch.float64)
