@@ -26,7 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="measure collectives over gloo on local processes and fit alpha-beta instead",
     )
-    p.add_argument("--world-size", type=int, default=2, help="local processes for --comm (2-8; default 2)")
+    p.add_argument(
+        "--world-size", type=int, default=2, help="local processes for --comm (2-8; default 2)"
+    )
     p.add_argument(
         "--collective", default="all_reduce", choices=("all_reduce", "all_gather", "broadcast")
     )
