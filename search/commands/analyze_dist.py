@@ -121,6 +121,11 @@ def distributed_report(
     if per_node:
         rows.insert(1, f"  {per_node} ranks per node; across nodes {inter.name} (hierarchical)")
     out: dict[str, Any] = {"link": link.name, "forward": fwd.summary()}
+    for flag in ("tp", "dp", "pp", "ranks_per_node"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ModelSpecError(
+                f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
+            )
     if args.dp:
         bucket = int(args.bucket_mb * MB)
         steps = backward_steps(graph, lambda i: op_time_s[i])
@@ -135,7 +140,7 @@ def distributed_report(
             f"{args.bucket_mb:g} MiB buckets; backward estimated as 2x forward per op"
         )
         out["train_step"] = {**step.summary(), "dp": args.dp, "bucket_bytes": bucket}
-    if args.pp:
+    if args.pp is not None:
         frac = bubble_fraction(args.schedule, args.pp, args.microbatches)
         rows.append(
             f"pipeline {args.schedule}: {args.pp} stages x {args.microbatches} micro-batches, "
