@@ -25,11 +25,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--world-sizes", default="2,3,4")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quantile", type=float, default=0.5, help="of each size's repetitions")
     ap.add_argument("--out", default="benchmarks/results/comm_alpha_beta_cpu.json")
     args = ap.parse_args()
     results = {}
     for p in (int(x) for x in args.world_sizes.split(",")):
-        r = bench_comm(p, "all_reduce", quick=args.quick)
+        r = bench_comm(p, "all_reduce", quick=args.quick, quantile=args.quantile)
         results[p] = r
         errs = ", ".join(f"{b}: {e:.1%}" for (b, _), e in zip(r.heldout, r.heldout_rel_err))
         print(
@@ -54,6 +55,7 @@ def main() -> None:
                     }
                 )
     out = {
+        "quantile": args.quantile,
         "per_world_size": {
             p: {
                 "link": asdict(r.link),

@@ -169,7 +169,7 @@ def _collective(name: str, nbytes: int, world: int) -> Callable[[], None]:
 
 
 def _time_sizes(
-    rank: int, world: int, name: str, sizes: list[int], reps: int
+    rank: int, world: int, name: str, sizes: list[int], reps: int, quantile: float = 0.5
 ) -> list[tuple[int, float]]:
     """Rounds over all sizes (not all repetitions of one size, then the next), so that a
     burst of load from other processes spreads over the sizes instead of bending one
@@ -186,16 +186,26 @@ def _time_sizes(
             op()
             samples[i].append(time.perf_counter() - t0)
     # a collective ends on every rank when the slowest has sent its share: max over ranks
-    med = torch.tensor([statistics.median(s) for s in samples], dtype=torch.float64)
+    med = torch.tensor([_quantile(s, quantile) for s in samples], dtype=torch.float64)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return list(zip(sizes, med.tolist(), strict=True))
 
 
+def _quantile(xs: Sequence[float], q: float) -> float:
+    return float(np.quantile(np.asarray(xs), q))
+
+
 def measure_collective(
-    world_size: int, sizes: Sequence[int], collective: str = "all_reduce", reps: int = 30
+    world_size: int,
+    sizes: Sequence[int],
+    collective: str = "all_reduce",
+    reps: int = 30,
+    quantile: float = 0.5,
 ) -> list[tuple[int, float]]:
-    """(bytes, median seconds) of `collective` per size, over `world_size` gloo ranks."""
-    rows = run_ranks(world_size, _time_sizes, (collective, list(sizes), reps))
+    """(bytes, seconds) of `collective` per size over `world_size` gloo ranks: the
+    `quantile` of each rank's repetitions (the median by default; a lower one on a
+    machine shared with other jobs, whose load only ever adds time), max over ranks."""
+    rows = run_ranks(world_size, _time_sizes, (collective, list(sizes), reps, quantile))
     return [(int(b), float(t)) for b, t in rows]
 
 
@@ -267,13 +277,15 @@ def bench_comm(
     collective: str = "all_reduce",
     quick: bool = False,
     reps: int | None = None,
+    quantile: float = 0.5,
     command: str = "fusion-plan device-bench --comm",
 ) -> CommBenchResult:
     """Measure `collective` over gloo at training and held-out sizes, fit α-β per size
     range on the training sizes, and report the held-out relative errors."""
     train, heldout = default_sizes(quick)
     order = sorted(train + heldout)
-    rows = dict(measure_collective(world_size, order, collective, reps or (10 if quick else 30)))
+    reps = reps or (10 if quick else 30)
+    rows = dict(measure_collective(world_size, order, collective, reps, quantile))
     tr = tuple((b, rows[b]) for b in train)
     ho = tuple((b, rows[b]) for b in heldout)
     fits = fit_alpha_beta(tr)
@@ -293,6 +305,7 @@ def bench_comm(
         measured_at=now_iso(),
         command=command,
         samples=tuple(sorted(rows.items())),
+        quantile=quantile,
     )
     return CommBenchResult(link, fits, tr, ho, errs)
 

@@ -53,7 +53,8 @@ class MeasuredLink:
     torch_version: str
     measured_at: str
     command: str = "fusion-plan device-bench --comm"
-    samples: tuple[tuple[int, float], ...] = ()  # (bytes, median seconds)
+    samples: tuple[tuple[int, float], ...] = ()  # (bytes, seconds at `quantile`)
+    quantile: float = 0.5  # of each size's repetitions (0.5: the median)
 
     def fit_for(self, nbytes: float) -> AlphaBeta:
         for f in self.fits:

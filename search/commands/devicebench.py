@@ -30,6 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--world-size", type=int, default=2, help="local processes for --comm (2-8; default 2)"
     )
     p.add_argument(
+        "--quantile",
+        type=float,
+        default=0.5,
+        help="--comm: quantile of each size's repetitions (0.5 = median; lower on a busy host)",
+    )
+    p.add_argument(
         "--collective", default="all_reduce", choices=("all_reduce", "all_gather", "broadcast")
     )
     p.set_defaults(run=run)

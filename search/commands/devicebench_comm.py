@@ -13,6 +13,8 @@ from search.cli_common import emit
 
 
 def run_comm(args: argparse.Namespace) -> int:
+    if not 0.0 <= args.quantile <= 1.0:
+        raise FusionPlannerError(f"--quantile must be within [0, 1], got {args.quantile}")
     if not 2 <= args.world_size <= 8:
         raise FusionPlannerError(
             f"--world-size must be between 2 and 8 local processes, got {args.world_size}"
@@ -21,9 +23,11 @@ def run_comm(args: argparse.Namespace) -> int:
         args.world_size,
         args.collective,
         quick=args.quick,
+        quantile=args.quantile,
         command="fusion-plan device-bench --comm"
         + (" --quick" if args.quick else "")
-        + f" --world-size {args.world_size} --collective {args.collective}",
+        + f" --world-size {args.world_size} --collective {args.collective}"
+        + f" --quantile {args.quantile:g}",
     )
     path = None if args.no_save else save_measured_link("local", res.link, committed=args.commit)
     m = res.link
