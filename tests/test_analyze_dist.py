@@ -112,3 +112,32 @@ def test_dp_across_nodes_is_priced_hierarchically(capsys) -> None:
     assert flat["t_comm_s"] == pytest.approx(
         collective_time_s("all_reduce", "ring", grads, 16, LINKS["nvlink4"])
     )
+
+
+def test_plan_reports_the_chosen_partition_over_two_streams(capsys) -> None:
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "zoo:tp-mlp",
+                "--shape",
+                SHAPE,
+                "--device",
+                "h100",
+                "--dtype",
+                "fp32",
+                "--interconnect",
+                "pcie4",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
+    streams = json.loads(capsys.readouterr().out)["streams"]
+    want = collective_time_s("all_reduce", "ring", 2 * 16 * 64 * 4, 2, LINKS["pcie4"])
+    assert streams["t_comm_s"] == pytest.approx(want)
+    assert streams["critical_path_s"] == pytest.approx(
+        streams["t_comp_s"] + streams["exposed_comm_s"]
+    )

@@ -24,8 +24,11 @@ from planner.distributed.comm_cost import (
 from planner.distributed.dp import backward_steps, dp_step_timeline
 from planner.distributed.links import LinkSpec, get_link, known_links
 from planner.distributed.overlap import Timeline, plan_tasks, schedule
+from planner.distributed.streams import evaluate_streams
 from planner.errors import DeviceSpecError, ModelSpecError
 from planner.ir import OpGraph
+from planner.objective import Objective
+from planner.partition import Partition
 
 MB = 1024 * 1024
 
@@ -153,3 +156,28 @@ def distributed_report(
             "bubble_fraction": frac,
         }
     return out, "\n".join(rows)
+
+
+def add_link_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--interconnect",
+        default=None,
+        help="link pricing the graph's collectives (default: nvlink on a GPU spec, else local)",
+    )
+
+
+def streams_report(
+    args: argparse.Namespace, objective: Objective, partition: Partition, device_kind: str
+) -> tuple[dict[str, Any], str]:
+    """The chosen partition over two streams: T_comp, T_comm, R, exposed, critical path."""
+    link = _link(args, device_kind)
+    tl = evaluate_streams(objective, partition, link)
+    text = "\n".join(
+        [
+            f"two streams, collectives over {link.name}:",
+            f"{'':<12} {'T_comp us':>11} {'T_comm us':>11} {'R':>7} {'exposed us':>11} "
+            f"{'critical us':>11}",
+            _line("plan", tl),
+        ]
+    )
+    return {"link": link.name, **tl.summary()}, text

@@ -19,6 +19,7 @@ from typing import Any
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import load_corrected
 from planner.cost import CostModel
+from planner.distributed.collectives import collectives
 from planner.hardware import get_spec
 from planner.objective import Evaluation, Objective, realization_of
 from search.cli_common import (
@@ -29,6 +30,7 @@ from search.cli_common import (
     positive_int,
     resolve,
 )
+from search.commands.analyze_dist import add_link_arg, streams_report
 from search.search_options import add_search_options, run_search
 from search.strategies import STRATEGIES
 from search.strategy import Budget, SearchResult
@@ -38,6 +40,7 @@ from search.views import group_rows, render_dot, render_html
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="partition a model into fused groups with one strategy")
     add_model_args(p)
+    add_link_arg(p)
     p.add_argument("--strategy", default="priority", choices=sorted(STRATEGIES))
     p.add_argument("--budget-evals", type=positive_int, default=None, help="objective evaluations")
     p.add_argument("--budget-seconds", type=positive_float, default=None, help="wall-clock seconds")
@@ -113,6 +116,11 @@ def run(args: argparse.Namespace) -> int:
         "totals": _totals(result, unfused),
         "plan": plan.to_json(),
     }
+    if args.interconnect or collectives(graph):
+        payload["streams"], streams_text = streams_report(
+            args, objective, result.partition, get_spec(r.device_name).kind
+        )
+        summary += "\n" + streams_text
     emit(args, payload, _table(title, rows, summary))
     return 0
 
