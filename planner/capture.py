@@ -47,6 +47,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
 from planner import taxonomy
+from planner.distributed.collectives import group_size_of
 from planner.errors import CaptureError, PlanError
 from planner.ir import DTYPE_BYTES, Category, OpGraph, OpNode, TensorInfo
 from planner.pytrees import Structure, StructureError, describe_mismatch
@@ -630,6 +631,8 @@ class _Reader:
             category, flop_rule = Category.OPAQUE, taxonomy.zero
         else:
             category, flop_rule = rule.category, rule.flops
+        if category is Category.COLLECTIVE and "group_name" in attrs:
+            attrs.setdefault("group_size", group_size_of(str(attrs["group_name"])))
         op = taxonomy.packet_of(target)
         first = self.tensors[inputs[0]] if inputs else None
         if category is Category.VIEW and op in taxonomy.MAYBE_COPY_VIEWS and first is not None:

@@ -137,7 +137,8 @@ class OpNode:
     def op(self) -> str:
         """The overload packet, e.g. "linear" for "aten.linear.default"."""
         parts = self.target.split(".")
-        return parts[1] if len(parts) >= 2 and parts[0] in ("aten", "prims") else parts[-1]
+        namespaced = parts[0] in ("aten", "prims", "_c10d_functional")
+        return parts[1] if len(parts) >= 2 and namespaced else parts[-1]
 
     @property
     def is_anchor(self) -> bool:

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from planner.distributed import parallel_models as pm
 from planner.errors import ModelSpecError
 
 
@@ -373,6 +374,34 @@ ZOO: dict[str, ZooModel] = {
             {"B": 64, "D": 1024, "HID": 4096, "L": 2},
             lambda p: (MLP(p["D"], p["HID"], p["L"]), ((p["B"], p["D"]),)),
             {"B": (0, 0)},
+        ),
+        ZooModel(
+            "tp-mlp",
+            "Megatron tensor-parallel MLP shard: column/row GEMMs, one all-reduce",
+            {"B": 8, "S": 128, "D": 512, "HID": 2048, "TP": 2},
+            lambda p: (pm.TPMLP(p["D"], p["HID"], p["TP"], pm.capture_group(p["TP"])), _t(p)),
+            _SEQ_DIMS,
+        ),
+        ZooModel(
+            "tp-block",
+            "Megatron tensor-parallel pre-norm transformer block shard, two all-reduces",
+            {"B": 8, "S": 128, "D": 512, "H": 8, "TP": 2},
+            lambda p: (pm.TPBlock(p["D"], p["H"], p["TP"], pm.capture_group(p["TP"])), _t(p)),
+            _SEQ_DIMS,
+        ),
+        ZooModel(
+            "dp-grad-sync",
+            "data-parallel gradient sync of zoo:mlp, bucketed all-reduce (BUCKET_KB)",
+            {"D": 1024, "HID": 4096, "L": 2, "DP": 2, "BUCKET_KB": 25600},
+            lambda p: (
+                pm.BucketedGradSync(
+                    pm.mlp_param_shapes(p["D"], p["HID"], p["L"]),
+                    p["BUCKET_KB"] * 1024,
+                    p["DP"],
+                    pm.capture_group(p["DP"]),
+                ),
+                tuple(pm.mlp_param_shapes(p["D"], p["HID"], p["L"])),
+            ),
         ),
         ZooModel(
             "matmul",

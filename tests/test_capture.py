@@ -182,6 +182,9 @@ EXPECTED = {
     "unsqueeze": "view",
     "chunk": "view",
     "expand": "view",
+    "all_reduce": "collective",
+    "wait_tensor": "collective",
+    "split_with_sizes": "view",
 }
 
 

@@ -157,6 +157,9 @@ SMALL = {
     "pointwise-chain": {"N": 256, "STEPS": 3},
     "mlp": {"B": 4, "D": 16, "HID": 32, "L": 2},
     "matmul": {"M": 8, "K": 4, "N": 6},
+    "tp-mlp": {"B": 2, "S": 16, "D": 16, "HID": 32, "TP": 2},
+    "tp-block": {**BLOCK, "TP": 2},
+    "dp-grad-sync": {"D": 16, "HID": 32, "L": 2, "DP": 2, "BUCKET_KB": 2},
 }
 FAST = ("transformer-block", "resnet-bottleneck", "mlp")
 

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from planner import hardware
 from profiling.devicebench import run_device_bench
 from search.cli_common import emit
+from search.commands.devicebench_comm import run_comm
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,10 +21,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-save", action="store_true", help="print only")
     p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument(
+        "--comm",
+        action="store_true",
+        help="measure collectives over gloo on local processes and fit alpha-beta instead",
+    )
+    p.add_argument(
+        "--world-size", type=int, default=2, help="local processes for --comm (2-8; default 2)"
+    )
+    p.add_argument(
+        "--quantile",
+        type=float,
+        default=0.5,
+        help="--comm: quantile of each size's repetitions (0.5 = median; lower on a busy host)",
+    )
+    p.add_argument(
+        "--collective", default="all_reduce", choices=("all_reduce", "all_gather", "broadcast")
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.comm:
+        return run_comm(args)
     name = hardware.local_device_name()
     datasheet = hardware.get_spec(name, measured=False)
     peaks = run_device_bench(quick=args.quick)

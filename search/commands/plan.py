@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from planner.distributed.collectives import collectives
 from planner.hardware import get_spec
 from planner.objective import Evaluation, Objective
 from search.cli_common import (
@@ -26,6 +27,7 @@ from search.cli_common import (
     positive_int,
     resolve,
 )
+from search.commands.analyze_dist import add_link_arg, streams_report
 from search.cost_models import add_cost_model_arg, cost_model_for
 from search.search_options import add_search_options, run_search
 from search.strategies import STRATEGIES
@@ -36,6 +38,7 @@ from search.views import group_rows, render_dot, render_html
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="partition a model into fused groups with one strategy")
     add_model_args(p)
+    add_link_arg(p)
     p.add_argument("--strategy", default="priority", choices=sorted(STRATEGIES))
     p.add_argument("--budget-evals", type=positive_int, default=None, help="objective evaluations")
     p.add_argument("--budget-seconds", type=positive_float, default=None, help="wall-clock seconds")
@@ -99,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
         "totals": _totals(result, unfused),
         "plan": plan.to_json(),
     }
+    if args.interconnect or collectives(graph):
+        payload["streams"], streams_text = streams_report(
+            args, objective, result.partition, get_spec(r.device_name).kind
+        )
+        summary += "\n" + streams_text
     emit(args, payload, _table(title, rows, summary))
     return 0
 

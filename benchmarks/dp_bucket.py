@@ -1,0 +1,104 @@
+"""The DP gradient bucket size: predicted by the two-stream model, measured with DDP over
+gloo on local processes, the searched size against DDP's 25 MiB:
+
+    python benchmarks/dp_bucket.py [--world-size 2] [--d 512 --hid 2048 --layers 3 --batch 32]
+        [--out benchmarks/results/dp_bucket_cpu.json]
+
+Measured on the ranks (medians, max over ranks): forward and forward+backward of
+zoo:mlp without communication, a DDP step per bucket cap, all-reduce per message size.
+Predicted: the backward split over zoo:mlp's captured ops in proportion to the analytical
+model's per-op times and scaled to the measured backward; the all-reduce from an α-β fit
+of the measured sizes; the step from planner.distributed.dp (DDP's 1 MiB first bucket).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from learned_cost.analytical import AnalyticalModel
+from planner import zoo
+from planner.capture import capture
+from planner.distributed.dp import DDP_BUCKET_BYTES, backward_steps
+from planner.hardware import get_spec
+from profiling.commbench import fit_alpha_beta, measure_ddp, predict_s
+from search.bucket_search import search_bucket_size
+
+MB = 1024 * 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--d", type=int, default=512)
+    ap.add_argument("--hid", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--caps-mb", default="0.25,1,4,8,16,25,64")
+    ap.add_argument("--out", default="benchmarks/results/dp_bucket_cpu.json")
+    a = ap.parse_args()
+    caps = [float(c) for c in a.caps_mb.split(",")]
+    m = measure_ddp(a.world_size, a.d, a.hid, a.layers, a.batch, caps, a.reps)
+    fits = fit_alpha_beta([(b, t) for b, t in m["all_reduce"]])
+
+    def ar(nbytes: int) -> float:
+        return predict_s(fits, nbytes)
+
+    module, inputs = zoo.get("mlp").build({"B": a.batch, "D": a.d, "HID": a.hid, "L": a.layers})
+    module.train()
+    graph = capture(module, inputs)
+    model = AnalyticalModel(get_spec("cpu"))
+    op_s = [model.group_cost(graph, frozenset((n.index,))).latency_s for n in graph.nodes]
+    steps = backward_steps(graph, lambda i: op_s[i])
+    bwd_measured = m["fwd_bwd_s"] - m["fwd_s"]
+    scale = bwd_measured / sum(s.duration_s for s in steps)
+    steps = [type(s)(s.name, s.duration_s * scale, s.grad_bytes) for s in steps]
+    grid = [int(c * MB) for c in caps]
+    choice = search_bucket_size(steps, ar, forward_s=m["fwd_s"], grid=grid)
+    rows = []
+    for (_, pred), cap in zip(choice.table, caps, strict=True):
+        meas = m["ddp_s"][str(cap)]
+        rows.append(
+            {
+                "bucket_mb": cap,
+                "predicted_s": pred,
+                "measured_s": meas,
+                "rel_err": abs(pred - meas) / meas,
+            }
+        )
+        print(
+            f"bucket {cap:6.2f} MiB: predicted {pred * 1e3:8.2f} ms, measured "
+            f"{meas * 1e3:8.2f} ms ({abs(pred - meas) / meas:.1%})"
+        )
+    chosen = choice.bucket_bytes / MB
+    meas_chosen = m["ddp_s"][str(next(c for c in caps if int(c * MB) == choice.bucket_bytes))]
+    meas_ddp = m["ddp_s"][str(float(DDP_BUCKET_BYTES // MB))]
+    best_measured = min(rows, key=lambda r: r["measured_s"])
+    print(
+        f"searched bucket {chosen:g} MiB: measured {meas_chosen * 1e3:.2f} ms; DDP's 25 MiB: "
+        f"{meas_ddp * 1e3:.2f} ms; best measured {best_measured['bucket_mb']:g} MiB "
+        f"{best_measured['measured_s'] * 1e3:.2f} ms"
+    )
+    grads = sum(b for s in steps for b in s.grad_bytes)
+    out = {
+        "config": vars(a),
+        "torch": torch.__version__,
+        "grad_bytes": grads,
+        "measured": m,
+        "alpha_beta_fits": [f.__dict__ for f in fits],
+        "rows": rows,
+        "searched_bucket_mb": chosen,
+        "measured_at_searched_s": meas_chosen,
+        "measured_at_ddp_default_s": meas_ddp,
+        "best_measured": best_measured,
+    }
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Collectives as IR ops: which transfer an OpNode is, how many bytes, over how many
+ranks, by which algorithm.
+
+Capture reads torch.distributed functional collectives (`_c10d_functional.all_reduce`,
+`all_gather_into_tensor`, `reduce_scatter_tensor`, `all_to_all_single`, `broadcast`) as
+`Category.COLLECTIVE` nodes (planner.taxonomy) and records the group's size as the
+attribute `group_size`; `wait_tensor` is the point where the result is first needed and
+moves nothing. The algorithm is a planning decision, not something the graph says: it is
+the attribute `algorithm` where a plan set one, else the kind's default below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from planner.distributed.comm_cost import Algorithm, CollectiveKind
+from planner.errors import FusionPlannerError
+from planner.ir import Category, OpGraph, OpNode
+from planner.taxonomy import packet_of
+
+# functional-collective op -> kind
+KIND_OF_OP: dict[str, CollectiveKind] = {
+    "all_reduce": CollectiveKind.ALL_REDUCE,
+    "all_gather_into_tensor": CollectiveKind.ALL_GATHER,
+    "reduce_scatter_tensor": CollectiveKind.REDUCE_SCATTER,
+    "all_to_all_single": CollectiveKind.ALL_TO_ALL,
+    "broadcast": CollectiveKind.BROADCAST,
+}
+# the algorithm a collective gets unless the plan chooses another (NCCL's and gloo's
+# default for large messages)
+DEFAULT_ALGORITHM: dict[CollectiveKind, Algorithm] = {
+    CollectiveKind.ALL_REDUCE: Algorithm.RING,
+    CollectiveKind.ALL_GATHER: Algorithm.RING,
+    CollectiveKind.REDUCE_SCATTER: Algorithm.RING,
+    CollectiveKind.ALL_TO_ALL: Algorithm.DIRECT,
+    CollectiveKind.BROADCAST: Algorithm.TREE,
+    CollectiveKind.SEND_RECV: Algorithm.DIRECT,
+}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One transfer: `nbytes` is the buffer the α-β formula takes (comm_cost: the input,
+    or the gathered output of an all-gather)."""
+
+    node: int  # OpNode index
+    kind: CollectiveKind
+    nbytes: int
+    group_size: int | None  # None where capture could not resolve the group
+    algorithm: Algorithm
+
+
+def group_size_of(group_name: str) -> int | None:
+    """The size of the process group torch registered under `group_name`, or None."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    with contextlib.suppress(Exception):  # a private torch helper: absent means unknown
+        return int(dist.distributed_c10d._resolve_process_group(group_name).size())
+    return None
+
+
+def collective_of(graph: OpGraph, node: OpNode) -> Collective | None:
+    """The transfer `node` makes, or None (not a collective, or a `wait_tensor`)."""
+    op = packet_of(node.target)
+    if node.category is not Category.COLLECTIVE or op not in KIND_OF_OP:
+        return None
+    kind = KIND_OF_OP[op]
+    attrs = dict(node.attrs)
+    size = attrs.get("group_size")
+    if kind is CollectiveKind.ALL_GATHER:
+        nbytes = sum(graph.tensors[t].nbytes for t in node.outputs)
+    else:
+        nbytes = graph.tensors[node.inputs[0]].nbytes if node.inputs else 0
+    algorithm = Algorithm(attrs.get("algorithm", DEFAULT_ALGORITHM[kind]))
+    return Collective(node.index, kind, nbytes, int(size) if size else None, algorithm)
+
+
+def collectives(graph: OpGraph) -> list[Collective]:
+    return [c for n in graph.nodes if (c := collective_of(graph, n)) is not None]
+
+
+def require_group_size(c: Collective, default: int | None) -> int:
+    if c.group_size is not None:
+        return c.group_size
+    if default is not None:
+        return default
+    raise FusionPlannerError(
+        f"collective node {c.node} ({c.kind.value}) has no known group size: capture it "
+        "with its process group initialized, or give the size (e.g. --tp / --dp)"
+    )

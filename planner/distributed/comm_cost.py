@@ -1,0 +1,152 @@
+"""α-β cost of collectives per algorithm, and the pipeline bubble.
+
+Every flat (one-link) algorithm costs T = a(p)·α + b(p)·S·β for S bytes over p ranks,
+α the latency of one message and β = 1/B the seconds per byte of one rank's link in one
+direction. `coefficients` is the table of (a, b); `collective_time_s` evaluates it, and
+`link_from_collective` inverts it (a measured whole-collective fit T = α_c + S·β_c gives
+the link's α = α_c/a, β = β_c/b), so a fit measured at one p predicts another.
+
+S is the size of one rank's buffer: the input of all-reduce, reduce-scatter, all-to-all,
+broadcast and send; the *output* (gathered) buffer of all-gather. Derivations are in
+docs/distributed.md; the reduction arithmetic (γ term) is left out: at link speeds below
+memory bandwidth it is hidden in the copy, and a measured fit absorbs it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+from planner.distributed.links import AlphaBeta, LinkSpec
+from planner.errors import FusionPlannerError
+
+
+class CollectiveKind(enum.StrEnum):
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    BROADCAST = "broadcast"
+    SEND_RECV = "send_recv"
+
+
+class Algorithm(enum.StrEnum):
+    RING = "ring"  # p-1 (or 2(p-1)) neighbour steps, each S/p bytes: bandwidth-optimal
+    TREE = "tree"  # binomial tree (reduce then broadcast): log2 p steps of the whole S
+    HALVING_DOUBLING = "halving_doubling"  # Rabenseifner: log2 p steps, ring's volume
+    DIRECT = "direct"  # pairwise exchange (all-to-all) or one message (send/recv)
+    HIERARCHICAL = "hierarchical"  # intra-node reduce-scatter, inter-node ring, all-gather
+
+
+def _log2(p: int) -> int:
+    return math.ceil(math.log2(p)) if p > 1 else 0
+
+
+def coefficients(kind: CollectiveKind, algorithm: Algorithm, p: int) -> tuple[float, float]:
+    """(a, b) with T = a·α + b·S·β for `kind` by `algorithm` over `p` ranks."""
+    if p < 1:
+        raise FusionPlannerError(f"a collective needs a group of at least 1 rank, got {p}")
+    kind, algorithm = CollectiveKind(kind), Algorithm(algorithm)
+    if p == 1:
+        return 0.0, 0.0
+    frac = (p - 1) / p
+    table: dict[tuple[CollectiveKind, Algorithm], tuple[float, float]] = {
+        # reduce-scatter then all-gather, each p-1 steps of S/p bytes
+        (CollectiveKind.ALL_REDUCE, Algorithm.RING): (2 * (p - 1), 2 * frac),
+        # binomial reduce to a root, then binomial broadcast: 2 log2 p steps of S bytes
+        (CollectiveKind.ALL_REDUCE, Algorithm.TREE): (2 * _log2(p), 2 * _log2(p)),
+        # recursive halving reduce-scatter + recursive doubling all-gather
+        (CollectiveKind.ALL_REDUCE, Algorithm.HALVING_DOUBLING): (2 * _log2(p), 2 * frac),
+        (CollectiveKind.ALL_GATHER, Algorithm.RING): (p - 1, frac),
+        (CollectiveKind.ALL_GATHER, Algorithm.HALVING_DOUBLING): (_log2(p), frac),
+        (CollectiveKind.REDUCE_SCATTER, Algorithm.RING): (p - 1, frac),
+        (CollectiveKind.REDUCE_SCATTER, Algorithm.HALVING_DOUBLING): (_log2(p), frac),
+        # each rank sends S/p to each of the p-1 others, one message each
+        (CollectiveKind.ALL_TO_ALL, Algorithm.DIRECT): (p - 1, frac),
+        (CollectiveKind.BROADCAST, Algorithm.TREE): (_log2(p), _log2(p)),
+        # scatter then ring all-gather (van de Geijn)
+        (CollectiveKind.BROADCAST, Algorithm.RING): (_log2(p) + p - 1, 2 * frac),
+        (CollectiveKind.SEND_RECV, Algorithm.DIRECT): (1, 1),
+    }
+    if (kind, algorithm) not in table:
+        known = sorted(a.value for k, a in table if k is kind)
+        raise FusionPlannerError(
+            f"no flat α-β formula for {kind.value} by {algorithm.value}; known: {known}"
+            + (
+                " (hierarchical: use hierarchical_all_reduce_s)"
+                if algorithm.value == "hierarchical"
+                else ""
+            )
+        )
+    return table[(kind, algorithm)]
+
+
+def collective_time_s(
+    kind: CollectiveKind | str,
+    algorithm: Algorithm | str,
+    nbytes: float,
+    p: int,
+    link: LinkSpec | AlphaBeta,
+) -> float:
+    """Seconds for one collective of `nbytes` (see the module docstring for which buffer)
+    over `p` ranks on one kind of link."""
+    a, b = coefficients(CollectiveKind(kind), Algorithm(algorithm), p)
+    ab = link.alpha_beta(nbytes) if isinstance(link, LinkSpec) else link
+    return a * ab.alpha_s + b * nbytes * ab.beta_s_per_byte
+
+
+def hierarchical_all_reduce_s(
+    nbytes: float,
+    per_node: int,
+    nodes: int,
+    intra: LinkSpec | AlphaBeta,
+    inter: LinkSpec | AlphaBeta,
+) -> float:
+    """All-reduce over `nodes` x `per_node` ranks: ring reduce-scatter inside each node,
+    ring all-reduce of the S/per_node shard across nodes (one rank per node and shard),
+    ring all-gather inside each node."""
+    rs = collective_time_s(CollectiveKind.REDUCE_SCATTER, Algorithm.RING, nbytes, per_node, intra)
+    shard = nbytes / per_node
+    ar = collective_time_s(CollectiveKind.ALL_REDUCE, Algorithm.RING, shard, nodes, inter)
+    ag = collective_time_s(CollectiveKind.ALL_GATHER, Algorithm.RING, nbytes, per_node, intra)
+    return rs + ar + ag
+
+
+def link_from_collective(
+    kind: CollectiveKind | str, algorithm: Algorithm | str, p: int, fit: AlphaBeta
+) -> AlphaBeta:
+    """The link's (α, β) behind a whole-collective fit T = α_c + S·β_c measured at `p`."""
+    a, b = coefficients(CollectiveKind(kind), Algorithm(algorithm), p)
+    if a == 0 or b == 0:
+        raise FusionPlannerError(f"a collective over {p} rank(s) moves nothing; cannot invert")
+    return AlphaBeta(fit.alpha_s / a, fit.beta_s_per_byte / b, fit.lo_bytes, fit.hi_bytes)
+
+
+# ---- pipeline parallelism -------------------------------------------------------------
+class Schedule(enum.StrEnum):
+    GPIPE = "gpipe"  # all forwards, then all backwards: m micro-batches in flight
+    ONE_F_ONE_B = "1f1b"  # PipeDream-flush: warm-up, steady 1F1B, drain: <= p in flight
+    INTERLEAVED = "interleaved"  # 1F1B with v model chunks per stage (Megatron-LM)
+
+
+def bubble_fraction(
+    schedule: Schedule | str, stages: int, microbatches: int, chunks: int = 1
+) -> float:
+    """Idle fraction of a pipeline step: (p-1)/(v·m + p-1) for p stages, m micro-batches,
+    v chunks per stage (v = 1 for GPipe and 1F1B, whose bubbles are equal; 1F1B differs
+    in memory: `in_flight_microbatches`)."""
+    if stages < 1 or microbatches < 1 or chunks < 1:
+        raise FusionPlannerError(
+            f"a pipeline needs stages, micro-batches and chunks >= 1; got {stages}, "
+            f"{microbatches}, {chunks}"
+        )
+    schedule = Schedule(schedule)
+    v = chunks if schedule is Schedule.INTERLEAVED else 1
+    return (stages - 1) / (v * microbatches + stages - 1)
+
+
+def in_flight_microbatches(schedule: Schedule | str, stages: int, microbatches: int) -> int:
+    """Micro-batches whose activations the first stage holds at its peak."""
+    if Schedule(schedule) is Schedule.GPIPE:
+        return microbatches
+    return min(stages, microbatches)

@@ -1,0 +1,118 @@
+"""A data-parallel training step on two streams: the backward pass on the compute stream,
+one gradient all-reduce per bucket on the communication stream, issued as soon as the
+bucket's last gradient is ready (what DDP does), and the optimizer step after the last.
+
+The bucket size trades the α term (more buckets, more latencies) against overlap (a
+large bucket starts late and its all-reduce is exposed at the end); DDP fixes it at
+25 MiB, the planner searches it (search/bucket_search.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from planner.distributed.overlap import COMM, COMPUTE, Task, Timeline, schedule
+from planner.errors import FusionPlannerError
+from planner.ir import Category, OpGraph
+
+DDP_BUCKET_BYTES = 25 * 1024 * 1024  # torch DDP's bucket_cap_mb default
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
+
+
+@dataclass(frozen=True)
+class BackwardStep:
+    """One step of the backward pass and the gradients it completes, in ready order."""
+
+    name: str
+    duration_s: float
+    grad_bytes: tuple[int, ...]
+
+
+def pack(
+    sizes_bytes: Sequence[int], bucket_bytes: int, first_bucket_bytes: int | None = None
+) -> list[list[int]]:
+    """DDP's packing over gradients in ready order: a bucket is closed when the next
+    gradient would take it past `bucket_bytes` (`first_bucket_bytes` for the first one,
+    as DDP's 1 MiB first bucket; a gradient larger than a bucket gets a bucket of its
+    own). Indices into `sizes_bytes`."""
+    if bucket_bytes <= 0:
+        raise FusionPlannerError(f"a bucket must hold at least one byte, got {bucket_bytes}")
+    out: list[list[int]] = []
+    cur: list[int] = []
+    filled = 0
+    for i, size in enumerate(sizes_bytes):
+        cap = first_bucket_bytes if first_bucket_bytes and not out else bucket_bytes
+        if cur and filled + size > cap:
+            out.append(cur)
+            cur, filled = [], 0
+        cur.append(i)
+        filled += size
+    if cur:
+        out.append(cur)
+    return out
+
+
+def dp_step_tasks(
+    steps: Sequence[BackwardStep],
+    bucket_bytes: int,
+    all_reduce_s: Callable[[int], float],
+    forward_s: float = 0.0,
+    optimizer_s: float = 0.0,
+    first_bucket_bytes: int | None = None,
+) -> list[Task]:
+    """Forward, then the backward steps with bucket all-reduces interleaved where their
+    last gradient is ready, then the optimizer step waiting for every all-reduce."""
+    sizes = [b for s in steps for b in s.grad_bytes]
+    buckets = pack(sizes, bucket_bytes, first_bucket_bytes)
+    last_grad = [max(b) for b in buckets]
+    tasks = [Task("forward", COMPUTE, forward_s)]
+    comm_ids: list[int] = []
+    grads_done, next_bucket = 0, 0
+    ready = 0  # the last compute task
+    for step in steps:
+        tasks.append(Task(step.name, COMPUTE, step.duration_s, (ready,)))
+        ready = len(tasks) - 1
+        grads_done += len(step.grad_bytes)
+        while next_bucket < len(buckets) and last_grad[next_bucket] < grads_done:
+            nbytes = sum(sizes[i] for i in buckets[next_bucket])
+            tasks.append(Task(f"all_reduce[{next_bucket}]", COMM, all_reduce_s(nbytes), (ready,)))
+            comm_ids.append(len(tasks) - 1)
+            next_bucket += 1
+    tasks.append(Task("optimizer", COMPUTE, optimizer_s, (ready, *comm_ids)))
+    return tasks
+
+
+def dp_step_timeline(
+    steps: Sequence[BackwardStep],
+    bucket_bytes: int,
+    all_reduce_s: Callable[[int], float],
+    forward_s: float = 0.0,
+    optimizer_s: float = 0.0,
+    first_bucket_bytes: int | None = None,
+) -> Timeline:
+    return schedule(
+        dp_step_tasks(steps, bucket_bytes, all_reduce_s, forward_s, optimizer_s, first_bucket_bytes)
+    )
+
+
+BACKWARD_FACTOR = 2.0  # backward ≈ 2x forward: a GEMM's dX and dW are one GEMM each
+
+
+def backward_steps(
+    graph: OpGraph, op_time_s: Callable[[int], float], factor: float = BACKWARD_FACTOR
+) -> list[BackwardStep]:
+    """The backward pass of `graph` as steps in the order they run (reverse topological),
+    each `factor` x the op's forward time, completing the gradients of the parameters the
+    op reads (each parameter once, at its last reader in forward order, i.e. the first the
+    backward reaches). Collectives take no compute time here. An estimate: the forward graph does not hold the backward's ops."""
+    seen: set[int] = set()
+    steps = []
+    for n in reversed(graph.nodes):
+        params = [t for t in n.inputs if graph.tensors[t].kind == "param" and t not in seen]
+        seen.update(params)
+        grads = tuple(graph.tensors[t].nbytes for t in params)
+        dur = 0.0 if n.category is Category.COLLECTIVE else factor * op_time_s(n.index)
+        if dur > 0 or grads:
+            steps.append(BackwardStep(n.name, dur, grads))
+    return steps

@@ -1,0 +1,159 @@
+"""Tensor- and data-parallel models written the way Megatron-LM and DDP write them, with
+torch.distributed functional collectives, so capture sees the collectives as ops.
+
+- `TPMLP`: column-parallel first GEMM (each rank holds HID/tp of its outputs), GELU,
+  row-parallel second GEMM (HID/tp of its inputs), one all-reduce, then the bias.
+- `TPBlock`: the pre-norm transformer block with attention heads split over ranks
+  (Q/K/V column-parallel, output projection row-parallel, one all-reduce) and a `TPMLP`.
+- `BucketedGradSync`: the gradient synchronization of a data-parallel step: gradients in
+  DDP's order (last layer first) packed into buckets of at most `bucket_bytes`, one
+  all-reduce per bucket, divided by the group size.
+
+Each runs on a real process group (gloo in tests) and, for capture only, on a single-
+process "fake" group (`capture_group`), which torch provides for tracing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+import torch.nn as nn
+import torch.nn.functional as F
+
+from planner.distributed.dp import pack
+from planner.errors import ModelSpecError
+
+
+def capture_group(world_size: int) -> dist.ProcessGroup:
+    """The default group when one is initialized (its size must be `world_size`), else a
+    fake single-process group of `world_size` ranks for tracing (no communication)."""
+    if not dist.is_initialized():  # torch's testing package, loaded only when tracing
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    group = dist.group.WORLD
+    if dist.get_world_size(group) != world_size:
+        raise ModelSpecError(
+            f"this process already belongs to a group of {dist.get_world_size(group)} ranks; "
+            f"the model asks for {world_size}: use that size or a fresh process"
+        )
+    return group
+
+
+def _split(n: int, parts: int, what: str) -> int:
+    if parts < 1 or n % parts:
+        raise ModelSpecError(f"{what}={n} does not split evenly over {parts} ranks")
+    return n // parts
+
+
+class GeluMLP(nn.Module):
+    """The unsharded MLP a `TPMLP` shards: Linear(D, HID) -> GELU -> Linear(HID, D)."""
+
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class TPMLP(nn.Module):
+    """One rank's shard of `GeluMLP` over a tensor-parallel group of `tp` ranks."""
+
+    def __init__(self, d: int, hidden: int, tp: int, group: dist.ProcessGroup):
+        super().__init__()
+        local = _split(hidden, tp, "HID")
+        self.fc1 = nn.Linear(d, local)  # column-parallel
+        self.fc2 = nn.Linear(local, d, bias=False)  # row-parallel
+        self.bias = nn.Parameter(torch.zeros(d))  # added once, after the reduction
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        partial = self.fc2(F.gelu(self.fc1(x)))
+        return fc.all_reduce(partial, "sum", self.group) + self.bias
+
+    @staticmethod
+    def shard_of(full: GeluMLP, rank: int, tp: int, group: dist.ProcessGroup) -> TPMLP:
+        d, hidden = full.fc1.in_features, full.fc1.out_features
+        m = TPMLP(d, hidden, tp, group)
+        rows = slice(rank * (hidden // tp), (rank + 1) * (hidden // tp))
+        with torch.no_grad():
+            m.fc1.weight.copy_(full.fc1.weight[rows])
+            m.fc1.bias.copy_(full.fc1.bias[rows])
+            m.fc2.weight.copy_(full.fc2.weight[:, rows])
+            m.bias.copy_(full.fc2.bias)
+        return m
+
+
+class TPBlock(nn.Module):
+    """One rank's shard of a pre-norm transformer block (heads and MLP split over tp)."""
+
+    def __init__(self, d: int, heads: int, tp: int, group: dist.ProcessGroup):
+        super().__init__()
+        self.local_heads = _split(heads, tp, "H")
+        self.dh = d // heads
+        local = self.local_heads * self.dh
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q, self.k, self.v = (nn.Linear(d, local) for _ in range(3))
+        self.o = nn.Linear(local, d, bias=False)
+        self.o_bias = nn.Parameter(torch.zeros(d))
+        self.mlp = TPMLP(d, 4 * d, tp, group)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        y = self.ln1(x)
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, s, self.local_heads, self.dh).transpose(1, 2)
+
+        q, k, v = heads(self.q(y)), heads(self.k(y)), heads(self.v(y))
+        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.dh), dim=-1)
+        ctx = (probs @ v).transpose(1, 2).reshape(b, s, self.local_heads * self.dh)
+        h = fc.all_reduce(self.o(ctx), "sum", self.group) + self.o_bias + x
+        return self.mlp(self.ln2(h)) + h
+
+
+def buckets_for(sizes_bytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
+    """DDP's buckets over parameters given in model order: gradients become ready last
+    parameter first, and are packed in that order (planner.distributed.dp.pack)."""
+    order = list(reversed(range(len(sizes_bytes))))
+    return [[order[i] for i in b] for b in pack([sizes_bytes[i] for i in order], bucket_bytes)]
+
+
+class BucketedGradSync(nn.Module):
+    """All-reduce mean of gradients of the given shapes, packed into buckets."""
+
+    def __init__(
+        self, shapes: Sequence[Sequence[int]], bucket_bytes: int, dp: int, group: dist.ProcessGroup
+    ):
+        super().__init__()
+        self.shapes = [tuple(s) for s in shapes]
+        self.dp, self.group = dp, group
+        self.bucket_bytes = bucket_bytes
+        self.buckets = buckets_for([4 * math.prod(s) for s in self.shapes], bucket_bytes)
+
+    def forward(self, *grads: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out: list[torch.Tensor | None] = [None] * len(grads)
+        for bucket in self.buckets:
+            flat = torch.cat([grads[i].reshape(-1) for i in bucket])
+            flat = fc.all_reduce(flat, "sum", self.group) / self.dp
+            for i, piece in zip(
+                bucket, flat.split([grads[i].numel() for i in bucket]), strict=True
+            ):
+                out[i] = piece.view(grads[i].shape)
+        return tuple(t for t in out if t is not None)
+
+
+def mlp_param_shapes(d: int, hidden: int, layers: int) -> list[tuple[int, ...]]:
+    """Parameter shapes of planner.zoo's MLP (weight, bias per layer), in model order."""
+    dims = [d] + [hidden] * layers + [d]
+    shapes: list[tuple[int, ...]] = []
+    for a, b in itertools.pairwise(dims):
+        shapes += [(b, a), (b,)]
+    return shapes

@@ -1,0 +1,391 @@
+"""Communication micro-benchmarks: torch.distributed collectives timed across local
+processes (gloo on 127.0.0.1), and α-β fits per message-size range.
+
+`run_ranks` is the harness: it starts `world_size` processes, each joining one gloo
+group on a free loopback port, runs a module-level function on every rank and returns
+rank 0's JSON-able result; the processes are joined (or killed past the timeout) and the
+group destroyed on every path. `measure_collective` times one collective per message
+size; `fit_alpha_beta` fits T = α_c + S·β_c per size range, weighted by 1/T² so that
+every size counts by its relative error; `bench_comm` measures training and held-out
+sizes, fits on the first and reports its error on the second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import datetime
+import importlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from planner import zoo
+from planner.distributed.comm_cost import link_from_collective
+from planner.distributed.links import AlphaBeta, MeasuredLink
+from planner.errors import FusionPlannerError
+from planner.hardware import device_fingerprint
+from planner.plan import now_iso
+
+_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class CommBenchError(FusionPlannerError):
+    """A multi-process measurement failed (a rank crashed or timed out)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """On Linux, ask the kernel to end this rank when the process that started it ends
+    (killed before it could clean up), so no rank outlives its benchmark."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _rank_main(spec: str) -> None:
+    """One rank's process: join the gloo group, run the function, write rank 0's result."""
+    job = json.loads(spec)
+    _die_with_parent()
+    module, _, name = job["fn"].partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    rank, world = job["rank"], job["world"]
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{job['port']}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=job["timeout_s"]),
+    )
+    try:
+        result = fn(rank, world, *job["args"])
+        if rank == 0:
+            Path(job["out"]).write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(
+    world_size: int, fn: Callable[..., Any] | str, args: tuple = (), timeout_s: float = 120.0
+) -> Any:
+    """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks; rank 0's result.
+
+    `fn` is a module-level function (or its "module:name") and `args` JSON-able: each rank is a fresh Python
+    process (`python -c`, so no caller's `__main__` is re-imported) that imports `fn` by
+    name."""
+    if world_size < 2:
+        raise FusionPlannerError(f"a communication benchmark needs >= 2 ranks, got {world_size}")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH", "")) if p)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.json")
+        port = free_port()
+        procs: list[tuple[subprocess.Popen, Any]] = []
+        timed_out = False
+        try:
+            for r in range(world_size):
+                spec = json.dumps(
+                    {
+                        "fn": fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}",
+                        "rank": r,
+                        "world": world_size,
+                        "port": port,
+                        "args": list(args),
+                        "out": out,
+                        "timeout_s": timeout_s,
+                    }
+                )
+                code = f"from profiling.commbench import _rank_main; _rank_main({spec!r})"
+                log = open(os.path.join(tmp, f"rank{r}.log"), "w")  # noqa: SIM115
+                cmd = [sys.executable, "-c", code]
+                proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+                procs.append((proc, log))
+            deadline = time.monotonic() + timeout_s
+            # until all ended, one failed (the others would wait for it), or time is up
+            while any(p.poll() is None for p, _ in procs):
+                if any(p.poll() not in (None, 0) for p, _ in procs):
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                time.sleep(0.05)
+        finally:
+            for p, log in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                log.close()
+        codes = [p.returncode for p, _ in procs]
+        if timed_out or any(codes) or not os.path.exists(out):
+            failed = next((r for r, c in enumerate(codes) if c not in (0, -9)), 0)
+            tail = Path(tmp, f"rank{failed}.log").read_text()[-2000:]
+            why = f"still ran after {timeout_s:.0f} s" if timed_out else f"exited with {codes}"
+            raise CommBenchError(f"{world_size} gloo ranks {why}; rank {failed}'s output:\n{tail}")
+        return json.loads(Path(out).read_text())
+
+
+def group_check(rank: int, world: int) -> list[float]:
+    """Every rank's (rank + 1) summed by one all-reduce, and the group size: a group that
+    works returns [world * (world + 1) / 2, world]."""
+    x = torch.tensor([float(rank + 1)])
+    dist.all_reduce(x)
+    return [float(x.item()), float(dist.get_world_size())]
+
+
+# ---- the collectives ------------------------------------------------------------------
+def _collective(name: str, nbytes: int, world: int) -> Callable[[], None]:
+    n = max(1, nbytes // 4)
+    x = torch.randn(n)
+    if name == "all_reduce":
+        return lambda: dist.all_reduce(x)
+    if name == "all_gather":  # nbytes is the gathered output
+        shard = torch.randn(max(1, n // world))
+        outs = torch.empty(shard.numel() * world)
+        return lambda: dist.all_gather_into_tensor(outs, shard)
+    if name == "broadcast":
+        return lambda: dist.broadcast(x, 0)
+    raise FusionPlannerError(f"commbench measures all_reduce, all_gather, broadcast; not {name!r}")
+
+
+def _time_sizes(
+    rank: int, world: int, name: str, sizes: list[int], reps: int, quantile: float = 0.5
+) -> list[tuple[int, float]]:
+    """Rounds over all sizes (not all repetitions of one size, then the next), so that a
+    burst of load from other processes spreads over the sizes instead of bending one
+    stretch of the curve."""
+    ops = [_collective(name, nbytes, world) for nbytes in sizes]
+    for op in ops:
+        op()
+        op()
+    samples: list[list[float]] = [[] for _ in sizes]
+    for _ in range(reps):
+        dist.barrier()
+        for i, op in enumerate(ops):
+            t0 = time.perf_counter()
+            op()
+            samples[i].append(time.perf_counter() - t0)
+    # a collective ends on every rank when the slowest has sent its share: max over ranks
+    med = torch.tensor([_quantile(s, quantile) for s in samples], dtype=torch.float64)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return list(zip(sizes, med.tolist(), strict=True))
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    return float(np.quantile(np.asarray(xs), q))
+
+
+def measure_collective(
+    world_size: int,
+    sizes: Sequence[int],
+    collective: str = "all_reduce",
+    reps: int = 30,
+    quantile: float = 0.5,
+) -> list[tuple[int, float]]:
+    """(bytes, seconds) of `collective` per size over `world_size` gloo ranks: the
+    `quantile` of each rank's repetitions (the median by default; a lower one on a
+    machine shared with other jobs, whose load only ever adds time), max over ranks."""
+    rows = run_ranks(world_size, _time_sizes, (collective, list(sizes), reps, quantile))
+    return [(int(b), float(t)) for b, t in rows]
+
+
+# ---- fitting --------------------------------------------------------------------------
+def _fit_segment(rows: Sequence[tuple[int, float]], lo: int, hi: int) -> AlphaBeta:
+    s = np.array([b for b, _ in rows], dtype=float)
+    t = np.array([t for _, t in rows], dtype=float)
+    w = 1.0 / t  # minimize sum ((α + Sβ - t) / t)^2
+    coef, *_ = np.linalg.lstsq(np.stack([w, s * w], axis=1), t * w, rcond=None)
+    alpha, beta = float(coef[0]), float(coef[1])
+    if alpha < 0 or beta <= 0:  # a non-physical fit: pure bandwidth or pure latency
+        beta_only = float(np.sum(s * t * w * w) / np.sum(s * s * w * w))
+        alpha, beta = (0.0, beta_only) if alpha < 0 else (float(np.median(t)), 1e-15)
+    return AlphaBeta(alpha, beta, lo, hi)
+
+
+def predict_s(fits: Sequence[AlphaBeta], nbytes: float) -> float:
+    """The fitted time of `nbytes`: the range that covers it, else the last range."""
+    for f in fits:
+        if f.lo_bytes <= nbytes < f.hi_bytes:
+            return f.time_s(nbytes)
+    return fits[-1].time_s(nbytes)
+
+
+def rel_errors(fits: Sequence[AlphaBeta], rows: Sequence[tuple[int, float]]) -> list[float]:
+    return [abs(predict_s(fits, b) - t) / t for b, t in rows]
+
+
+def fit_alpha_beta(
+    rows: Sequence[tuple[int, float]], max_ranges: int = 2, min_points: int = 3
+) -> tuple[AlphaBeta, ...]:
+    """Whole-collective fits T = α_c + S·β_c, one per size range: one range, or split at
+    the breakpoint (between two measured sizes) that minimizes the worst relative error."""
+    rows = sorted(rows)
+    if len(rows) < 2:
+        raise FusionPlannerError(f"an α-β fit needs >= 2 message sizes, got {len(rows)}")
+    best = (_fit_segment(rows, 0, 1 << 62),)
+    best_err = max(rel_errors(best, rows))
+    if max_ranges >= 2:
+        for i in range(min_points, len(rows) - min_points + 1):
+            cut = (rows[i - 1][0] + rows[i][0]) // 2
+            fits = (_fit_segment(rows[:i], 0, cut), _fit_segment(rows[i:], cut, 1 << 62))
+            err = max(rel_errors(fits, rows))
+            # a second range must earn its place: a fit within 2% needs none
+            if best_err > 0.02 and err < best_err * 0.8:
+                best, best_err = fits, err
+    return best
+
+
+@dataclass(frozen=True)
+class CommBenchResult:
+    link: MeasuredLink  # link-level α-β fits (per rank, per direction)
+    collective_fits: tuple[AlphaBeta, ...]  # whole-collective fits at world_size
+    train: tuple[tuple[int, float], ...]
+    heldout: tuple[tuple[int, float], ...]
+    heldout_rel_err: tuple[float, ...]
+
+
+def default_sizes(quick: bool) -> tuple[list[int], list[int]]:
+    """Training sizes (powers of two) and held-out sizes (between them), in bytes."""
+    ks = range(10, 19 if quick else 23, 2 if quick else 1)
+    train = [1 << k for k in ks]
+    heldout = [3 << (k - 1) for k in list(ks)[:-1]]  # 1.5 x each power of two
+    return train, heldout
+
+
+def bench_comm(
+    world_size: int = 2,
+    collective: str = "all_reduce",
+    quick: bool = False,
+    reps: int | None = None,
+    quantile: float = 0.5,
+    command: str = "fusion-plan device-bench --comm",
+) -> CommBenchResult:
+    """Measure `collective` over gloo at training and held-out sizes, fit α-β per size
+    range on the training sizes, and report the held-out relative errors."""
+    train, heldout = default_sizes(quick)
+    order = sorted(train + heldout)
+    reps = reps or (10 if quick else 30)
+    rows = dict(measure_collective(world_size, order, collective, reps, quantile))
+    tr = tuple((b, rows[b]) for b in train)
+    ho = tuple((b, rows[b]) for b in heldout)
+    fits = fit_alpha_beta(tr)
+    errs = tuple(rel_errors(fits, ho))
+    algorithm = "tree" if collective == "broadcast" else "ring"
+    kind = collective
+    link_fits = tuple(link_from_collective(kind, algorithm, world_size, f) for f in fits)
+    link = MeasuredLink(
+        backend="gloo",
+        world_size=world_size,
+        collective=collective,
+        algorithm=algorithm,
+        fits=link_fits,
+        heldout_max_rel_err=max(errs) if errs else 0.0,
+        device_fingerprint=device_fingerprint("cpu"),
+        torch_version=torch.__version__.split("+")[0],
+        measured_at=now_iso(),
+        command=command,
+        samples=tuple(sorted(rows.items())),
+        quantile=quantile,
+    )
+    return CommBenchResult(link, fits, tr, ho, errs)
+
+
+# ---- a data-parallel step under DDP ---------------------------------------------------
+def _ddp_steps(
+    rank: int,
+    world: int,
+    d: int,
+    hidden: int,
+    layers: int,
+    batch: int,
+    caps_mb: list[float],
+    reps: int,
+    sizes: list[int],
+) -> dict[str, Any]:
+    """On each rank: forward and forward+backward of planner.zoo's MLP without
+    communication, a DDP training step per bucket cap, and all-reduce times per size for
+    the α-β fit; all medians, the max over ranks."""
+
+    torch.manual_seed(0)
+    model = zoo.MLP(d, hidden, layers)
+    x = torch.randn(batch, d)
+
+    def fwd() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def fwd_bwd(m: torch.nn.Module) -> None:
+        m.zero_grad(set_to_none=True)
+        m(x).square().mean().backward()
+
+    # one DDP wrapper per cap, each over its own copy of the model (two wrappers on one
+    # module would both reduce its gradients); the plain model's forward and
+    # forward+backward and every cap are stepped in rounds, so that a burst of load from
+    # other processes spreads over all of them alike
+    ddps = [
+        torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=cap)
+        for cap in caps_mb
+    ]
+    runs: list[Callable[[], None]] = [fwd, lambda: fwd_bwd(model)]
+    runs += [lambda ddp=ddp: fwd_bwd(ddp) for ddp in ddps]
+    for run in runs:
+        run()
+        run()  # DDP rebuilds its buckets after the first step
+    samples: list[list[float]] = [[] for _ in runs]
+    for _ in range(reps):
+        dist.barrier()
+        for i, run in enumerate(runs):
+            t0 = time.perf_counter()
+            run()
+            samples[i].append(time.perf_counter() - t0)
+    meds = [statistics.median(ts) for ts in samples]
+    out: dict[str, Any] = {"fwd_s": meds[0], "fwd_bwd_s": meds[1]}
+    out["ddp_s"] = {str(c): m for c, m in zip(caps_mb, meds[2:], strict=True)}
+    out["all_reduce"] = _time_sizes(rank, world, "all_reduce", sizes, reps)
+    flat = [out["fwd_s"], out["fwd_bwd_s"], *out["ddp_s"].values()]
+    t = torch.tensor(flat, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    out["fwd_s"], out["fwd_bwd_s"] = t[0].item(), t[1].item()
+    out["ddp_s"] = dict(zip(out["ddp_s"], t[2:].tolist(), strict=True))
+    return out
+
+
+def measure_ddp(
+    world_size: int,
+    d: int,
+    hidden: int,
+    layers: int,
+    batch: int,
+    caps_mb: Sequence[float],
+    reps: int = 10,
+    sizes: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """DDP step times of planner.zoo's MLP per bucket cap over gloo, with the compute-only
+    forward and forward+backward times and all-reduce timings for a fit."""
+    sizes = list(sizes or [1 << k for k in range(12, 25, 2)])
+    return run_ranks(
+        world_size,
+        _ddp_steps,
+        (d, hidden, layers, batch, list(caps_mb), reps, sizes),
+        timeout_s=300,
+    )

@@ -1,0 +1,54 @@
+"""The DP bucket size searched on the two-stream model, and measured DDP on gloo."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.distributed.dp import DDP_BUCKET_BYTES, BackwardStep, dp_step_timeline
+from profiling.commbench import measure_ddp
+from search.bucket_search import candidates, search_bucket_size
+
+MB = 1024 * 1024
+
+
+def _steps(n: int, grad_mb: float, step_s: float) -> list[BackwardStep]:
+    return [BackwardStep(f"l{i}", step_s, (int(grad_mb * MB),)) for i in range(n)]
+
+
+def test_bandwidth_bound_link_gets_small_buckets_that_overlap() -> None:
+    # 8 layers of 4 MiB gradients, 10 ms of backward each; 1 GB/s, 50 us latency
+    steps = _steps(8, 4, 10e-3)
+
+    def ar(nbytes: int) -> float:
+        return 50e-6 + nbytes / 1e9
+
+    choice = search_bucket_size(steps, ar, ddp_first_bucket=False)
+    # one layer per bucket hides all but the last all-reduce: 8 x 10 ms + one 4 MiB transfer
+    assert choice.bucket_bytes == 4 * MB
+    assert choice.predicted_s == pytest.approx(80e-3 + ar(4 * MB))
+    assert choice.predicted_s < choice.ddp_default_predicted_s  # 25 MiB: 6 layers wait
+
+
+def test_latency_bound_link_gets_one_bucket() -> None:
+    steps = _steps(8, 0.01, 1e-6)  # tiny gradients, almost no compute
+
+    def ar(nbytes: int) -> float:
+        return 1e-3 + nbytes / 1e9  # 1 ms per collective dominates
+
+    choice = search_bucket_size(steps, ar, ddp_first_bucket=False)
+    assert choice.bucket_bytes >= 8 * int(0.01 * MB)  # everything in one bucket
+    one = dp_step_timeline(steps, choice.bucket_bytes, ar).makespan_s
+    assert one == pytest.approx(8e-6 + ar(8 * int(0.01 * MB)))
+
+
+def test_candidates_cover_every_gradient_and_ddp_default() -> None:
+    c = candidates(_steps(3, 1, 1e-3))
+    assert DDP_BUCKET_BYTES in c and min(c) <= MB and max(c) >= 3 * MB
+
+
+@pytest.mark.slow  # two ranks running DDP: ~35 s on this shared 2-core machine
+def test_ddp_over_gloo_is_measured_per_bucket_cap() -> None:
+    m = measure_ddp(2, 32, 64, 2, 4, [0.001, 25.0], reps=2, sizes=[4096, 65536])
+    assert set(m["ddp_s"]) == {"0.001", "25.0"}
+    assert all(t > 0 for t in m["ddp_s"].values())
+    assert m["fwd_bwd_s"] > m["fwd_s"] > 0 and len(m["all_reduce"]) == 2
