@@ -1,0 +1,126 @@
+"""Numbers for people in the command line's tables: times in µs, ms or s chosen by size,
+bytes in kB/MB/GB, timings as median with spread and a mark when a figure is unstable,
+shape buckets as `S 257..512` rather than the cache's `[8,257-512,768]` key.
+
+Only the standard library: the CLI's parsers import this module while building `--help`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+# A timing whose interquartile range exceeds this share of its median is marked unstable.
+MAX_SPREAD = 0.10
+UNSTABLE_MARK = "?"
+UNSTABLE_NOTE = (
+    f"{UNSTABLE_MARK} unstable: the timer did not settle or the spread (IQR) is over "
+    f"{MAX_SPREAD:.0%} of the median, or the speed-up's range includes 1.00x; a rerun may "
+    "differ (try --threads 1 on a quiet machine)"
+)
+
+
+class TimingLike(Protocol):
+    """What the display needs of a timing record (profiling.timer.Timing has it)."""
+
+    median_s: float
+    iqr_s: float
+    stable: bool
+
+
+def time_s(seconds: float | None, digits: int = 3) -> str:
+    """Seconds as `812 ns`, `41.2 µs`, `58.6 ms` or `2.31 s`, with `digits` significant
+    digits (whole numbers keep all of theirs); `-` for None or nan."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    a = abs(seconds)
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if a >= scale:
+            return f"{_sig(seconds / scale, digits)} {unit}"
+    return f"{_sig(seconds * 1e9, digits)} ns" if a else "0 s"
+
+
+def bytes_(n: float | None, digits: int = 3) -> str:
+    """Bytes as `512 B`, `3.15 kB`, `12.6 MB`, `1.07 GB` (powers of 1000)."""
+    if n is None or not math.isfinite(n):
+        return "-"
+    for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if abs(n) >= scale:
+            return f"{_sig(n / scale, digits)} {unit}"
+    return f"{int(n)} B"
+
+
+def _sig(x: float, digits: int) -> str:
+    """`x` with `digits` significant digits, no exponent, integers as they are."""
+    if x == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}"
+
+
+def unstable(t: TimingLike) -> bool:
+    """Whether a timing is too noisy to compare: not settled, or IQR > MAX_SPREAD."""
+    return (not t.stable) or (t.median_s > 0 and t.iqr_s / t.median_s > MAX_SPREAD)
+
+
+def timing(t: TimingLike | None) -> str:
+    """`58.6 ms ±3%` (± half the IQR, relative to the median), with the unstable mark."""
+    if t is None:
+        return "-"
+    half = 0.5 * t.iqr_s / t.median_s if t.median_s else 0.0
+    mark = UNSTABLE_MARK if unstable(t) else ""
+    return f"{time_s(t.median_s)} ±{100 * half:.0f}%{mark}"
+
+
+def speedup_range(base: TimingLike, new: TimingLike) -> tuple[float, float, float]:
+    """(median ratio, low, high) of base/new, the bounds from each side's quartiles."""
+    mid = base.median_s / new.median_s
+    lo = (base.median_s - base.iqr_s / 2) / (new.median_s + new.iqr_s / 2)
+    hi_den = new.median_s - new.iqr_s / 2
+    hi = (base.median_s + base.iqr_s / 2) / hi_den if hi_den > 0 else math.inf
+    return mid, lo, hi
+
+
+def speedup_unstable(base: TimingLike, new: TimingLike) -> bool:
+    """Whether the speed-up base/new may not hold on a rerun: either side unstable, or
+    the quartile range of the ratio straddles 1 (faster or slower is not settled)."""
+    _mid, lo, hi = speedup_range(base, new)
+    return unstable(base) or unstable(new) or lo < 1.0 < hi
+
+
+def speedup(base: TimingLike | None, new: TimingLike | None) -> str:
+    """`1.84x` (how much faster `new` is than `base`), marked when it is unstable."""
+    if base is None or new is None or not new.median_s:
+        return "-"
+    mid, _lo, _hi = speedup_range(base, new)
+    return f"{mid:.2f}x{UNSTABLE_MARK if speedup_unstable(base, new) else ''}"
+
+
+def timing_dict(t: Any) -> dict[str, Any]:
+    """The JSON form of a timing's display: median, spread, p99 and the unstable flag."""
+    if t is None:
+        return {}
+    return {
+        "median_s": t.median_s,
+        "iqr_s": t.iqr_s,
+        "p99_s": getattr(t, "p99_s", None),
+        "reps": getattr(t, "reps", None),
+        "unstable": unstable(t),
+    }
+
+
+def bucket(key: str, dims: Sequence[Any] | None = None) -> str:
+    """A bucket for people: `S 257..512` (or `B 2..4, S 33..64`) from the cache key
+    `[8,257-512,768]` and the spec's dynamic dims (name, input, axis); without dims, the
+    ranges of the key alone: `257..512`."""
+    shapes = [s.strip("[]").split(",") for s in key.split(";")] if key else []
+    named: dict[str, str] = {}
+    for d in dims or ():
+        name, i, a = (d.name, d.input, d.axis) if hasattr(d, "name") else d
+        if i < len(shapes) and a < len(shapes[i]):
+            named.setdefault(str(name), shapes[i][a].replace("-", ".."))
+    if named:
+        return ", ".join(f"{k} {v}" for k, v in named.items())
+    ranges = [d.replace("-", "..") for s in shapes for d in s if "-" in d]
+    return ", ".join(ranges) or key or "-"
