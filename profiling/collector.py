@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from planner import modelspec
+from planner import progress as progress_bars
 from planner.cost import CostModel
 from planner.errors import FusionPlannerError, ModelSpecError
 from planner.features import group_descriptor
@@ -442,7 +443,7 @@ class Collector:
             pool = None
         last_flush = time.perf_counter()
         try:
-            for n, job in enumerate(jobs):
+            for n, job in enumerate(progress_bars.track(jobs, "collect", unit="graph")):
                 if self._out_of_time(t0):
                     summary.stopped_early = True
                     break

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from learned_cost.online import Observation
+from planner import progress as progress_bars
 from planner.buckets import Bucket, BucketSpec, parse_dynamic
 from planner.cache import PlanCache
 from planner.cache_admin import export_document, plan_record, spec_record
@@ -384,7 +385,7 @@ def tune(
         f"strategy {cfg.strategy}, cost model {cost_model.name}/{cost_model.version}"
     )
     out = []
-    for i, b in enumerate(buckets, 1):
+    for i, b in enumerate(progress_bars.track(buckets, "tune", unit="bucket"), 1):
         progress(f"[{i}/{len(buckets)}] bucket {b.key}")
         try:
             out.append(tune_bucket(cfg, spec, b, cost_model, cache, progress=progress))

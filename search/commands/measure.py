@@ -10,13 +10,24 @@ from typing import Any
 import torch
 
 from learned_cost.analytical import AnalyticalModel
-from planner.hardware import get_spec, local_device_name
+from planner.hardware import get_spec
 from planner.realize import realize
 from planner.realize_check import short_reason
 from planner.runtime_graph import capture_for_serving
 from profiling.timer import Timing, measure
 from profiling.verify import verify_against_eager
-from search.cli_common import emit, positive_float, positive_int, resolve
+from search import fmt
+from search.cli_common import (
+    add_device_arg,
+    add_dtype_arg,
+    add_format_arg,
+    add_threads_arg,
+    apply_threads,
+    check_local_device,
+    emit,
+    positive_float,
+    resolve,
+)
 from search.planning import make_plan
 from search.strategies import STRATEGIES
 
@@ -29,19 +40,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default="zoo:transformer-block", help="zoo:<name> or file.py:fn")
     p.add_argument("--shape", default="", help="e.g. B=8,S=512,D=768,H=12")
-    p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on GPU)")
+    add_device_arg(p, measures=True)
+    add_dtype_arg(p)
     p.add_argument("--strategy", default="priority", choices=sorted([*STRATEGIES, "unfused"]))
     p.add_argument("--budget-seconds", type=positive_float, default=10.0, help="search time")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--no-cuda-graphs", action="store_true", help="realize without CUDA graphs")
-    p.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="torch CPU threads (1 is steadier on a busy host)",
-    )
-    p.add_argument("--format", choices=("table", "json"), default="table")
-    p.set_defaults(run=run, device=None)
+    add_threads_arg(p)
+    add_format_arg(p)
+    p.set_defaults(run=run)
 
 
 def _timed(fn: Any, dev: torch.device, dtype: str) -> Timing:
@@ -50,10 +57,9 @@ def _timed(fn: Any, dev: torch.device, dtype: str) -> Timing:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    args.device = local_device_name(dev)
+    args.device = check_local_device(args)
     r = resolve(args)
     module, inputs = r.spec.build(dtype=r.dtype, device=dev)
     # the backend's graph, as tune captures it: a plan made here is one the backend can serve
@@ -109,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
                 **v["timing"].to_dict(),
                 "setup_s": v["setup_s"],
                 "vs_eager": eager.median_s / v["timing"].median_s,
+                "unstable": fmt.unstable(v["timing"]),
+                "vs_eager_unstable": fmt.speedup_unstable(eager, v["timing"]),
             }
             for k, v in rows.items()
         },
@@ -120,15 +128,22 @@ def run(args: argparse.Namespace) -> int:
         f"({', '.join(f'{k}={realized.realizations.count(k)}' for k in sorted(set(realized.realizations)))}), "
         f"cuda graph {'on' if realized.cuda_graph else 'off'}, "
         f"{len(realized.fallbacks)} group(s) fell back; {check}",
-        f"{'variant':<22} {'median us':>11} {'p99 us':>11} {'vs eager':>9} {'setup s':>9}",
+        f"{'variant':<22} {'median ±IQR/2':>16} {'p99':>10} {'vs eager':>9} {'setup':>9}",
     ]
     for k, v in rows.items():
         t = v["timing"]
         lines.append(
-            f"{k:<22} {t.median_s * 1e6:11.1f} {t.p99_s * 1e6:11.1f} "
-            f"{eager.median_s / t.median_s:8.2f}x {v['setup_s']:9.1f}"
+            f"{k:<22} {fmt.timing(t):>16} {fmt.time_s(t.p99_s):>10} "
+            f"{'1.00x' if t is eager else fmt.speedup(eager, t):>9} "
+            f"{fmt.time_s(v['setup_s']) if v['setup_s'] else '-':>9}"
         )
-    lines.append(f"{'predicted (analytical)':<22} {made.plan.predicted_s * 1e6:11.1f}")
+    lines.append(f"{'predicted (analytical)':<22} {fmt.time_s(made.plan.predicted_s):>16}")
+    if any(
+        fmt.unstable(v["timing"])
+        or (v["timing"] is not eager and fmt.speedup_unstable(eager, v["timing"]))
+        for v in rows.values()
+    ):
+        lines.append(fmt.UNSTABLE_NOTE)
     for g, why in realized.fallbacks.items():  # one short reason per group
         lines.append(f"  group {g} fell back: {short_reason(why, 100)}")
     emit(args, payload, "\n".join(lines))
