@@ -19,6 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import learned_cost
 from learned_cost.data import load_profiles
 from learned_cost.evaluate import MODELS
 from learned_cost.features import FEATURES, SCHEMA_HASH
@@ -34,10 +35,11 @@ from learned_cost.train import (
     train,
 )
 from planner import hardware
+from planner.hardware import cache_dir
 from search.cli_common import positive_int
 
-DEFAULT_MODELS_DIR = Path("learned_cost/models")
-DEFAULT_DOC = Path("docs/learned_cost.md")
+# The models shipped with the package, wherever the command runs from.
+PACKAGED_MODELS_DIR = Path(learned_cost.__file__).resolve().parent / "models"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -96,28 +98,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         v.add_argument(
             "--plot",
             default=None,
-            help="predicted-vs-measured PNG (default: docs/img/learned_cost_<device>.png)",
+            help="predicted-vs-measured PNG (default: "
+            + ("next to the model, OUT with .png)" if verb == "train" else "none)"),
         )
         v.add_argument("--format", choices=("table", "json"), default="table")
         if verb == "train":
             v.add_argument(
                 "--out",
                 default=None,
-                help="model path (.json + .npz; default: learned_cost/models/<device>.json)",
+                help="model path (.json + .npz); the shipped models are replaced only when "
+                "named (default: <user cache>/models/<device>.json)",
             )
         else:
             v.add_argument(
                 "--model", default=None, help="a saved model whose MLP hyper-parameters to use"
             )
         v.set_defaults(run=run_train if verb == "train" else run_eval)
-    r = verbs.add_parser("report", help="write docs/learned_cost.md from saved models")
+    r = verbs.add_parser(
+        "report", help="the held-out results of saved models as Markdown (docs/learned_cost.md)"
+    )
     r.add_argument(
         "--models",
         nargs="*",
         default=None,
-        help="saved model JSON files (default: learned_cost/models/*.json)",
+        help="saved model JSON files (default: the models shipped with the package)",
     )
-    r.add_argument("--out", default=str(DEFAULT_DOC))
+    r.add_argument(
+        "--out",
+        default="-",
+        help="Markdown file, or - for stdout; the committed report is rewritten only when "
+        "named: --out docs/learned_cost.md",
+    )
     r.set_defaults(run=run_report)
 
 
@@ -183,8 +194,9 @@ def _command(args: argparse.Namespace, cfg: TrainConfig, out: str) -> str:
 
 def run_train(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    out = args.out or str(DEFAULT_MODELS_DIR / f"{cfg.device}.json")
-    plot = args.plot or f"docs/img/learned_cost_{cfg.device}.png"
+    out = args.out or str(cache_dir() / "models" / f"{cfg.device}.json")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    plot = args.plot or str(Path(out).with_suffix(".png"))
     profiles = load_profiles(args.data)
     _, run, meta, form = train(profiles, cfg, out, command=_command(args, cfg, out), plot=plot)
     assert meta is not None
@@ -209,8 +221,9 @@ def run_eval(args: argparse.Namespace) -> int:
     cfg = _config(args, params)
     profiles = load_profiles(args.data)
     run = evaluate_all(profiles, cfg)
-    plot = args.plot or f"docs/img/learned_cost_{cfg.device}.png"
-    plot_predictions(run.splits[0], plot, title=cfg.device)
+    plot = args.plot
+    if plot:
+        plot_predictions(run.splits[0], plot, title=cfg.device)
     if args.format == "json":
         payload = {
             "device": run.device,
@@ -222,7 +235,8 @@ def run_eval(args: argparse.Namespace) -> int:
         return 0
     form = args.form if args.form != "auto" else None
     print(render_run(run, committed_name(form, cfg.twins) if form else None))
-    print(f"\nplot: {plot}")
+    if plot:
+        print(f"\nplot: {plot}")
     return 0
 
 
@@ -370,10 +384,20 @@ def _leaders(scores: list[dict]) -> str:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    paths = args.models or sorted(str(p) for p in DEFAULT_MODELS_DIR.glob("*.json"))
-    metas = [(p, read_meta(p)) for p in paths]
+    if args.models:
+        metas = [(p, read_meta(p)) for p in args.models]
+    else:  # cited by the repo-relative path, wherever the command runs from
+        root = PACKAGED_MODELS_DIR.parent.parent
+        metas = [
+            (str(p.relative_to(root)), read_meta(p))
+            for p in sorted(PACKAGED_MODELS_DIR.glob("*.json"))
+        ]
+    text = render_report(metas)
+    if args.out == "-":
+        sys.stdout.write(text)
+        return 0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(metas))
-    print(f"wrote {out} ({len(metas)} model(s))")
+    out.write_text(text)
+    print(f"wrote {out} ({len(metas)} model(s))", file=sys.stderr)
     return 0
