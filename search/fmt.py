@@ -114,6 +114,9 @@ def bucket(key: str, dims: Sequence[Any] | None = None) -> str:
     """A bucket for people: `S 257..512` (or `B 2..4, S 33..64`) from the cache key
     `[8,257-512,768]` and the spec's dynamic dims (name, input, axis); without dims, the
     ranges of the key alone: `257..512`."""
+    kind, colon, rest = key.partition(":")
+    if colon and kind in ("bucket", "exact"):  # the cache's entry keys
+        return ("exact " if kind == "exact" else "") + bucket(rest, dims)
     shapes = [s.strip("[]").split(",") for s in key.split(";")] if key else []
     named: dict[str, str] = {}
     for d in dims or ():
