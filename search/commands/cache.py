@@ -96,10 +96,15 @@ def _ls(cache: PlanCache, args: argparse.Namespace) -> int:
             f"{'id':<10} {'model':<28} {'device':<18} {'bucket':<18} {'strategy':<10} "
             f"{'groups':>6} {'predicted':>10} {'measured':>10} {'torch':<8} status"
         )
+    specs: dict[tuple[str, str], Any] = {}
     for r in rows:
+        key = (r["model_key"], r["device_fp"])
+        if key not in specs:
+            specs[key] = cache.bucket_spec(*key)
+        dims = specs[key].dims if specs[key] is not None else None
         print(
             f"{r['id']:<10} {_model(r):<28} {r['device_fp']:<18} "
-            f"{fmt.bucket(r['bucket_key']):<18} {r['strategy'][:10]:<10} {r['groups']:>6} "
+            f"{fmt.bucket(r['bucket_key'], dims):<18} {r['strategy'][:10]:<10} {r['groups']:>6} "
             f"{fmt.time_s(r['predicted_s']):>10} {fmt.time_s(r['measured_s']):>10} "
             f"{r['torch_version']:<8} {r['status']}"
         )
