@@ -122,8 +122,14 @@ def bucket(key: str, dims: Sequence[Any] | None = None) -> str:
     for d in dims or ():
         name, i, a = (d.name, d.input, d.axis) if hasattr(d, "name") else d
         if i < len(shapes) and a < len(shapes[i]):
-            named.setdefault(str(name), shapes[i][a].replace("-", ".."))
+            named.setdefault(str(name), _range(shapes[i][a]))
     if named:
         return ", ".join(f"{k} {v}" for k, v in named.items())
-    ranges = [d.replace("-", "..") for s in shapes for d in s if "-" in d]
+    ranges = [_range(d) for s in shapes for d in s if "-" in d]
     return ", ".join(ranges) or key or "-"
+
+
+def _range(text: str) -> str:
+    """`257-512` -> `257..512`; `64-64` -> `64`."""
+    lo, dash, hi = text.partition("-")
+    return lo if not dash or lo == hi else f"{lo}..{hi}"

@@ -262,7 +262,7 @@ def tune_bucket(
     cands = search_candidates(graph, objective, cfg, bucket.key)
     search_s = time.perf_counter() - t0
     progress(
-        f"bucket {bucket.key} at {params}: {len(graph.nodes)} ops, "
+        f"bucket {spec.label(bucket)} at {params}: {len(graph.nodes)} ops, "
         f"{len(cands)} distinct candidate(s) in {search_s:.1f}s; measuring top {cfg.top_k}"
     )
     eager = _timed(lambda: module(*inputs), dev, dt, cfg)
@@ -386,14 +386,14 @@ def tune(
     )
     out = []
     for i, b in enumerate(progress_bars.track(buckets, "tune", unit="bucket"), 1):
-        progress(f"[{i}/{len(buckets)}] bucket {b.key}")
+        progress(f"[{i}/{len(buckets)}] bucket {spec.label(b)}")
         try:
             out.append(tune_bucket(cfg, spec, b, cost_model, cache, progress=progress))
         except Exception as e:
             why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
             if is_out_of_memory(e):
                 why = f"out of memory at {spec.representative_params(b)} ({why})"
-            progress(f"  bucket {b.key} failed: {why}")
+            progress(f"  bucket {spec.label(b)} failed: {why}")
             params = spec.representative_params(b)
             out.append(BucketResult(b, params, None, (), None, None, 0.0, 0.0, f"failed: {why}"))
     return out

@@ -224,6 +224,15 @@ def _json_ls(url: str, capsys) -> str:
 
 
 # ---- units and timing display -----------------------------------------------------------
+def test_bucket_specs_and_buckets_read_as_ranges_of_named_dims():
+    spec = parse_dynamic("S=100..1024", {"B": (0, 0), "S": ((0, 1), (1, 1))}, "pow2")
+    assert spec.describe() == "S 100..1024 in powers of two"
+    labels = [spec.label(b) for b in spec.buckets([(8, 1024, 64), (8, 1024)])]
+    assert labels == ["S 100..128", "S 129..256", "S 257..512", "S 513..1024"]
+    edges = parse_dynamic("B=2..4", {"B": (0, 0)}, "edges:2,4")
+    assert [edges.label(b) for b in edges.buckets([(4, 16)])] == ["B 2", "B 3..4"]
+
+
 def test_times_and_bytes_in_human_units():
     assert fmt.time_s(58579.89e-6) == "58.6 ms"
     assert fmt.time_s(203988.7e-6) == "204 ms"
@@ -231,7 +240,7 @@ def test_times_and_bytes_in_human_units():
     assert fmt.time_s(3.5) == "3.50 s"
     assert fmt.time_s(None) == "-"
     assert fmt.bytes_(12_600_000) == "12.6 MB"
-    assert fmt.bucket("[1,64-64,256]") == "64..64"
+    assert fmt.bucket("[1,64-64,256]") == "64"
     assert fmt.bucket("bucket:[8,257-512,768]", [("S", 0, 1)]) == "S 257..512"
 
 
