@@ -97,8 +97,14 @@ class Bar:
         if mode == "bar":
             from tqdm.auto import tqdm
 
+            nested = bool(_open_bars)  # an inner bar (a search inside a bucket) goes away
             self._tqdm = tqdm(
-                total=total, desc=desc, unit=unit, file=_stream(), dynamic_ncols=True, leave=True
+                total=total,
+                desc=desc,
+                unit=unit,
+                file=_stream(),
+                dynamic_ncols=True,
+                leave=not nested,
             )
 
     def update(self, n: int = 1) -> None:
@@ -133,8 +139,8 @@ class Bar:
     def close(self) -> None:
         if self._tqdm is not None:
             self._tqdm.close()
-        elif self.mode == "plain":
-            self._note = ""
+        elif self.mode == "plain" and time.monotonic() - self._t0 >= _settings.interval_s:
+            self._note = ""  # a last line for a job long enough to have had progress lines
             self._plain_line()
 
     def __enter__(self) -> Bar:
