@@ -229,7 +229,7 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
     ±half the IQR, and the speed-ups, marked where a rerun may not agree."""
     head = (
         f"{'bucket':<16} {'plan':<9} {'groups':>6} {'plan':>16} {'eager':>16} "
-        f"{'compile':>16} {'vs eager':>9} {'vs compile':>10}"
+        f"{'compile':>16} {'vs eager':>9} {'vs compile':>10} {'fell back':>9}"
     )
     lines = [f"tuned {label} on {device}; plans in {cache_url}", head, "-" * len(head)]
     flagged = False
@@ -245,7 +245,7 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
         flagged |= any(fmt.UNSTABLE_MARK in c for c in cells + ups)
         lines.append(
             f"{name:<16} {best.strategy:<9} {len(best.partition):>6} {cells[0]:>16} "
-            f"{cells[1]:>16} {cells[2]:>16} {ups[0]:>9} {ups[1]:>10}"
+            f"{cells[1]:>16} {cells[2]:>16} {ups[0]:>9} {ups[1]:>10} {len(best.fallbacks):>9}"
         )
         for g, why in best.fallbacks.items():  # one short reason per group
             lines.append(f"{'':<4}group {g} runs eagerly: {short_reason(why, 100)}")
