@@ -61,14 +61,18 @@ def _mode() -> str:
 
 
 def say(line: str) -> None:
-    """Write one message line: above an open bar on a terminal, else as a plain line."""
-    mode = _mode()
-    if mode == "off":
+    """Write one message line: above an open bar on a terminal, else as a plain line;
+    nothing when progress is off."""
+    if _mode() != "off":
+        write(line, _stream())
+
+
+def write(line: str, stream: TextIO) -> None:
+    """Write `line` to `stream` without breaking an open bar (log records use this)."""
+    if _open_bars and _open_bars[-1]._tqdm is not None:
+        _open_bars[-1]._tqdm.write(line, file=stream)
         return
-    if mode == "bar" and _open_bars and _open_bars[-1]._tqdm is not None:
-        _open_bars[-1]._tqdm.write(line, file=_stream())
-        return
-    print(line, file=_stream(), flush=True)
+    print(line, file=stream, flush=True)
 
 
 def format_duration(seconds: float) -> str:

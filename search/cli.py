@@ -132,13 +132,23 @@ def _command_of(argv: list[str]) -> str | None:
     return None
 
 
+class _LogHandler(logging.StreamHandler):
+    """Log records on stderr, written above a progress bar rather than through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            progress.write(self.format(record), self.stream)
+        except Exception:
+            self.handleError(record)
+
+
 def setup_output(verbose: int, quiet: bool, mode: str) -> None:
     """Logging (to stderr, once) and the progress display, from the global options."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     root = logging.getLogger()
     for h in list(root.handlers):  # configured once: a second call replaces, never adds
         root.removeHandler(h)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _LogHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(level)

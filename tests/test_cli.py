@@ -105,11 +105,13 @@ def _options(command: str) -> dict[str, object]:
 
 
 def test_the_same_flags_with_the_same_names_and_defaults_across_commands():
-    timing = ("tune", "measure", "collect")
-    for cmd in timing:
+    for cmd in ("tune", "measure", "collect", "device-bench"):
         opts = _options(cmd)
         assert "--threads" in opts and opts["--threads"].default is None, cmd
-        assert "--device" in opts and opts["--device"].default is None, cmd
+    for cmd in ("analyze", "plan", "tune", "measure", "collect"):
+        opts = _options(cmd)
+        assert opts["--device"].default is None and opts["--device"].metavar == "NAME", cmd
+        assert opts["--device"].type is _options("plan")["--device"].type, cmd
     for cmd in ("analyze", "plan", "tune", "measure"):
         assert _options(cmd)["--dtype"].default is None, cmd
         assert _options(cmd)["--format"].default == "table", cmd
@@ -290,6 +292,30 @@ def test_progress_bar_on_a_terminal_keeps_messages_off_the_bar():
     text = stream.getvalue()
     assert "collect" in text and "3/3" in text and "graph" in text
     assert "job 1 done\n" in text
+
+
+def test_log_records_during_a_bar_are_written_above_it():
+    from search.cli import _LogHandler
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    progress.configure("bar", stream=stream)
+    log = logging.getLogger("test_cli.bar")
+    handler = _LogHandler(stream)
+    log.addHandler(handler)
+    try:
+        with progress.bar(2, "tune", unit="bucket") as b:
+            b.update()
+            log.warning("a warning while the bar runs")
+            b.update()
+    finally:
+        log.removeHandler(handler)
+        progress.configure()
+    lines = stream.getvalue().replace("\r", "\n").split("\n")
+    assert "a warning while the bar runs" in lines  # a line of its own, not inside the bar
 
 
 def test_progress_off_writes_nothing():

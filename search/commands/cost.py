@@ -36,7 +36,7 @@ from learned_cost.train import (
 )
 from planner import hardware
 from planner.hardware import cache_dir
-from search.cli_common import positive_int
+from search.cli_common import device_name, positive_int
 
 # The models shipped with the package, wherever the command runs from.
 PACKAGED_MODELS_DIR = Path(learned_cost.__file__).resolve().parent / "models"
@@ -55,7 +55,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         )
         v.add_argument(
             "--device",
+            type=device_name,
             default=None,
+            metavar="NAME",
             help=f"device spec of the rows to use: {', '.join(hardware.known_devices())} "
             "(default: this machine's)",
         )

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 from planner import hardware
 from profiling.devicebench import run_device_bench
-from search.cli_common import emit
+from search.cli_common import add_format_arg, add_threads_arg, apply_threads, emit
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,11 +19,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="write into planner/devices/ (the repo's committed figures) instead of the user cache",
     )
     p.add_argument("--no-save", action="store_true", help="print only")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    add_threads_arg(p)
+    add_format_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    apply_threads(args)
     name = hardware.local_device_name()
     datasheet = hardware.get_spec(name, measured=False)
     peaks = run_device_bench(quick=args.quick)
