@@ -20,6 +20,7 @@ on a terminal, and nothing else beyond the standard library.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -101,13 +102,17 @@ class Bar:
         if mode == "bar":
             from tqdm.auto import tqdm
 
+            size = shutil.get_terminal_size((100, 20))
             nested = bool(_open_bars)  # an inner bar (a search inside a bucket) goes away
             self._tqdm = tqdm(
                 total=total,
                 desc=desc,
                 unit=unit,
                 file=_stream(),
-                dynamic_ncols=True,
+                # a terminal that reports no size (a pty under `script`, some CI runners)
+                # would hide every bar (0 rows): fall back to 100 x 20
+                ncols=size.columns,
+                nrows=size.lines,
                 leave=not nested,
             )
 
