@@ -583,7 +583,7 @@ def test_cli_lookup_finds_what_a_tuning_job_stored(tmp_path, capsys):
     argv = ["cache", "lookup", "--model", "zoo:mlp", "--cache", url]
     assert main([*argv, "--shape", "B=3,D=16,HID=32,L=2"]) == 0
     out = capsys.readouterr().out
-    assert "hit (bucket [3-4,16])" in out and "measured 15.0 µs" in out
+    assert "hit (bucket B 3..4)" in out and "measured 15.0 µs" in out
     assert main([*argv, "--shape", "B=30,D=16,HID=32,L=2", "--format", "json"]) == 0
     miss = json.loads(capsys.readouterr().out)
     assert miss["source"] == "default" and miss["bucket"] == "[17-32,16]"

@@ -218,6 +218,9 @@ def test_cache_ls_shows_the_label_and_show_names_the_ops(tmp_path, capsys):
     groups = out.split("groups (")[1].split("history")[0]
     assert all(name in groups for name in names)
     assert "node indices" not in groups
+    assert main(["cache", "show", entry["id"][:6], "--cache", url, "--format", "json"]) == 0
+    ops = json.loads(capsys.readouterr().out)["group_ops"]
+    assert sorted(n for g in ops for n in g) == sorted(names)
 
 
 def _json_ls(url: str, capsys) -> str:

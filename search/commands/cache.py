@@ -127,7 +127,11 @@ def _show(cache: PlanCache, args: argparse.Namespace) -> int:
     e = matches[0]
     history = cache.history(e.model_key, e.device_fp, e.bucket_key)
     if args.format == "json":
-        return _json({**_row(cache, e), "plan": e.plan.to_json(), "history": history})
+        names = _op_names(e)
+        ops = [[names[n] for n in g.nodes] for g in e.plan.groups] if names else None
+        return _json(
+            {**_row(cache, e), "plan": e.plan.to_json(), "group_ops": ops, "history": history}
+        )
     r = _row(cache, e)
     for k in ("id", "label", "model_key", "device_fp", "bucket_key", "strategy", "cost_model"):
         print(f"{k:<12} {r[k] or '-'}")
@@ -186,10 +190,12 @@ def _lookup(cache: PlanCache, args: argparse.Namespace) -> int:
     if args.format == "json":
         return _json(payload)
     print(f"{r.spec.label} ({r.dtype_name}) model key {graph.structure_key} on {dev}")
+    stored_spec = cache.bucket_spec(graph.structure_key, dev)
+    shown = fmt.bucket(bucket, stored_spec.dims if stored_spec else None) if bucket else None
     if result.plan is None:
         if bucket:
-            where = f"bucket {bucket}"
-        elif cache.bucket_spec(graph.structure_key, dev) is None:
+            where = f"bucket {shown}"
+        elif stored_spec is None:
             where = "no plans stored for this model key on this device"
         else:
             where = "no bucket: the shape is outside the stored spec"
@@ -197,7 +203,7 @@ def _lookup(cache: PlanCache, args: argparse.Namespace) -> int:
         return 0
     p = result.plan
     print(
-        f"hit ({result.source}{' ' + bucket if bucket and result.source == 'bucket' else ''}): "
+        f"hit ({result.source}{' ' + shown if shown and result.source == 'bucket' else ''}): "
         f"entry {result.entry.id if result.entry else '?'}, {p.strategy} plan with {p.n_groups} "
         f"groups, predicted {fmt.time_s(p.predicted_s)}, measured {fmt.time_s(p.measured_s)} "
         f"(eager {fmt.time_s(p.eager_s)})"
