@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+import learned_cost
 from planner import hardware, modelspec
 from planner.capture import Captured, trace_device
 from planner.errors import FusionPlannerError
@@ -89,6 +90,8 @@ def storage_arg(text: str) -> str:
 
 
 COST_MODEL_KEYWORDS = ("realized", "analytical")
+# The learned models shipped with the package (`--cost-model h100`), wherever the CLI runs.
+PACKAGED_MODELS = Path(learned_cost.__file__).resolve().parent / "models"
 
 
 def cost_model_arg(text: str) -> str:
@@ -105,9 +108,6 @@ def cost_model_arg(text: str) -> str:
         f"no cost model file {text!r}; give {' or '.join(COST_MODEL_KEYWORDS)}, a saved "
         f"model's .json, or a shipped one: {', '.join(names) or 'none'}"
     )
-
-
-PACKAGED_MODELS = Path(__file__).resolve().parent.parent / "learned_cost" / "models"
 
 
 def add_device_arg(p: argparse.ArgumentParser, *, measures: bool = False) -> None:

@@ -19,7 +19,6 @@ import shlex
 import sys
 from pathlib import Path
 
-import learned_cost
 from learned_cost.data import load_profiles
 from learned_cost.evaluate import MODELS
 from learned_cost.features import FEATURES, SCHEMA_HASH
@@ -36,10 +35,7 @@ from learned_cost.train import (
 )
 from planner import hardware
 from planner.hardware import cache_dir
-from search.cli_common import device_name, positive_int
-
-# The models shipped with the package, wherever the command runs from.
-PACKAGED_MODELS_DIR = Path(learned_cost.__file__).resolve().parent / "models"
+from search.cli_common import PACKAGED_MODELS, device_name, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -390,10 +386,9 @@ def run_report(args: argparse.Namespace) -> int:
     if args.models:
         metas = [(p, read_meta(p)) for p in args.models]
     else:  # cited by the repo-relative path, wherever the command runs from
-        root = PACKAGED_MODELS_DIR.parent.parent
+        root = PACKAGED_MODELS.parent.parent
         metas = [
-            (str(p.relative_to(root)), read_meta(p))
-            for p in sorted(PACKAGED_MODELS_DIR.glob("*.json"))
+            (str(p.relative_to(root)), read_meta(p)) for p in sorted(PACKAGED_MODELS.glob("*.json"))
         ]
     text = render_report(metas)
     if args.out == "-":
