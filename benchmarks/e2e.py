@@ -1,9 +1,9 @@
 """End-to-end benchmark: our realized plans vs eager, SDPA and torch.compile modes.
 
-    PYTHONPATH=. python benchmarks/e2e.py                      # anchors, H100 (or this CPU)
+    PYTHONPATH=. python benchmarks/e2e.py       # the reference shapes, on an H100 (or this CPU)
     PYTHONPATH=. python benchmarks/e2e.py --models transformer-block --shapes 1,128,768,12
 
-For the zoo's transformer-like models at the anchor shapes of shared/anchors/README.md
+For the zoo's transformer-like models at the reference shapes of benchmarks/README.md
 (B,S,D,H), it times: eager; eager+sdpa (the zoo's SDPA variant of the block, or for the
 other models the attention pattern rewritten to SDPA with everything else eager); torch
 compile default, reduce-overhead, and max-autotune-no-cudagraphs (on `--max-autotune`
@@ -34,23 +34,26 @@ from typing import Any
 
 import torch
 
-from learned_cost.analytical import AnalyticalModel
 from planner import zoo
 from planner.capture import export_model
 from planner.cost import group_io
 from planner.hardware import get_spec, local_device_name
+from planner.measurement import Measurement, PlanJob
 from planner.partition import Partition
 from planner.realize import realize
 from planner.realize_patterns import find_attention
-from profiling.timer import measure
+from planner.runtime_graph import capture_for_serving
+from profiling.runner import DeviceRunner, RealizedExecutor, ServedExecutor, first_call
+from search.cost_models import cost_model_for
 from search.planning import UNFUSED, make_plan
 
 MODELS = ("transformer-block", "gpt2-block", "llama-block", "bert-layer")
-ANCHORS = "1,128,768,12;8,512,768,12;32,512,1024,16;4,2048,1024,16;1,4096,4096,32"
+REFERENCE_SHAPES = "1,128,768,12;8,512,768,12;32,512,1024,16;4,2048,1024,16;1,4096,4096,32"
 MAX_AUTOTUNE = "1,128,768,12;8,512,768,12"
 STRATEGIES = ("greedy", "priority", "exact", UNFUSED)
 BASELINES = ("eager", "eager+sdpa", "compile", "compile-ro", "compile-max")
 TIMER = {"warmup": 10, "min_reps": 20, "max_reps": 200, "max_seconds": 5.0}
+EXECUTORS = {"realized": RealizedExecutor, "served": ServedExecutor}
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
@@ -114,99 +117,104 @@ def run_one(
     device: str,
     emit: Callable[[dict[str, Any]], None],
     measure_it: bool = True,
+    executor: str = "realized",
 ) -> None:
-    """All modes and plans of one (model, shape); `emit` gets one record per measurement."""
+    """All modes and plans of one (model, shape); `emit` gets one record per measurement.
+    Everything is timed by the one runner (profiling.runner); plans through `executor`."""
     module, inputs = build(model, shape, dtype, device)
     dname = str(dtype).removeprefix("torch.")
     spec = get_spec(local_device_name(torch.device(device)))
     base = {"model": model, "shape": ",".join(map(str, shape)), "dtype": dname}
+    dev = torch.device(device)
+    runner = DeviceRunner(executor=EXECUTORS[executor](), device=dev, timer=TIMER)
     torch._dynamo.reset()
-    with torch.no_grad():
-        for mode in modes:
-            t0 = time.perf_counter()
-            rec: dict[str, Any] = {**base, "mode": mode}
-            try:
-                if mode == "eager+sdpa" and model != "transformer-block":
-                    captured = export_model(module, inputs)
-                    found = sdpa_eager_partition(captured.graph)
-                    if found is None:
-                        continue
-                    p, reals = found
-                    fn: Any = realize(captured, p, realizations=reals, cuda_graphs=False)
-                else:
-                    fn = baseline_fn(mode, model, module, shape, dtype, device)
-                if fn is None:
+    for mode in modes:
+        t0 = time.perf_counter()
+        rec: dict[str, Any] = {**base, "mode": mode}
+        try:
+            if mode == "eager+sdpa" and model != "transformer-block":
+                captured = export_model(module, inputs)
+                found = sdpa_eager_partition(captured.graph)
+                if found is None:
                     continue
-                fn(*inputs)  # compile / warm
-                rec["setup_s"] = time.perf_counter() - t0
-                if measure_it:
-                    t = measure(lambda f=fn: f(*inputs), device=device, dtype=dname, **TIMER)
-                    rec.update(median_us=t.median_s * 1e6, p99_us=t.p99_s * 1e6, reps=t.reps)
-            except Exception as e:  # a mode that fails is reported, not fatal
-                rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                p, reals = found
+                fn: Any = realize(captured, p, realizations=reals, cuda_graphs=False)
+            else:
+                fn = baseline_fn(mode, model, module, shape, dtype, device)
+            if fn is None:
+                continue
+            first_call(lambda f=fn: f(*inputs), dev)  # compile / warm
+            rec["setup_s"] = time.perf_counter() - t0
+        except Exception as e:  # a mode that fails is reported, not fatal
+            rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             emit(rec)
-        captured = export_model(module, inputs)
-        lb = roofline_lb_s(captured.graph, spec, dname)
-        for strategy in strategies:
-            t0 = time.perf_counter()
-            rec = {**base, "mode": f"plan-{strategy}", "roofline_lb_us": lb * 1e6}
-            name, _, scorer = strategy.partition("@")
-            try:
-                cost = cost_model(scorer, spec)
-                rec["cost_model"] = getattr(cost, "model_id", None) or cost.name
-                made = make_plan(
-                    captured.graph, name, cost, device=spec.name, dtype=dname, budget_s=20.0
-                )
-                r = realize(captured, made.partition)
-                rec.update(
-                    planning_s=made.planning_s,
-                    compile_s=r.compile_s,
-                    n_groups=len(made.partition),
-                    realizations={k: r.realizations.count(k) for k in set(r.realizations)},
-                    fallbacks=len(r.fallbacks),
-                    gelu_epilogues=sum("cuBLASLt" in g.note for g in r.groups),
-                    verified=bool(r.verified),
-                    cuda_graph=r.cuda_graph,
-                    predicted_us=made.plan.predicted_s * 1e6,
-                )
-                rec["setup_s"] = time.perf_counter() - t0
-                if measure_it:
-                    t = measure(lambda f=r: f(*inputs), device=device, dtype=dname, **TIMER)
-                    rec.update(median_us=t.median_s * 1e6, p99_us=t.p99_s * 1e6, reps=t.reps)
-                    rec["tuning_s"] = time.perf_counter() - t0
-            except Exception as e:
-                rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            continue
+        if measure_it:
+            m = runner.measure_callable(fn, inputs, label=mode, dtype=dname)
+            rec.update(_timing_fields(m))
+        emit(rec)
+    # a plan the backend serves is made on the backend's graph (planner.runtime_graph)
+    capture = capture_for_serving if executor == "served" else export_model
+    captured = capture(module, inputs)
+    lb = roofline_lb_s(captured.graph, spec, dname)
+    for strategy in strategies:
+        t0 = time.perf_counter()
+        rec = {**base, "mode": f"plan-{strategy}", "roofline_lb_us": lb * 1e6}
+        name, _, scorer = strategy.partition("@")
+        try:
+            cost = cost_model_for(scorer, spec.name)
+            rec["cost_model"] = getattr(cost, "model_id", None) or cost.name
+            made = make_plan(
+                captured.graph, name, cost, device=spec.name, dtype=dname, budget_s=20.0
+            )
+        except Exception as e:
+            rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             emit(rec)
+            continue
+        job = PlanJob(captured, made.plan, label=strategy, module=module, inputs=tuple(inputs))
+        rec.update(
+            planning_s=made.planning_s,
+            n_groups=len(made.partition),
+            predicted_us=made.plan.predicted_s * 1e6,
+        )
+        if not measure_it:  # the warm-up pass: realize (and compile) only
+            with contextlib.suppress(Exception):
+                runner.executor.prepare(job, dev).close()
+            continue
+        m = runner.measure_plan(job)
+        rec.update(
+            executor=m.executor,
+            compile_s=m.compile_s,
+            realizations={k: m.realizations.count(k) for k in set(m.realizations)},
+            fallbacks=len(m.fallbacks),
+            gelu_epilogues=sum("cuBLASLt" in n for n in m.notes),
+            verified=m.ok,
+            cuda_graph=m.cuda_graph,
+            setup_s=time.perf_counter() - t0,
+            **_timing_fields(m),
+        )
+        if m.ok:
+            rec["tuning_s"] = time.perf_counter() - t0
+        emit(rec)
     torch._dynamo.reset()
     if device == "cuda":
         torch.cuda.empty_cache()
 
 
-def cost_model(scorer: str, spec: Any) -> Any:
-    """The cost model a plan strategy is scored with: "" = the analytical roofline,
-    "realized" = the roofline per kernel the realizer launches (learned_cost.realized),
-    "learned" = this device's committed correction (learned_cost/models/<device>.json;
-    the analytical model, with a warning, where it does not fit)."""
-    if not scorer:
-        return AnalyticalModel(spec)
-    if scorer == "realized":
-        from learned_cost.realized import RealizedRoofline
-
-        return RealizedRoofline(spec)
-    if scorer != "learned":
-        raise ValueError(f"unknown scorer {scorer!r} (use STRATEGY[@learned|@realized])")
-    from learned_cost.corrected import load_corrected
-
-    path = Path(__file__).resolve().parent.parent / "learned_cost" / "models" / f"{spec.name}.json"
-    return load_corrected(path, device=spec.name)
+def _timing_fields(m: Measurement) -> dict[str, Any]:
+    """A record's timing columns from the runner's measurement (or its error)."""
+    if m.timing is None:
+        return {"error": str(m.error)[:400]}
+    return {"median_us": m.median_s * 1e6, "p99_us": m.p99_s * 1e6, "reps": m.timing.reps}
 
 
-def _warm(job: tuple[str, tuple[int, ...], list[str], list[str], str, str]) -> str:
-    model, shape, modes, strategies, dtype, device = job
+def _warm(job: tuple[str, tuple[int, ...], list[str], list[str], str, str, str]) -> str:
+    model, shape, modes, strategies, dtype, device, executor = job
     warnings.simplefilter("ignore")
     t0 = time.perf_counter()
     try:
-        run_one(model, shape, modes, strategies, getattr(torch, dtype), device, _drop, False)  # type: ignore[arg-type]
+        dt = getattr(torch, dtype)
+        run_one(model, shape, modes, strategies, dt, device, _drop, False, executor)
     except Exception as e:  # warming is an optimization: the measuring pass reports errors
         return f"warming {model} {shape} failed: {type(e).__name__}: {str(e)[:200]}"
     return f"warmed {model} {shape} in {time.perf_counter() - t0:.0f} s"
@@ -277,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--shapes", default=ANCHORS, help="B,S,D,H;B,S,D,H;...")
+    p.add_argument("--shapes", default=REFERENCE_SHAPES, help="B,S,D,H;B,S,D,H;...")
     p.add_argument(
         "--max-autotune",
         default=MAX_AUTOTUNE,
@@ -286,9 +294,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--strategies",
         default=",".join(STRATEGIES),
-        help="plan strategies, each scored by the analytical model, STRATEGY@realized by "
-        "the roofline per realized kernel, STRATEGY@learned by this device's committed "
-        "learned correction",
+        help="plan strategies, each scored by the default cost model (search.cost_models), "
+        "or STRATEGY@analytical, STRATEGY@realized, STRATEGY@learned (this device's "
+        "committed learned correction)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=sorted(EXECUTORS),
+        default="realized",
+        help="how plans run while timed: the realized plan called directly (default), or "
+        "served through the torch.compile backend",
     )
     p.add_argument("--dtype", default=None, help="bf16 (GPU default) or fp32 (CPU default)")
     p.add_argument("--out-dir", default="benchmarks/results")
@@ -322,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(args.warm_workers, mp_context=ctx) as pool:
             dn = str(dtype).removeprefix("torch.")
-            for line in pool.map(_warm, [(m, s, md, st, dn, device) for m, s, md, st in jobs]):
+            warm = [(m, s, md, st, dn, device, args.executor) for m, s, md, st in jobs]
+            for line in pool.map(_warm, warm):
                 print(line, flush=True)
         print(f"warm-up done in {time.perf_counter() - t0:.0f} s", flush=True)
     records: list[dict[str, Any]] = []
@@ -345,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             print("stopping: --max-seconds reached", flush=True)
             break
         with contextlib.suppress(torch.cuda.OutOfMemoryError):
-            run_one(model, shape, modes, strats, dtype, device, emit)
+            run_one(model, shape, modes, strats, dtype, device, emit, executor=args.executor)
         md = out / f"e2e_{dev_name}.md"
         md.write_text(table(records, dev_name))  # after every job: a cut-off run keeps a table
     print(md.read_text())

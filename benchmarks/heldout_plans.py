@@ -4,17 +4,17 @@ Steps around GPU collections (data/README.md has the exact commands of each run)
 
     # 1. here (CPU): plan every graph of the dataset with the fold model that held it out
     python benchmarks/heldout_plans.py make --data data/h100_profiles.parquet --device h100 \
-        --out data/h100_heldout_plans_v2.json
+        --out data/h100_heldout_plans.json
     # 2. on the GPU: measure those plans (and their groups) on a copy of the dataset
-    python -m search.cli collect ... --resume --plans data/h100_heldout_plans_v2.json
+    python -m search.cli collect ... --resume --plans data/h100_heldout_plans.json
     # 3. here: the pairs (each graph's best analytical and held-out plan) to re-time ...
-    python benchmarks/heldout_plans.py pairs --data ... --plans data/h100_heldout_plans_v2.json \
-        --out data/h100_heldout_pairs_v2.json
+    python benchmarks/heldout_plans.py pairs --data ... --plans data/h100_heldout_plans.json \
+        --out data/h100_heldout_pairs.json
     # 4. ... in one GPU run, whole plans only (collect --no-strategy-groups --plans PAIRS)
     # 5. here: each graph's measured best held-out-learned plan against the analytical one
     python benchmarks/heldout_plans.py compare --data data/h100_profiles.parquet \
-        --data data/h100_heldout_v2.parquet --plans data/h100_heldout_plans_v2.json \
-        --retime data/h100_plan_retime_v2.parquet > benchmarks/results/heldout_plans_h100.md
+        --data data/h100_heldout.parquet --plans data/h100_heldout_plans.json \
+        --retime data/h100_plan_retime.parquet > benchmarks/results/heldout_plans_h100.md
 
 `make` runs the grouped cross-validation of `fusion-plan cost train` (split by graph, the
 same folds, seed and MLP settings as given) for the MLP alone, with each fold's plan

@@ -2,10 +2,10 @@
 
     python benchmarks/lookup_latency.py [--out benchmarks/results/lookup_latency_cpu.md]
 
-Targets (issue 7): L1 p99 <= 10 us, L2 p99 <= 500 us on this machine. Each sample times
+Targets: L1 p99 <= 10 us, L2 p99 <= 500 us on this machine. Each sample times
 one call with perf_counter_ns, so p99 includes the occasional GC pause or scheduler
 hiccup a real caller would see. The cache is a real SQLite file holding plans of many
-models (not an empty table), with a real plan of the seed's transformer block.
+models (not an empty table), with a real plan of the zoo's transformer block.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ above the core count means other processes competed for the CPU and stretched th
 ## Lookups
 
 The cache is a SQLite file holding {lk["entries"]} plans ({args.models} other models x 6
-buckets, plus the target: the seed's transformer block, {lk["groups"]}-group plan JSON per
+buckets, plus the target: the zoo's transformer block, {lk["groups"]}-group plan JSON per
 entry), filled through the public API in {lk["fill_s"]:.1f} s. Spec: S=128..4096, pow2.
 
 {header}

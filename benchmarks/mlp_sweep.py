@@ -1,7 +1,7 @@
 """Held-out error of the correction MLP under a few hyper-parameter settings:
 
     python benchmarks/mlp_sweep.py --data data/h100_profiles.parquet \
-        --data data/timing_v2/h100_profiles.parquet --device h100 \
+        --data data/h100_repeatability/collect1.parquet --device h100 \
         --config dropout=0.3 --config dropout=0.1 --config dropout=0 \
         --config dropout=0,hidden=128x128
 
@@ -11,7 +11,7 @@ descriptors), as `fusion-plan cost train` scores it; with `--plans`, the plan ro
 (plan error and regret, each fold's plan context fitted on the other folds' plans). This
 is how `--dropout`/`--hidden`/`--steps` of the committed models were chosen; the choice
 looks at the same folds the report shows, so those numbers are a little optimistic (as
-the form's choice is; docs/learned_cost.md, data/README.md).
+the form's choice is; docs/learned_cost.md, docs/design_notes.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python benchmarks/planning_time.py [--out benchmarks/results/planning_time.md]
         [--sizes 10,30,100,300,1000] [--seeds 3] [--exact-seconds 60]
 
-Target (issue 3): greedy and priority plan a 1000-node graph in <= 10 s on 2 cores.
+Target: greedy and priority plan a 1000-node graph in <= 10 s on 2 cores.
 Each cell is the median wall time over seeds of one `Strategy.plan` call (which includes
 the final evaluation), with the modelled cost relative to the unfused graph. Exact runs
 under a time budget: a cell marked "gave up" returned its incumbent (the better of

@@ -16,10 +16,10 @@ Cells are (model, shape) pairs of `benchmarks/models` (`SUITE`), named like
 2. in this process, under `torch.inference_mode()`: eager, `torch.compile` (default),
    `mode="reduce-overhead"`, `mode="max-autotune-no-cudagraphs"` and the planner backend
    on that cache. Each contender's first call is its compile time; after warm-up calls,
-   the timer runs interleaved rounds (the contenders in rotated order each round, the same
-   number of calls per round for all, CUDA events on GPU, perf_counter on CPU); a
-   contender's latency is the median per-call time over rounds, its spread the IQR over
-   the median;
+   the runner's interleaved timer runs rounds (profiling.runner, profiling.timer: the
+   contenders in rotated order each round, the same number of calls per round for all,
+   CUDA events on GPU, perf_counter on CPU); a contender's latency is the median per-call
+   time over rounds, its spread the IQR over the median;
 3. from the cache: the stored plan's measured latency (served / tuned: what the backend
    delivers against what `tune` measured) and its predicted latency (the cost model's
    plan error, predicted / measured); from the backend: its RuntimeStats (cache hits,
@@ -43,7 +43,6 @@ import math
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,9 +59,11 @@ import torch  # noqa: E402
 
 from benchmarks.models import OPTIONAL, SUITE, SuiteModel  # noqa: E402
 from planner.cache import PlanCache  # noqa: E402
+from planner.measurement import Measurement  # noqa: E402
 from planner.modelspec import parse_dtype, resolve  # noqa: E402
 from planner.pytrees import flat_values  # noqa: E402
 from planner.runtime import fusion_planner_backend  # noqa: E402
+from profiling.runner import DeviceRunner, first_call  # noqa: E402
 
 MODES = ("eager", "compile", "reduce-overhead", "max-autotune-no-cudagraphs", "planner")
 ALTERNATIVES = MODES[:4]  # what the planner is compared with
@@ -84,73 +85,18 @@ def cells(tiny: bool, patterns: list[str]) -> list[tuple[str, SuiteModel, dict[s
     return out
 
 
-# ---- one timer ------------------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _first_call_s(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
-    """Wall time of the first call (compiles happen here) and its output."""
-    _sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    _sync(device)
-    return time.perf_counter() - t0, out
-
-
-def _run_reps(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
-    """Mean seconds per call over `reps` back-to-back calls."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / reps
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps
-
-
-def interleaved(
-    fns: dict[str, Callable[[], Any]],
-    device: torch.device,
-    *,
-    rounds: int,
-    round_s: float,
-    warmup: int,
-) -> dict[str, dict[str, float]]:
-    """{name: {median_s, iqr_s, spread, reps, rounds}} from interleaved rounds; every
-    contender runs the same number of calls per round, sized so the slowest of them fills
-    about `round_s`."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    _sync(device)
-    slowest = max(
-        statistics.median(_run_reps(fn, 1, device) for _ in range(3)) for fn in fns.values()
-    )
-    reps = max(1, min(200, int(round_s / max(slowest, 1e-7))))
-    samples: dict[str, list[float]] = {n: [] for n in fns}
-    names = list(fns)
-    for r in range(rounds):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            samples[n].append(_run_reps(fns[n], reps, device))
-    out = {}
-    for n, xs in samples.items():
-        q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
-        med = statistics.median(xs)
-        out[n] = {
-            "median_s": med,
-            "iqr_s": q[2] - q[0],
-            "spread": (q[2] - q[0]) / med,
-            "reps": reps,
-            "rounds": rounds,
-        }
-    return out
+def _timing_row(m: Measurement) -> dict[str, float]:
+    """The row's timing of one contender: median and spread per call, calls per round
+    (`reps`) and rounds."""
+    t = m.timing
+    assert t is not None
+    return {
+        "median_s": t.median_s,
+        "iqr_s": t.iqr_s,
+        "spread": t.spread,
+        "reps": t.copies,
+        "rounds": t.reps,
+    }
 
 
 # ---- outputs --------------------------------------------------------------------------------
@@ -173,6 +119,8 @@ def tune_cell(m: SuiteModel, shape: dict[str, int], args: Any, db: str) -> dict[
     """`fusion-plan tune` of the cell's shape into `db`, in a subprocess."""
     fixed = ",".join(f"{k}={v}" for k, v in shape.items() if k != m.dim)
     v = shape[m.dim]
+    # --bucket: one bucket (v/2, v] whose representative is the cell's size
+    lo = max(2, v // 2 + 1) if args.bucket else v
     cmd = [
         sys.executable,
         "-m",
@@ -183,7 +131,9 @@ def tune_cell(m: SuiteModel, shape: dict[str, int], args: Any, db: str) -> dict[
         "--shape",
         fixed,
         "--dynamic",
-        f"{m.dim}={v}..{v}",
+        f"{m.dim}={lo}..{v}",
+        "--buckets",
+        f"edges:{v}",
         "--strategy",
         args.strategy,
         "--top-k",
@@ -235,9 +185,14 @@ def stored_plan(db: str) -> dict[str, Any]:
 
 
 def contenders(
-    module: torch.nn.Module, db: str, device: torch.device, modes: list[str]
+    module: torch.nn.Module,
+    db: str,
+    device: torch.device,
+    modes: list[str],
+    dynamic: bool | None = None,
 ) -> tuple[dict[str, Callable[..., Any]], Any, list[Any]]:
-    """(mode -> callable, the planner backend, its realized plans as they are made)."""
+    """(mode -> callable, the planner backend, its realized plans as they are made);
+    `dynamic` is torch.compile's, for every compiled contender."""
     out: dict[str, Callable[..., Any]] = {}
     realized: list[Any] = []
     backend = None
@@ -245,20 +200,20 @@ def contenders(
         if mode == "eager":
             out[mode] = module
         elif mode == "compile":
-            out[mode] = torch.compile(module)
+            out[mode] = torch.compile(module, dynamic=dynamic)
         elif mode == "planner":
             backend = fusion_planner_backend(db, device=device)
             base = backend.realizer
 
-            def recording(captured: Any, plan: Any, base: Any = base) -> Any:
-                rp = base(captured, plan)
+            def recording(captured: Any, plan: Any, base: Any = base, **options: Any) -> Any:
+                rp = base(captured, plan, **options)
                 realized.append(rp)
                 return rp
 
             backend.realizer = recording
-            out[mode] = torch.compile(module, backend=backend)
+            out[mode] = torch.compile(module, backend=backend, dynamic=dynamic)
         else:
-            out[mode] = torch.compile(module, mode=mode)
+            out[mode] = torch.compile(module, mode=mode, dynamic=dynamic)
     return out, backend, realized
 
 
@@ -276,6 +231,7 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
         "torch": torch.__version__,
         "tiny": args.tiny,
         "strategy": args.strategy,
+        "bucket": args.bucket,
     }
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "plans.sqlite")
@@ -293,14 +249,16 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
             if hasattr(torch._dynamo.config, knob):
                 setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
         with torch.inference_mode():
-            fns, backend, realized = contenders(module, db, device, args.modes)
+            fns, backend, realized = contenders(
+                module, db, device, args.modes, dynamic=True if args.bucket else None
+            )
             calls = {n: (lambda f=f, x=inputs: f(*x)) for n, f in fns.items()}
             ref = None
             compile_s, errors, diffs = {}, {}, {}
             for n, call in list(calls.items()):
                 _say(f"{name}: first call of {n}")
                 try:
-                    compile_s[n], out = _first_call_s(call, device)
+                    compile_s[n], out = first_call(call, device)
                 except Exception as e:  # a contender that cannot run is reported, not fatal
                     errors[n] = (
                         f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
@@ -311,10 +269,26 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
                     ref = out
                 elif ref is not None:
                     diffs[n] = max_abs_diff(ref, out)
+            if backend is not None and "planner" in calls and backend.static_after:
+                # the shape recurs: let the backend make its static specialization first
+                t0 = time.perf_counter()
+                for _ in range(backend.static_after):
+                    calls["planner"]()
+                backend.wait_static(timeout=900)
+                _sync(device)
+                compile_s["planner_static"] = time.perf_counter() - t0
             _say(f"{name}: timing {list(calls)}")
-            timing = interleaved(
-                calls, device, rounds=args.rounds, round_s=args.round_ms / 1e3, warmup=args.warmup
+            runner = DeviceRunner(device=device)
+            measured = runner.measure_interleaved(
+                calls,
+                rounds=args.rounds,
+                round_s=args.round_ms / 1e3,
+                warmup=args.warmup,
+                dtype=args.dtype,
+                compile_s=compile_s,
             )
+            timing = {n: _timing_row(m) for n, m in measured.items() if m.timing is not None}
+            errors |= {n: str(m.error) for n, m in measured.items() if m.error is not None}
         row.update(timing=timing, compile_s=compile_s, errors=errors, max_abs_diff=diffs)
         if backend is not None:
             s = backend.stats
@@ -325,10 +299,13 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
                 "bucket": s.bucket,
                 "default": s.default,
                 "fallbacks": list(s.fallbacks),
+                "static": s.static,
+                "static_failed": list(s.static_failed),
             }
             row["realized_plans"] = [
                 {
                     "groups": len(rp.partition),
+                    "static": bool(getattr(rp, "static_shapes", False)),
                     "fallback_groups": len(rp.fallbacks),
                     "fallback_reasons": sorted(set(rp.fallbacks.values()))[:5],
                     # set when no group-level fallback made the plan agree with eager
@@ -420,13 +397,16 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             notes.append(f"tune stored nothing: {why[:160]}")
         notes += [f"{n}: {e[:160]}" for n, e in r.get("errors", {}).items()]
         notes += [f"backend: {f[:160]}" for f in st.get("fallbacks", [])[:2]]
+        if st.get("static"):
+            notes.append(f"static specializations: {st['static']}")
+        notes += [f"no static specialization: {f[:160]}" for f in st.get("static_failed", [])[:1]]
         reasons = sorted({x for p in plans for x in p.get("fallback_reasons", [])})
         notes += [f"group fallback: {x[:160]}" for x in reasons[:2]]
         lines.append(
             "| "
             + " | ".join(
                 [
-                    r["cell"],
+                    r["cell"] + (" (dynamic=True, bucket)" if r.get("bucket") else ""),
                     f"{r['device']}, {r['dtype']}",
                     *(_mode_cell(r, n) for n in MODES),
                     f"{vs:.2f}x" if vs else "—",
@@ -482,6 +462,12 @@ def main(argv: list[str] | None = None) -> int:
         default=480.0,
         help="start no cell that would end past this, judged by the longest cell so far",
     )
+    p.add_argument(
+        "--bucket",
+        action="store_true",
+        help="tune one bucket (v/2, v] of the cell's dynamic size and compile every "
+        "contender with dynamic=True (the serving path for varying shapes)",
+    )
     p.add_argument("--redo", action="store_true", help="re-measure cells already in the jsonl")
     p.add_argument("--out", default=None, help="output stem (default results/real_models_<dev>)")
     p.add_argument("--from-jsonl", default=None, help="only regenerate the table from this file")
@@ -503,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     stem = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"real_models_{tag}"
     if args.tiny and not args.out:
         stem = stem.with_name(stem.name + "_tiny")
+    if args.bucket and not args.out:
+        stem = stem.with_name(stem.name + "_bucket")
     jsonl = stem.with_suffix(".jsonl")
     jsonl.parent.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/real_models.py " + shlex.join(

@@ -1,5 +1,5 @@
 """A model run over a stream of varying sequence lengths: the fusion-planner backend vs
-torch.compile(dynamic=True) vs eager. Total time, compile cost and recompiles (issue 7).
+torch.compile(dynamic=True) vs eager. Total time, compile cost and recompiles.
 
     python benchmarks/runtime_stream.py --quick            # CPU, a few minutes
     PYTHONPATH=. python benchmarks/runtime_stream.py       # GPU: bf16, S=128..2048, 200 calls

@@ -20,7 +20,7 @@ graph whose every reachable group is already scored (the 10-op resnet-bottleneck
 neither strategy spends evaluations any more: without it both would re-sample known plans
 until the seconds ran out, and the comparison would measure the clock.
 
-Targets (issue 4): tpe and rl-ft within 1% of exact on every graph of <= 30 ops; rl
+Targets (docs/search.md): tpe and rl-ft within 1% of exact on every graph of <= 30 ops; rl
 zero-shot at least as good as greedy on held-out graphs; on large graphs (>= 100 ops) the
 best search strictly better than priority on at least half of them.
 

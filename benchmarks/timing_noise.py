@@ -1,7 +1,8 @@
 """How repeatable are the group timings of a profile dataset? Compares two datasets of the
 same units (e.g. one collected with compile workers beside the timer, one without):
 
-    python benchmarks/timing_noise.py data/h100_serial_probe.parquet data/h100_profiles.parquet
+    python benchmarks/timing_noise.py data/h100_repeatability/collect2.parquet \
+        data/h100_repeatability/collect1.parquet
 
 For the units (same key) in both: the ratio of their medians, overall and for groups under
 25 us. For each dataset, restricted to the families and dtypes of the first: the noise

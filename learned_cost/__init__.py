@@ -1,4 +1,4 @@
-"""Cost models: the analytical roofline and its learned correction (seed 002, 7.4.1).
+"""Cost models: the analytical roofline and its learned correction (docs/formulas.md §9, §11).
 
 The public surface below needs only torch, numpy and pyarrow. The modules that compare
 models and write reports (`learned_cost.baselines`, `learned_cost.evaluate`,

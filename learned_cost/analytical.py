@@ -1,10 +1,10 @@
-"""The analytical roofline model (seed 002, 7.3.1 and 7.4.1).
+"""The analytical roofline model (docs/formulas.md §9 and §11).
 
 For a group P run as one kernel:
     T_compute = FLOPs_matmul / P_matmul(dtype) + FLOPs_vector / P_vector(dtype)
                 (P_matmul of a float32 op is the TF32 rate where torch lets it run in TF32,
                  as it does convolutions by default: planner.hardware.tf32_allowed)
-    T_memory  = (M_in + M_out) / B            (boundary bytes only: 7.3.2)
+    T_memory  = (M_in + M_out) / B            (boundary bytes only: §10)
     C(P)      = max(T_compute, T_memory) + T_launch
 with the device's measured peaks where `device-bench` stored them (planner.hardware).
 This is the *ideal*: everything inside a group stays on chip, every kernel runs at the
@@ -73,10 +73,10 @@ def _dtype_of(graph: OpGraph, index: int) -> str:
     return graph.tensors[ts[0]].dtype if ts else "float32"
 
 
-# ---- seed 002 formulas, as functions of the public API -----------------------------------
+# ---- docs/formulas.md, as functions of the public API -----------------------------------
 @dataclass(frozen=True)
 class Roofline:
-    """Roofline verdict for an amount of work on a device (seed 002, 7.3.1)."""
+    """Roofline verdict for an amount of work on a device (docs/formulas.md §9)."""
 
     flops: float
     bytes: float
@@ -117,14 +117,14 @@ def unfused_bytes(graph: OpGraph) -> int:
 
 
 def bandwidth_saving(graph: OpGraph, groups: Iterable[Iterable[int]]) -> float:
-    """eta_BW = 1 - M_boundary / M_total for a partition into `groups` (seed 002, 7.3.2)."""
+    """eta_BW = 1 - M_boundary / M_total for a partition into `groups` (docs/formulas.md §10)."""
     total = unfused_bytes(graph)
     boundary = sum(group_io(graph, g).bytes for g in groups)
     return 1.0 - boundary / total if total else 0.0
 
 
 def vertical_fusion_speedup(n_ops: int, elements: int, itemsize: int, spec: DeviceSpec) -> float:
-    """S = T_unfused / T_fused = (2nNb/B) / (2Nb/B) = n for a memory-bound chain (7.1.1)."""
+    """S = T_unfused / T_fused = (2nNb/B) / (2Nb/B) = n for a memory-bound chain (§2)."""
     t_unfused = 2 * n_ops * elements * itemsize / spec.bandwidth_Bps
     t_fused = 2 * elements * itemsize / spec.bandwidth_Bps
     return t_unfused / t_fused

@@ -1,10 +1,10 @@
 """Measurement rows (dataset v1) as the learned cost model reads them.
 
 profiling/collector.py writes one Parquet file per device/dtype set under `data/`, one row
-per measured unit (schema in the profiling issue). This module reads those files with
-pyarrow (no pandas: the GPU machine and the runtime need nothing more), keeps the rows as
-plain dicts, and picks the ones a model may learn from. Keeping rows as dicts means a new
-column the collector adds later never breaks reading.
+per measured unit (schema: profiling/dataset.py; files: data/README.md). This module reads
+those files with pyarrow (no pandas: the GPU machine and the runtime need nothing more),
+keeps the rows as plain dicts, and picks the ones a model may learn from. Keeping rows as
+dicts means a new column the collector adds later never breaks reading.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def plan_rows(
     Plans of one device are compared with each other (error, regret), so they must be
     timed one way: where a device has plan rows timed as kernels, its rows timed as whole
     calls (from an older dataset beside it) are left out. A whole call adds the host's
-    share, which jitters (data/README.md)."""
+    share, which jitters (docs/design_notes.md)."""
     usable = [
         r
         for r in profiles.rows

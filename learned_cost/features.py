@@ -1,6 +1,6 @@
 """Model features of a group: raw descriptor + device spec + the analytical prediction's parts.
 
-Seed 002, 7.2.4: f_S = [op types, tensor shapes, compute intensity, memory pattern]; 7.4.1:
+docs/formulas.md §8: f_S = [op types, tensor shapes, compute intensity, memory pattern]; §11:
 T_fused = max(T_compute, T_memory) + T_overhead, corrected by factors learned from profiles.
 The learned model predicts log(measured / analytical) from the features below, so the
 analytical roofline carries the scale and the model learns only what the roofline misses.
@@ -95,7 +95,7 @@ def group_dtype(desc: Mapping[str, Any], dtype: str) -> str:
 
 
 def analytical_parts(desc: Mapping[str, Any], spec: DeviceSpec, dtype: str) -> AnalyticalParts:
-    """T_compute, T_memory, T_launch of a descriptor on `spec` (seed 002, 7.4.1)."""
+    """T_compute, T_memory, T_launch of a descriptor on `spec` (docs/formulas.md §11)."""
     dt = group_dtype(desc, dtype)
     conv = float(desc.get("flops_conv") or 0)  # convolutions may run in TF32 (hardware.py)
     t_c = (
@@ -302,7 +302,7 @@ FEATURES: tuple[Feature, ...] = (
     (
         "intensity",
         lambda c: _lg1p(_intensity(c)),
-        "arithmetic intensity I = FLOPs / bytes (seed 002, 7.3.1), log10",
+        "arithmetic intensity I = FLOPs / bytes (docs/formulas.md §9), log10",
     ),
     (
         "intensity_over_ridge",

@@ -13,7 +13,7 @@ Three forms, chosen by the `form` hyper-parameter:
   free form is the closer on the groups of a seen family, the roofline form the safer
   where the network must extrapolate; their errors differ: on H100 groups of held-out
   families the mean is closer than either, on held-out plans about as close as the free
-  form, with a lower regret (docs/learned_cost.md, data/README.md). Its networks are those
+  form, with a lower regret (docs/learned_cost.md, docs/design_notes.md). Its networks are those
   the two forms fit with the same seeds, so `mixed_of(free, roofline)` builds it from
   the two fitted models without fitting again.
 
@@ -340,8 +340,9 @@ class CorrectionMLP:
     def partial_fit(
         self, X: np.ndarray, y: np.ndarray, *, steps: int = 5, lr: float = 1e-3
     ) -> CorrectionMLP:
-        """A few gradient steps on the last layer only, from new measurements (seed 002,
-        7.4.3's online refinement): cheap, and the features' scaling is kept as fitted."""
+        """A few gradient steps on the last layer only, from new measurements (the
+        online refinement of docs/formulas.md §13): cheap, and the features' scaling is kept
+        as fitted."""
         self._require_fit()
         X, y = self._check_X(X), np.asarray(y, dtype=np.float64).reshape(-1)
         if len(y) == 0 or steps <= 0:

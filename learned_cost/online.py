@@ -1,6 +1,6 @@
-"""Online refinement of a trained correction from new measurements (seed 002, 7.4.3).
+"""Online refinement of a trained correction from new measurements (docs/formulas.md §13).
 
-The seed's adaptive rule, theta_{t+1} = theta_t + eta * (R_observed - R_predicted), applied
+The adaptive rule theta_{t+1} = theta_t + eta * (R_observed - R_predicted), applied
 to the correction's log-bias: every new measurement m of a unit the model predicted as p
 moves the bias b by
     b <- b + alpha * (ln m - ln p),        p already including b,

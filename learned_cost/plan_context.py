@@ -24,7 +24,7 @@ where a whole plan's latency is predicted.
 
 How far from additive the data are, with the groups' *measured* latencies, and how much
 of that each form takes out, is printed by `python benchmarks/plan_additivity.py DATA
---residual` (the H100 figures are in data/README.md). Where plan rows time whole calls
+--residual` (the H100 figures are in docs/design_notes.md). Where plan rows time whole calls
 from the host (the CPU data, the `call_median_s` column) the form takes out the host's
 per-call cost.
 """

@@ -1,6 +1,6 @@
 """The roofline of a group as `planner.realize` runs it, not as an ideal fused kernel.
 
-The analytical model (seed 002, 7.3.1) charges a group its boundary bytes only: everything
+The analytical model (docs/formulas.md §9) charges a group its boundary bytes only: everything
 inside stays on chip. That holds for what Inductor generates itself (pointwise and
 reduction chains), for SDPA (the score matrix never leaves the chip) and for one GEMM on
 concatenated weights. It does not hold around a GEMM or a convolution: Inductor calls the

@@ -1,6 +1,6 @@
 """Train and evaluate the correction on a profile dataset: what `fusion-plan cost` runs.
 
-One call does everything the issue asks of `cost train`: grouped cross-validation of every
+One call does everything `cost train` does: grouped cross-validation of every
 model in `evaluate.MODELS` (held-out metrics side by side, per split), plan-level error
 and regret on the plan rows, the choice of MLP form ("auto": the one with the lower
 held-out MAPE, averaged over the splits; note the choice itself uses those folds, so the chosen

@@ -1,4 +1,4 @@
-"""Shape buckets: which plan serves which shapes (seed 002, exercise 7.6).
+"""Shape buckets: which plan serves which shapes (docs/formulas.md §15, docs/runtime.md).
 
 A fusion plan tuned at one shape stays good over a range of nearby shapes, and every
 realization costs a compile. So dynamic dimensions (a sequence length, a batch size) are
@@ -10,7 +10,7 @@ runtime realizes it once per bucket. Three policies per dimension:
 - `Edges`: explicit upper edges (a deployment that knows its shapes);
 - learned from an observed shape histogram (`learn_edges`: 1-D k-means on log-sizes or
   weighted quantiles), so buckets are narrow where traffic is dense: the answer to
-  7.6's "collect runtime shapes, adapt the fusion decision, bound the recompiles".
+  "collect runtime shapes, adapt the fusion decision, bound the recompiles".
 
 A `BucketSpec` names the dynamic dims (input index, axis) and gives each a policy; its
 `bucket_of(shapes)` returns the `Bucket` holding concrete input shapes, or None when a

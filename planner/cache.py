@@ -14,7 +14,7 @@ another process show up, and short-lived negative entries so a miss does not hit
 database on every call); L2 is SQL (`planner.cache_sql`: a SQLite file by default, any
 SQLAlchemy URL for a fleet).
 
-Lookup order (design.md): the exact shape, then its bucket, then the default plan. A
+Lookup order (docs/architecture.md): the exact shape, then its bucket, then the default plan. A
 lookup never raises: a broken database is reported once and reads as a miss. Entries
 made under another torch or plan schema (or, when the cache pins one, another cost
 model) are not trusted: lookups skip them, `prune(stale=True)` removes them, and a
@@ -219,7 +219,7 @@ class PlanCache(CacheAdmin):
         """Store `plan` for every shape of `bucket` (the tuning job's call)."""
         return self._store(plan, f"{BUCKET}:{bucket.key}", bucket.key, device_fp, label, replace)
 
-    store = store_plan  # the name the issue uses: cache.store(plan, bucket)
+    store = store_plan  # the short name: cache.store(plan, bucket)
 
     def store_exact(
         self,

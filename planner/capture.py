@@ -7,7 +7,8 @@ Why torch.export (non-strict) followed by `run_decompositions({})`:
 - an *empty* decomposition table functionalizes the program (in-place ops such as
   `relu_` become `relu`, so groups can be reordered safely) while keeping composite ops
   whole: `linear`, `layer_norm`, `softmax`, `gelu` and `scaled_dot_product_attention`
-  stay one node each, the granularity of seed 001's graph and of the fusion patterns.
+  stay one node each, the granularity of the block graph in docs/formulas.md §1 and of
+  the fusion patterns.
   The default core-aten decomposition would split a LayerNorm into ~10 nodes;
 - the program is also what `planner.realize` splits into groups and compiles, so the
   OpGraph node names map 1:1 onto FX nodes.

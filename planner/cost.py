@@ -4,7 +4,7 @@
 model and its learned correction), `search` passes an instance in. Nothing here imports
 the packages above.
 
-Group I/O rules (seed 002, 7.3.2), shared by every cost model so that no byte is counted
+Group I/O rules (docs/formulas.md §10), shared by every cost model so that no byte is counted
 twice: a group reads each boundary input once (tensors produced outside it, graph inputs
 and parameters) and writes each boundary output once (tensors it produces that another
 group or the model's caller reads). Tensors that live and die inside the group are free.
@@ -81,7 +81,7 @@ def group_io(graph: OpGraph, nodes: Iterable[int]) -> GroupIO:
 
 @dataclass(frozen=True)
 class GroupCost:
-    """Predicted time of one group run as one unit: C(P) of seed 002, 7.1.3 / 7.4.1.
+    """Predicted time of one group run as one unit: C(P) of docs/formulas.md §4 and §11.
 
     latency_s = max(t_compute_s, t_memory_s) + t_launch_s, times `correction` when a
     learned model adjusted the analytical figure (1.0 otherwise).

@@ -3,7 +3,7 @@
 Profiling stores these with every measurement; learned_cost turns them (plus a device
 spec) into model features and the analytical prediction. Keeping them raw (counts,
 FLOPs, bytes, sizes) means a dataset never has to be re-captured when the feature set
-of a cost model changes. Seed 002, 7.2.4: op types, tensor shapes, compute intensity,
+of a cost model changes. docs/formulas.md §8: op types, tensor shapes, compute intensity,
 memory pattern.
 """
 

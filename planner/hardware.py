@@ -108,7 +108,7 @@ class DeviceSpec:
         return self.measured.launch_overhead_s if self.measured else self.launch_overhead_s
 
     def ridge_point(self, dtype: str) -> float:
-        """I_c = P_peak / B in FLOP/byte (seed 002, 7.3.1)."""
+        """I_c = P_peak / B in FLOP/byte (docs/formulas.md §9)."""
         return self.peak_matmul_flops(dtype) / self.bandwidth_Bps
 
     def with_overrides(self, **kw: Any) -> DeviceSpec:
@@ -143,7 +143,7 @@ def _per_dtype(table: dict[str, float], dtype: str, name: str) -> float:
     raise DeviceSpecError(f"device {name} has no peak figure for dtype {dtype}")
 
 
-_SEED4 = "seed 004 table (memory bandwidth, FP32/FP16 TFLOPS)"
+_GPU_TABLE = "docs/formulas.md §16 (memory bandwidth, FP32/FP16 TFLOPS)"
 _LAUNCH = (
     "typical eager PyTorch kernel launch on a modern host (~4-6 us); "
     "run `fusion-plan device-bench` for a measured figure"
@@ -196,7 +196,7 @@ SPECS: dict[str, DeviceSpec] = {
         40,
         80,
         {
-            "peaks": _SEED4,
+            "peaks": _GPU_TABLE,
             "bf16": "NVIDIA A100 datasheet (BF16 = FP16 dense 312 TFLOPS)",
             "tf32": "NVIDIA A100 datasheet: TF32 tensor core 156 TFLOPS dense (312 sparse)",
             "sm/smem/l2": "NVIDIA A100 whitepaper: 108 SMs, 164 KB smem/SM, 40 MB L2",
@@ -214,7 +214,7 @@ SPECS: dict[str, DeviceSpec] = {
         6,
         16,
         {
-            "peaks": _SEED4,
+            "peaks": _GPU_TABLE,
             "sm/smem/l2": "NVIDIA V100 whitepaper: 80 SMs, 96 KB smem/SM, 6 MB L2",
             "bf16": "V100 has no bf16 tensor cores: bf16 falls back to the FP16 figure",
         },
@@ -229,7 +229,7 @@ SPECS: dict[str, DeviceSpec] = {
         100,
         6,
         48,
-        {"peaks": _SEED4, "sm/smem/l2": "NVIDIA RTX A6000 datasheet / GA102 whitepaper"},
+        {"peaks": _GPU_TABLE, "sm/smem/l2": "NVIDIA RTX A6000 datasheet / GA102 whitepaper"},
     ),
     "rtx3090ti": _gpu(
         "rtx3090ti",
@@ -241,7 +241,7 @@ SPECS: dict[str, DeviceSpec] = {
         100,
         6,
         24,
-        {"peaks": _SEED4, "sm/smem/l2": "GA102 whitepaper: 84 SMs, 100 KB smem/SM, 6 MB L2"},
+        {"peaks": _GPU_TABLE, "sm/smem/l2": "GA102 whitepaper: 84 SMs, 100 KB smem/SM, 6 MB L2"},
     ),
     "h100": _gpu(
         "h100",

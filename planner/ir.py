@@ -26,7 +26,7 @@ from planner.errors import FusionPlannerError
 
 
 class Category(enum.StrEnum):
-    """Op categories of seed 001, refined the way the cost model needs them."""
+    """Op categories (docs/formulas.md §1), refined the way the cost model needs them."""
 
     COMPUTE = "compute"  # matmul / bmm / addmm / linear / conv / sdpa: tensor-core bound
     POINTWISE = "pointwise"  # elementwise map, incl. broadcasting binary ops and casts
@@ -41,7 +41,7 @@ class Category(enum.StrEnum):
 
     @property
     def bound(self) -> str:
-        """The coarse class of seed 001: compute-bound, memory-bound, data movement, ..."""
+        """The coarse class of docs/formulas.md §1: compute-bound, memory-bound, ..."""
         return _BOUND[self]
 
 
@@ -145,7 +145,7 @@ class OpNode:
 
     @property
     def intensity(self) -> float:
-        """Arithmetic intensity I = FLOPs / bytes (seed 002, 7.3.1); inf for 0 bytes."""
+        """Arithmetic intensity I = FLOPs / bytes (docs/formulas.md §9); inf for 0 bytes."""
         moved = self.bytes_read + self.bytes_written
         return self.flops / moved if moved else float("inf")
 

@@ -3,7 +3,7 @@
 Every rule is an entry of `RULES` (name, scope, check, one-line why, motivating test).
 Group rules look at one group; the partition rule looks at the graph of groups. A group
 is legal when no group rule objects; a partition when every group is legal and its graph
-of groups is acyclic (seed 002, 7.1; design.md "Legal group").
+of groups is acyclic (docs/formulas.md §3; docs/architecture.md "Legal group").
 
 Views (Category.VIEW, kind FREE) move nothing and never break a rule by themselves: they
 may join any group they are connected to.
@@ -75,7 +75,7 @@ def _connected(v: GroupView) -> str | None:
     if v.mask & (v.mask - 1) == 0 or is_connected(v.graph, v.mask):
         return None
     return (
-        "not connected: its parts share no edge and no input tensor (seed 7.1.2 condition 1), "
+        "not connected: its parts share no edge and no input tensor, "
         "so fusing them saves nothing; make them separate groups"
     )
 
@@ -145,7 +145,7 @@ def _resources(v: GroupView) -> str | None:
     usage = Usage(f.regs, v.region.smem if v.region is not None else f.smem)
     if usage.fits(v.limits):
         return None
-    return f"resource estimate too large (seed 7.1.2, condition 3): {usage.explain(v.limits)}"
+    return f"resource estimate too large: {usage.explain(v.limits)}"
 
 
 def _acyclic(p: Partition) -> str | None:
@@ -172,7 +172,7 @@ RULES: tuple[Rule, ...] = (
          "a path that leaves and re-enters would need the group's output before its input",
          "test_legality::test_non_convex_group_is_rejected"),
     Rule("connected", "group", _connected,
-         "unrelated ops share no bytes; fusing them only lengthens one kernel (seed 7.1.2)",
+         "unrelated ops share no bytes; fusing them only lengthens one kernel (formulas.md §3)",
          "test_legality::test_unrelated_nodes_are_not_one_group"),
     Rule("opaque_alone", "group", _opaque_alone,
          "unknown ops and collectives have no loop body to fuse into",
@@ -189,7 +189,7 @@ RULES: tuple[Rule, ...] = (
          "same rows only",
          "test_legality::test_reductions_of_different_spaces_are_rejected"),
     Rule("resources", "group", _resources,
-         "registers and shared memory of the fused kernel must fit the device (seed 7.1.2 (3))",
+         "registers and shared memory of the fused kernel must fit the device (formulas.md §3)",
          "test_legality::test_resource_limit_splits_long_chains"),
     Rule("acyclic", "partition", _acyclic,
          "groups run one after another: their dependency graph must have an order",

@@ -1,4 +1,4 @@
-"""The fusion objective (seed 002, 7.1.3 / 7.1.4 / 7.4.2): what a partition costs.
+"""The fusion objective (docs/formulas.md §4, §5, §12): what a partition costs.
 
     cost(P) = sum over groups G of C(G)  +  sum over boundary tensors t of T(t)
 
@@ -18,7 +18,7 @@ from other groups), so score(G) = C(G) + T_in(G) is cached by (graph.key, mask) 
 exact planner can do dynamic programming over it.
 
 Constraints and extra objectives, reported for every partition: the critical path of the
-graph of groups (seed 7.1.4: must stay <= L_max when a bound is set) and the peak bytes of
+graph of groups (docs/formulas.md §5: must stay <= L_max when a bound is set) and the peak bytes of
 boundary tensors alive at once when the groups run in the plan's order.
 """
 
@@ -242,7 +242,7 @@ def _failed(partition: Partition, reasons: tuple[str, ...]) -> Evaluation:
 
 
 def _critical_path(partition: Partition, order: tuple[int, ...], lat: list[float]) -> float:
-    """Longest latency path through the graph of groups (seed 7.1.4)."""
+    """Longest latency path through the graph of groups (docs/formulas.md §5)."""
     preds: list[list[int]] = [[] for _ in partition.masks]
     for a, b in partition.group_edges:
         preds[b].append(a)

@@ -34,7 +34,7 @@ def mask_of(nodes: Iterable[int]) -> int:
 
 
 def is_convex(graph: OpGraph, mask: int) -> bool:
-    """No path leaves the group and re-enters it (design.md, legal group)."""
+    """No path leaves the group and re-enters it (docs/architecture.md, legal group)."""
     outside = 0
     for i in bits(mask):
         outside |= graph.reach[i]

@@ -1,4 +1,4 @@
-"""The fusion pattern language (seed 002, 7.2.1) and its matcher over OpGraph.
+"""The fusion pattern language (docs/formulas.md §6) and its matcher over OpGraph.
 
     Pattern ::= Op | Pattern -> Pattern | Pattern || Pattern | Pattern* | Pattern | Pattern
                Op      Seq                Par                Rep        Alt
@@ -6,7 +6,7 @@
 A pattern matches a set of nodes entered at one node and left at one or more exit nodes.
 `Seq` continues at a consumer of the previous part's exits; views in between are
 absorbed into the match (they are free). `Par` matches its branches at distinct consumers
-of one tensor with no path between them (seed 7.1.2: shared input, no dependency).
+of one tensor with no path between them (docs/formulas.md §3: shared input, no dependency).
 `Rep(p, lo, hi)` repeats p along a chain (lo=0 makes it optional). `Where` filters
 matches by a predicate on the whole match. The library of named patterns and the
 conflict resolution live in planner/patterns.py.

@@ -1,14 +1,14 @@
-"""Fusion patterns (seed 002, 7.2): the library, the matcher entry point, conflicts.
+"""Fusion patterns (docs/formulas.md §6-7): the library, the matcher entry point, conflicts.
 
 The pattern language (Op, Seq, Par, Rep, Alt, Where) is in planner/pattern_lang.py and
 re-exported here. `match_all` runs every library pattern from every node and keeps the
 maximal convex matches; `resolve` settles overlaps by score = benefit / cost * priority
-(seed 7.2.3). Matches with a known fused kernel carry it as `realization` ("sdpa" for
+(docs/formulas.md §7). Matches with a known fused kernel carry it as `realization` ("sdpa" for
 attention, "concat_gemm" for sibling GEMMs on one input); legality accepts such a group
 even though it holds two or more GEMMs.
 
-The seed's Attention ::= (Q || K || V) -> MatMul -> Softmax -> MatMul is two library
-entries because it is realized as two kernels (seed 7.4.4: [QKV fused] -> [attention
+Attention ::= (Q || K || V) -> MatMul -> Softmax -> MatMul is two library
+entries because it is realized as two kernels (docs/formulas.md §14: [QKV fused] -> [attention
 fused]): `sibling_gemms` (one GEMM on concatenated weights) and `attention` (one flash
 kernel).
 """
@@ -97,7 +97,7 @@ class PatternDef:
     name: str
     pattern: Pattern
     realization: str  # how a group that is exactly this match is best realized
-    priority: float  # seed 7.2.3 priority(m), before path criticality
+    priority: float  # priority(m) of docs/formulas.md §7, before path criticality
     why: str
     extend: Callable[[OpGraph, frozenset[int]], frozenset[int]] | None = None
 
@@ -158,7 +158,7 @@ LIBRARY: tuple[PatternDef, ...] = (
                "inductor", 1.5, "a hand-written RMSNorm (pow, mean, rsqrt, mul) is one row "
                "kernel (test_patterns::test_rms_norm_llama)"),
     PatternDef("ew_chain", Rep(EW, 2), "inductor", 1.0,
-               "EW+ (seed 7.2.1): a chain of elementwise ops reads and writes memory once "
+               "EW+: a chain of elementwise ops reads and writes memory once "
                "(test_patterns::test_pointwise_chain_is_one_match)"),
 )
 # fmt: on
@@ -222,7 +222,7 @@ def fused_kernel_matches(graph: OpGraph) -> list[Match]:
     return [m for m in match_all(graph) if m.realization == "sdpa"]
 
 
-# ---- conflict resolution (seed 7.2.3) -------------------------------------------------------
+# ---- conflict resolution (docs/formulas.md §7) -------------------------------------------------
 COMPILE_OPS_UNIT = 32  # ops per unit of "compile complexity" in cost(m)
 
 
@@ -276,7 +276,7 @@ def resolve(
     *,
     is_legal: Callable[[frozenset[int]], bool] | None = None,
 ) -> list[Match]:
-    """A non-overlapping subset of `matches`, best score first (seed 7.2.3, greedy).
+    """A non-overlapping subset of `matches`, best score first (greedy, docs/formulas.md §7).
 
     Matches that would not pay (benefit <= 0) or that `is_legal` rejects are dropped.
     """

@@ -1,10 +1,10 @@
 """Known fused kernels a group can be realized with, and the rule that picks one.
 
-Two patterns of seed 002 have a better kernel than whatever a generic fuser makes of them:
-- attention (7.2.1: (Q || K || V) -> MatMul -> Softmax -> MatMul): the explicit
+Two fusion patterns have a better kernel than whatever a generic fuser makes of them:
+- attention ((Q || K || V) -> MatMul -> Softmax -> MatMul): the explicit
   `softmax(q @ k^T * c [+ mask]) @ v` becomes one `scaled_dot_product_attention` call
   (flash / memory-efficient kernels: the L x S score matrix never reaches memory);
-- sibling GEMMs on one input (7.1.2, horizontal fusion; 7.4.4: "QKV generation fused"):
+- sibling GEMMs on one input (horizontal fusion; docs/formulas.md §14: "QKV generation fused"):
   `linear(x, W1), linear(x, W2), ...` becomes one GEMM on the concatenated weights,
   split afterwards, so x is read once and one large GEMM fills the device.
 
@@ -378,7 +378,7 @@ def rewrite_concat_gemm(
 # in the GEMM's epilogue (`aten._addmm_activation(..., use_gelu=True)`). Its GELU is the
 # tanh form, at most 4.7e-4 from the exact (erf) GELU: below half an ulp of bf16 / fp16
 # at the magnitudes where it differs, so only half-precision programs on CUDA use it
-# (benchmarks/epilogue_probe.py measures speed and error against an fp32 reference).
+# (benchmarks/probes/epilogue_probe.py measures speed and error against an fp32 reference).
 GELU_EPILOGUE_DTYPES = frozenset({torch.bfloat16, torch.float16})
 GELU_EPILOGUE_DEVICES: tuple[str, ...] = ("cuda",)
 

@@ -1,4 +1,4 @@
-"""On-chip resource estimate of a fused group: seed 002, 7.1.2, condition 3 (R(P) <= R_max).
+"""On-chip resource estimate of a fused group: R(P) <= R_max (docs/formulas.md §3, condition 3).
 
 A fused group runs as one kernel, so everything it keeps in flight must fit in one
 thread block's registers and shared memory. The estimate is deliberately simple and

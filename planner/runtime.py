@@ -8,7 +8,7 @@ realizes it once per bucket (one compile serves every shape of the bucket) and r
 it. A miss runs the default plan (`planner.fuse_rules.default_partition`) and records
 the shape in the cache's tuning queue, so the next offline `fusion-plan tune` covers it.
 `compile_budget` bounds how many realizations the process pays for; past it, new
-buckets run dynamo's graph as it is (exercise 7.6: bound the recompiles).
+buckets run dynamo's graph as it is (bound the recompiles: docs/runtime.md).
 
 Correctness comes first: if anything on the way fails (lifting dynamo's graph, export,
 a plan that does not fit, a realization), that bucket runs dynamo's graph unchanged
@@ -25,6 +25,7 @@ stdlib and the cache only.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import threading
 import warnings
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 
 MEMO_MAX = 1 << 16  # distinct dynamic-size tuples remembered per graph
 MAX_RUN_FAILURES = 3  # shapes a realization may fail on before its bucket runs eager
+# One realization at a time per process: Inductor's compile state is not made for two
+# compiles at once, and a static specialization may build in a background thread.
+_REALIZE_LOCK = threading.Lock()
 
 
 class PlannerRuntimeWarning(UserWarning):
@@ -64,7 +68,9 @@ class Realizer(Protocol):
     """Turns a captured program and a plan for its graph into a callable over the
     program's user inputs (positional). The plan has been fitted to `captured.graph`
     (`plan.graph_key == captured.graph.key`), so `plan.partition(captured.graph)` and each
-    group's realization label apply as they are. May raise: the backend then runs eager."""
+    group's realization label apply as they are. May raise: the backend then runs eager.
+    A realizer that takes a `cuda_graphs` keyword (as planner.realize does) lets static
+    specializations build in a background thread; others build them on the calling one."""
 
     def __call__(self, captured: Captured, plan: Plan) -> Callable[..., Any]: ...
 
@@ -86,9 +92,17 @@ def default_partition(graph: OpGraph) -> Partition:
     return _rule_based_partition(graph)
 
 
-def _default_realizer(captured: Captured, plan: Plan) -> Callable[..., Any]:
+def _default_realizer(captured: Captured, plan: Plan, **options: Any) -> Callable[..., Any]:
     """planner.realize: each group one compiled unit, verified against eager."""
-    return realize(captured, plan)
+    return realize(captured, plan, **options)
+
+
+def _takes_cuda_graphs(realizer: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(realizer).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "cuda_graphs" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _default_exporter(
@@ -208,6 +222,8 @@ class RuntimeStats:
     fallbacks: list[str] = field(default_factory=list)  # why a bucket ran dynamo's graph
     queued: int = 0  # misses recorded in the tuning queue
     grad_graphs: int = 0  # graphs served in grad mode (plan forward, eager recomputed backward)
+    static: int = 0  # recurring shapes given a static specialization of their bucket's plan
+    static_failed: list[str] = field(default_factory=list)  # why a specialization was not made
     declined: list[str] = field(default_factory=list)  # grad-mode graphs given to Inductor: why
 
 
@@ -225,6 +241,9 @@ class FusionPlannerBackend:
         record_misses: bool = True,
         realizer: Realizer | None = None,
         exporter: Exporter | None = None,
+        static_after: int | None = 3,
+        static_budget: int = 8,
+        static_background: bool | None = None,
     ):
         self._cache_arg = cache
         self._cache: PlanCache | None = None
@@ -235,8 +254,39 @@ class FusionPlannerBackend:
         self.record_misses = record_misses
         self.realizer: Realizer = realizer or _default_realizer
         self.exporter: Exporter = exporter or _default_exporter
+        if static_after is not None and static_after < 1:
+            raise ValueError(f"static_after must be >= 1 or None, got {static_after}")
+        self.static_after = static_after
+        self.static_budget = static_budget
+        self.static_background = static_background
         self.stats = RuntimeStats()
         self._lock = threading.Lock()
+        self._static_taken = 0
+        self._pending: list[threading.Thread] = []
+
+    def take_static_budget(self) -> bool:
+        with self._lock:
+            if self._static_taken >= self.static_budget:
+                return False
+            self._static_taken += 1
+            return True
+
+    def background_for(self, device: torch.device) -> bool:
+        """Whether a static specialization builds in a background thread (default: on CUDA,
+        where the calls keep being served from the bucket's CUDA graphs meanwhile)."""
+        if self.static_background is not None:
+            return self.static_background
+        return device.type == "cuda"
+
+    def wait_static(self, timeout: float | None = None) -> bool:
+        """Wait for static specializations building in the background; True if none is left."""
+        with self._lock:
+            pending = list(self._pending)
+        for th in pending:
+            th.join(timeout)
+        with self._lock:
+            self._pending = [th for th in self._pending if th.is_alive()]
+            return not self._pending
 
     @property
     def cache(self) -> PlanCache | None:
@@ -307,6 +357,10 @@ def fusion_planner_backend(
 
     `bucket_policy`: a BucketSpec over the model's inputs, or one Policy for every
     dynamic dim; None uses the spec the tuning job stored for the model, else pow2.
+    Keyword options of FusionPlannerBackend: `static_after` (calls of one shape before it
+    gets a static specialization of its bucket's plan; None: never), `static_budget` (how
+    many specializations the process pays for), `static_background` (build them in a
+    background thread; default: on CUDA).
     """
     return FusionPlannerBackend(
         cache,
@@ -327,6 +381,7 @@ class _PlannedGraph:
         self._dyn = tuple((lifted.user_positions[i], a) for i, a in lifted.dynamic)
         self._memo: dict[tuple[int, ...], Callable[[tuple[Any, ...]], Any]] = {}
         self._realized: dict[str, Callable[[tuple[Any, ...]], Any]] = {}
+        self._bucket_plans: dict[str, Plan] = {}  # plans realized symbolically, per bucket key
         self._lock = threading.RLock()
         self._identity: tuple[str, str, BucketSpec] | None = None
         self._spec_settled = True  # False while the bucket spec could not be read
@@ -362,7 +417,9 @@ class _PlannedGraph:
         with self._lock:
             fn = self._memo.get(sizes)
             if fn is None:
-                fn = self._choose(args)
+                fn, plan = self._choose(args)
+                if plan is not None and self.backend.static_after is not None:
+                    fn = _Recurring(self, sizes, fn, plan)
                 if len(self._memo) >= MEMO_MAX:
                     self._memo.clear()
                 self._memo[sizes] = fn
@@ -374,17 +431,19 @@ class _PlannedGraph:
         _warn_once(reason, f"fusion-planner runs dynamo's graph for this bucket ({reason})")
         return self._eager
 
-    def _choose(self, args: tuple[Any, ...]) -> Callable[..., Any]:
+    def _choose(self, args: tuple[Any, ...]) -> tuple[Callable[..., Any], Plan | None]:
+        """The callable for a new size tuple, and the plan a recurring shape of it may be
+        specialized with (None when it runs dynamo's graph or is static already)."""
         stats = self.backend.stats
         if self._broken:
-            return self._eager
+            return self._eager, None
         user = tuple(args[p] for p in self.lifted.user_positions)
         shapes = tuple(tuple(int(d) for d in t.shape) for t in user)
         try:
             model_key, dev, spec = self._identify(user)
         except Exception as e:
             self._broken = True
-            return self._fallback("capture", e)
+            return self._fallback("capture", e), None
         bucket = spec.bucket_of(shapes)
         cache = self.backend.cache
         result = (
@@ -406,15 +465,18 @@ class _PlannedGraph:
             except Exception as e:  # the queue is a courtesy; never fail the call
                 _warn_once("queue", f"could not record a miss in the tuning queue: {e}")
         setattr(stats, result.source, getattr(stats, result.source) + 1)
-        fn = self._realized.get(key) or self._realized.get(exact)
+        fn = self._realized.get(key)
         if fn is not None:
-            return fn
+            return fn, self._bucket_plans.get(key)
+        fn = self._realized.get(exact)
+        if fn is not None:
+            return fn, None
         plan = result.plan or self._default
         if plan is None or all(len(g.nodes) == 1 for g in plan.groups):
             # Nothing fused (no fuse_rules, or nothing to fuse): dynamo's graph is that
             # plan already, without paying for a realization.
             self._realized[key] = self._eager
-            return self._eager
+            return self._eager, None
         if not self.backend.take_budget():
             stats.over_budget += 1
             _warn_once(
@@ -423,10 +485,14 @@ class _PlannedGraph:
                 "buckets run dynamo's graph (raise compile_budget or tune fewer buckets)",
             )
             self._realized[key] = self._eager
-            return self._eager
-        fn, whole_bucket = self._realize(plan, region, user)
-        self._realized[key if whole_bucket else exact] = fn
-        return fn
+            return self._eager, None
+        fn, whole_bucket, static = self._realize(plan, region, user)
+        if static or not whole_bucket or fn == self._eager:
+            self._realized[exact if not whole_bucket else key] = fn
+            return fn, None
+        self._realized[key] = fn
+        self._bucket_plans[key] = plan
+        return fn, plan
 
     def _label(self) -> str:
         return f"runtime:{self.lifted.module.__class__.__name__}"
@@ -474,8 +540,9 @@ class _PlannedGraph:
 
     def _realize(
         self, plan: Plan, bucket: Bucket | None, user: tuple[Any, ...]
-    ) -> tuple[Callable[..., Any], bool]:
-        """(callable over dynamo's args, whether it serves the whole bucket)."""
+    ) -> tuple[Callable[..., Any], bool, bool]:
+        """(callable over dynamo's args, whether it serves the whole bucket, whether it was
+        realized for static shapes: a bucket of one shape, or a shape realized alone)."""
         whole_bucket = False
         try:
             captured = None
@@ -494,22 +561,121 @@ class _PlannedGraph:
             fitted = dataclasses.replace(plan, graph_key=graph.key)
             realized = self.backend.realizer(captured, fitted)
         except Exception as e:
-            return self._fallback("realize", e), whole_bucket
+            return self._fallback("realize", e), whole_bucket, False
+        static = bool(getattr(realized, "static_shapes", not whole_bucket))
+        return self._runner(realized, self._eager), whole_bucket, static
+
+    def _runner(
+        self, realized: Callable[..., Any], instead: Callable[[tuple[Any, ...]], Any]
+    ) -> Callable[[tuple[Any, ...]], Any]:
+        """`realized` over dynamo's args; a shape it fails on runs `instead` from then on,
+        and after a few such shapes every call does."""
         positions = self.lifted.user_positions
         failures: list[str] = []
 
         def run(args: tuple[Any, ...]) -> Any:
             if len(failures) >= MAX_RUN_FAILURES:
-                return self._eager(args)
+                return instead(args)
             try:
                 return realized(*[args[p] for p in positions])
             except Exception as e:
-                # This shape cannot run here (e.g. size 1 in a bucket exported from 2):
-                # it runs dynamo's graph from now on; after a few such shapes, so does
-                # the whole bucket.
+                # This shape cannot run here (e.g. size 1 in a bucket exported from 2).
                 failures.append(str(e))
                 self._fallback("run", e)
-                self._memo[tuple([args[p].shape[a] for p, a in self._dyn])] = self._eager
-                return self._eager(args)
+                self._memo[tuple([args[p].shape[a] for p, a in self._dyn])] = instead
+                return instead(args)
 
-        return run, whole_bucket
+        return run
+
+    # -- static specialization of a recurring shape --
+    def _specialize(self, rec: _Recurring, args: tuple[Any, ...]) -> None:
+        """Realize `rec`'s plan statically at its shape (layouts propagated across groups,
+        static-only epilogues, one CUDA graph), in a background thread on CUDA; the shape
+        keeps being served by its bucket's realization until the specialization is ready."""
+        backend, stats = self.backend, self.backend.stats
+        if not backend.take_static_budget():
+            stats.static_failed.append(f"{rec.sizes}: static budget spent")
+            _warn_once(
+                "static-budget",
+                f"fusion-planner static budget ({backend.static_budget}) spent: further "
+                "recurring shapes keep their bucket's realization",
+            )
+            return
+        user = tuple(args[p] for p in self.lifted.user_positions)
+        device = next((t.device for t in user if isinstance(t, torch.Tensor)), None)
+        if (
+            device is None
+            or not backend.background_for(device)
+            or (device.type == "cuda" and not _takes_cuda_graphs(backend.realizer))
+        ):
+            self._build_static(rec, user, background=False)
+            return
+        # the caller may reuse or free its tensors: the thread works on copies
+        copies = tuple(t.detach().clone() if isinstance(t, torch.Tensor) else t for t in user)
+        th = threading.Thread(
+            target=self._build_static,
+            args=(rec, copies, True),
+            daemon=True,
+            name="fusion-planner-static",
+        )
+        with backend._lock:
+            backend._pending.append(th)
+        th.start()
+
+    def _build_static(self, rec: _Recurring, user: tuple[Any, ...], background: bool) -> None:
+        stats = self.backend.stats
+        try:
+            with _REALIZE_LOCK, torch.no_grad():
+                captured = export_model(self.lifted.module, user, name="runtime-static")
+                rec.plan.partition_for(captured.graph)
+                fitted = dataclasses.replace(rec.plan, graph_key=captured.graph.key)
+                if background and _takes_cuda_graphs(self.backend.realizer):
+                    # A CUDA graph is recorded on the serving thread: recording one here
+                    # would forbid that thread's allocations while it lasts.
+                    realized = self.backend.realizer(captured, fitted, cuda_graphs=False)
+                else:
+                    realized = self.backend.realizer(captured, fitted)
+        except Exception as e:  # the bucket's realization goes on serving this shape
+            reason = (
+                f"{rec.sizes}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            )
+            stats.static_failed.append(reason)
+            log.info("no static specialization for %s", reason)
+            return
+        run = self._runner(realized, rec.fn)
+        record = getattr(realized, "capture_cuda_graph", None) if background else None
+        if record is None:
+            self._memo[rec.sizes] = run
+        else:
+            positions = self.lifted.user_positions
+
+            def first(args: tuple[Any, ...]) -> Any:
+                self._memo[rec.sizes] = run
+                record([args[p] for p in positions], True)
+                return run(args)
+
+            self._memo[rec.sizes] = first
+        stats.static += 1
+
+
+class _Recurring:
+    """A new shape served by its bucket's realization, counting its calls: at the
+    backend's `static_after`-th call it asks for a static specialization."""
+
+    __slots__ = ("calls", "fn", "graph", "plan", "sizes")
+
+    def __init__(
+        self,
+        graph: _PlannedGraph,
+        sizes: tuple[int, ...],
+        fn: Callable[[tuple[Any, ...]], Any],
+        plan: Plan,
+    ):
+        self.graph, self.sizes, self.fn, self.plan = graph, sizes, fn, plan
+        self.calls = 0
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        self.calls += 1
+        if self.calls == self.graph.backend.static_after:
+            self.graph._specialize(self, args)
+        return self.fn(args)

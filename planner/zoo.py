@@ -24,7 +24,7 @@ from planner.errors import ModelSpecError
 # Attention blocks
 # ---------------------------------------------------------------------------------------
 class TransformerBlock(nn.Module):
-    """Seed 001's pre-norm block: LN -> Q/K/V -> softmax(QK^T/sqrt(dh))V -> O -> +x -> LN -> FFN."""
+    """Pre-norm transformer: LN -> Q/K/V -> softmax(QK^T/sqrt(dh))V -> O -> +x -> LN -> FFN."""
 
     def __init__(self, d: int, h: int, sdpa: bool = False):
         super().__init__()
@@ -176,7 +176,7 @@ class Bottleneck(nn.Module):
 
 
 class ConvBnReluPool(nn.Module):
-    """Seed 002 exercise 7.1: Conv -> BatchNorm -> ReLU -> MaxPool."""
+    """Conv -> BatchNorm -> ReLU -> MaxPool (a CNN stem; docs/worked_examples.md)."""
 
     def __init__(self, cin: int, cout: int):
         super().__init__()
@@ -188,7 +188,7 @@ class ConvBnReluPool(nn.Module):
 
 
 class ConvBnReluTwoPools(nn.Module):
-    """Seed 002 section 7.1.3: Conv-BN-ReLU feeding MaxPool and AvgPool in parallel."""
+    """Conv-BN-ReLU feeding MaxPool and AvgPool in parallel."""
 
     def __init__(self, cin: int, cout: int):
         super().__init__()
@@ -204,7 +204,7 @@ class ConvBnReluTwoPools(nn.Module):
 # Pointwise chain, MLP, single GEMM
 # ---------------------------------------------------------------------------------------
 class PointwiseChain(nn.Module):
-    """Seed 004 / anchors' chain: step i is sigmoid(v)*2 or relu(v*1.0001+0.5)."""
+    """Pointwise chain (docs/formulas.md §2): step i is sigmoid(v)*2 or relu(v*1.0001+0.5)."""
 
     def __init__(self, steps: int):
         super().__init__()
@@ -232,7 +232,7 @@ class MLP(nn.Module):
 
 
 class MatMul(nn.Module):
-    """A single GEMM C = A @ B (seed 002 exercise 7.2)."""
+    """A single GEMM C = A @ B (docs/worked_examples.md)."""
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a @ b
@@ -298,7 +298,7 @@ ZOO: dict[str, ZooModel] = {
     for m in (
         ZooModel(
             "transformer-block",
-            "seed-001 pre-norm block, explicit softmax attention",
+            "pre-norm transformer block, explicit softmax attention",
             {"B": 8, "S": 512, "D": 768, "H": 12},
             lambda p: (TransformerBlock(p["D"], p["H"]), _t(p)),
             _SEQ_DIMS,
@@ -306,7 +306,7 @@ ZOO: dict[str, ZooModel] = {
         ),
         ZooModel(
             "transformer-block-sdpa",
-            "seed-001 block with scaled_dot_product_attention",
+            "pre-norm transformer block with scaled_dot_product_attention",
             {"B": 8, "S": 512, "D": 768, "H": 12},
             lambda p: (TransformerBlock(p["D"], p["H"], sdpa=True), _t(p)),
             _SEQ_DIMS,
@@ -345,14 +345,14 @@ ZOO: dict[str, ZooModel] = {
         ),
         ZooModel(
             "conv-bn-relu-maxpool",
-            "seed 002 ex. 7.1: Conv->BN->ReLU->MaxPool",
+            "Conv->BN->ReLU->MaxPool (CNN stem)",
             {"B": 8, "CIN": 16, "C": 32, "HW": 112},
             lambda p: (ConvBnReluPool(p["CIN"], p["C"]), ((p["B"], p["CIN"], p["HW"], p["HW"]),)),
             _IMG_DIMS,
         ),
         ZooModel(
             "conv-bn-relu-2pool",
-            "seed 002 7.1.3: Conv-BN-ReLU -> MaxPool || AvgPool",
+            "Conv-BN-ReLU -> MaxPool || AvgPool (two branches)",
             {"B": 8, "CIN": 16, "C": 32, "HW": 112},
             lambda p: (
                 ConvBnReluTwoPools(p["CIN"], p["C"]),
@@ -362,7 +362,7 @@ ZOO: dict[str, ZooModel] = {
         ),
         ZooModel(
             "pointwise-chain",
-            "seed 004: n pointwise steps over N elements",
+            "STEPS pointwise ops chained over N elements",
             {"N": 1 << 20, "STEPS": 8},
             lambda p: (PointwiseChain(p["STEPS"]), ((p["N"],),)),
             {"N": (0, 0)},
@@ -376,7 +376,7 @@ ZOO: dict[str, ZooModel] = {
         ),
         ZooModel(
             "matmul",
-            "a single GEMM A[M,K] @ B[K,N] (seed 002 ex. 7.2)",
+            "a single GEMM A[M,K] @ B[K,N]",
             {"M": 1024, "K": 768, "N": 512},
             lambda p: (MatMul(), ((p["M"], p["K"]), (p["K"], p["N"]))),
             {"M": (0, 0), "N": (1, 1)},

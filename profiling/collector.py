@@ -13,8 +13,9 @@ measurement stays strictly sequential on the one device. By default (`warm_first
 job is compiled, and the pool shut down, before the first unit is timed: workers export
 and compile on the device being measured, and timings taken beside them scattered (on
 the H100, identical groups timed in different graphs: twins' median MAPE 24% with 14
-workers alongside, 2.8% with none; benchmarks/timing_noise.py, data/README.md). `max_seconds` stops it cleanly
-(rows so far flushed), so a device session of fixed length can be resumed by the next.
+workers alongside, 2.8% with none; benchmarks/timing_noise.py, docs/design_notes.md).
+`max_seconds` stops it cleanly (rows so far flushed), so a device session of fixed length
+can be resumed by the next.
 
 profiling imports neither learned_cost nor search: the analytical prediction comes from
 a `planner.cost.CostModel` and the strategies' partitions from `plan_makers`, both passed
@@ -44,18 +45,20 @@ from planner.errors import FusionPlannerError, ModelSpecError
 from planner.features import group_descriptor
 from planner.hardware import device_fingerprint, get_spec, local_device_name
 from planner.ir import Category, OpGraph
+from planner.measurement import Measurement
 from planner.partition import Partition
 from planner.plan import now_iso
 from planner.realize_patterns import choose_realization
 from profiling.dataset import COLLECTOR_VERSION, ProfileStore, row_key
 from profiling.sampling import random_groups, random_partition
 from profiling.units import (
-    Outcome,
+    dominant_realization,
     export_on,
     group_unit,
     measure_group,
     measure_plan,
     reference,
+    unit_runner,
 )
 from profiling.warm import WarmPool
 
@@ -64,8 +67,9 @@ WARM_WAIT_S = 120.0  # longest the measuring process waits for a job's warm-up c
 
 _T = "B=1,S=128,D=768,H=12;B=8,S=512,D=768,H=12;B=4,S=1024,D=1024,H=16;B=2,S=256,D=512,H=8"
 _L = "B=1,S=128,D=768,H=12;B=4,S=512,D=1024,H=16;B=2,S=1024,D=1024,H=16;B=2,S=256,D=512,H=8"
-# Shape sweeps for `--shapes auto`, per device kind: transformer shapes around the anchors
-# (shared/anchors), the rest at sizes where launch, memory and compute bounds all occur.
+# Shape sweeps for `--shapes auto`, per device kind: transformer shapes around the
+# reference shapes of benchmarks/README.md, the rest at sizes where launch, memory and
+# compute bounds all occur.
 DEFAULT_SHAPES: dict[str, dict[str, str]] = {
     "gpu": {
         "transformer-block": _T,
@@ -261,7 +265,7 @@ def _row(
     job: Job,
     graph: OpGraph,
     unit: Unit,
-    outcome: Outcome,
+    outcome: Measurement,
     cost_model: CostModel,
     device: str,
     device_fp: str,
@@ -282,7 +286,9 @@ def _row(
         "nodes": json.dumps(list(unit.groups[0]) if unit.kind == "group" else unit.groups),
         "n_groups": len(unit.groups),
         "strategy": unit.strategy,
-        "realization": outcome.realization if unit.kind == "plan" else unit.realization,
+        "realization": (
+            dominant_realization(outcome.realizations) if unit.kind == "plan" else unit.realization
+        ),
         "dtype": job.dtype,
         "device": device,
         "device_fingerprint": device_fp,
@@ -299,13 +305,13 @@ def _row(
         "stable": bool(t.stable) if t else False,
         "compile_s": float(outcome.compile_s),
         "ok": outcome.ok,
-        "error": outcome.error[:500],
+        "error": str(outcome.error or "")[:500],
         "created_at": now_iso(),
         "collector_version": COLLECTOR_VERSION,
         "cuda_graph": outcome.cuda_graph,
         "graph_copies": t.copies if t else 0,
         "call_median_s": outcome.call_s,
-        "n_fallbacks": outcome.n_fallbacks,
+        "n_fallbacks": len(outcome.fallbacks),
         "realizations": json.dumps(
             [choose_realization(graph, g) for g in unit.groups] if unit.kind == "plan" else []
         ),
@@ -399,6 +405,7 @@ class Collector:
         self.device_fp = device_fingerprint(self.device)
         self.torch_version = torch.__version__.split("+")[0]
         self.spec = get_spec(self.device_name)
+        self.runner = unit_runner(self.device)
 
     def _plan(self, graph: OpGraph, job: Job, notes: list[str]) -> list[Unit]:
         return plan_units(
@@ -543,9 +550,11 @@ class Collector:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if unit.kind == "group":
-                    outcome = measure_group(captured, values, unit.groups[0], unit.realization)
+                    outcome = measure_group(
+                        captured, values, unit.groups[0], unit.realization, runner=self.runner
+                    )
                 else:
-                    outcome = measure_plan(captured, unit.groups)
+                    outcome = measure_plan(captured, unit.groups, runner=self.runner)
             row = _row(
                 job,
                 graph,
@@ -564,7 +573,7 @@ class Collector:
                 f"  [{k + 1}/{len(todo)}] {time.perf_counter() - t0:6.0f}s {unit.kind} "
                 f"{sum(map(len, unit.groups))} ops {row['realization']}: {med} "
                 f"(pred {row['analytical_s'] * 1e6:.1f} us)"
-                + (f" {outcome.error[:120]}" if outcome.error else "")
+                + (f" {str(outcome.error)[:120]}" if outcome.error else "")
             )
         del values
         if self.device.type == "cuda":

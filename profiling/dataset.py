@@ -1,6 +1,6 @@
 """Measurement rows (dataset v1) on disk: one Parquet file per device/dtype set under data/.
 
-The schema (profiling issue; learned_cost.data reads it): one row per measured unit, a
+The schema (learned_cost.data reads it; files: data/README.md): one row per measured unit, a
 unique `key` digest so a resumed collection skips what is already there, the raw
 descriptor of the unit (`desc_*`, planner.features), the analytical prediction, the
 measured statistics, and the device / versions the number was measured under.
@@ -52,7 +52,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("pred_t_memory_s", "its memory part"),
     ("pred_t_launch_s", "its launch part"),
     ("measured_median_s", "the target; NaN when the unit did not run"),
-    ("measured_p99_s", "tail latency (seed 7.7)"),
+    ("measured_p99_s", "tail latency (docs/formulas.md §15)"),
     ("measured_iqr_s", "spread"),
     ("measured_min_s", "best case"),
     ("reps", "samples behind the statistics"),

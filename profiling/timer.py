@@ -9,7 +9,7 @@ graph, among other kernels: several copies of it captured back to back in one gr
 the timing divided by the copies. Timing one replay of a graph that holds one small
 group measures the graph launch (about 10 us on an H100) more than the group: on the
 H100 two collections of the same 1305 groups under 25 us, each replayed alone, differed
-by 20% at the median (data/README.md).
+by 20% at the median (docs/design_notes.md).
 """
 
 from __future__ import annotations
@@ -18,51 +18,21 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
 from planner.hardware import device_fingerprint, local_device_name
+from planner.measurement import Timing
 
-
-@dataclass(frozen=True)
-class Timing:
-    median_s: float
-    p99_s: float
-    min_s: float
-    mean_s: float
-    iqr_s: float  # interquartile range: the spread
-    reps: int
-    stable: bool  # whether the median settled before the bounds were hit
-    device: str  # spec name ("h100", "cpu", ...)
-    device_fingerprint: str
-    torch_version: str
-    dtype: str = ""
-    copies: int = 1  # back-to-back copies per sample (measure_in_graph); stats are per copy
-
-    @property
-    def spread(self) -> float:
-        """IQR relative to the median."""
-        return self.iqr_s / self.median_s if self.median_s else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def per_copy(self, copies: int) -> Timing:
-        """These statistics of samples that each ran `copies` copies, per copy."""
-        if copies < 1:
-            raise ValueError(f"copies must be >= 1, got {copies}")
-        k = float(copies)
-        return replace(
-            self,
-            median_s=self.median_s / k,
-            p99_s=self.p99_s / k,
-            min_s=self.min_s / k,
-            mean_s=self.mean_s / k,
-            iqr_s=self.iqr_s / k,
-            copies=self.copies * copies,
-        )
+__all__ = [
+    "Timing",
+    "cuda_graphed",
+    "measure",
+    "measure_in_graph",
+    "measure_interleaved",
+    "summarize",
+]
 
 
 def _quantile(sorted_xs: list[float], q: float) -> float:
@@ -224,3 +194,48 @@ def measure(
         if time.perf_counter() - t_start > max_seconds:
             break
     return summarize(samples, stable=stable, device=dev, dtype=dtype)
+
+
+def _run_reps(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
+    """Mean seconds per call over `reps` back-to-back calls."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def measure_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    *,
+    device: str | torch.device | None = None,
+    rounds: int = 15,
+    round_s: float = 0.025,
+    warmup: int = 3,
+    dtype: str = "",
+) -> dict[str, Timing]:
+    """Time several contenders fairly: interleaved rounds, the contenders in rotated order
+    each round, every contender the same number of back-to-back calls per round (sized so
+    the slowest fills about `round_s`). One sample per contender and round; statistics per
+    call (`Timing.copies` = calls per round, `Timing.reps` = rounds)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    slowest = max(statistics.median(_run_reps(fn, 1, dev) for _ in range(3)) for fn in fns.values())
+    reps = max(1, min(200, int(round_s / max(slowest, 1e-7))))
+    samples: dict[str, list[float]] = {n: [] for n in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            samples[n].append(_run_reps(fns[n], reps, dev) * reps)
+    return {n: summarize(xs, device=dev, dtype=dtype).per_copy(reps) for n, xs in samples.items()}

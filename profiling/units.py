@@ -13,48 +13,35 @@ A whole plan is realized, verified, and timed twice on GPU: whole calls from the
 and its kernels alone, as copies in one graph (the timing). The host part of a call is
 the same for every plan of a graph and jitters: on the H100, the same plans' call times
 differed by up to 1.8x between two collections, enough to decide which plan looked best.
+
+Both are measured by the one runner (profiling.runner; `unit_runner` is a collection's
+settings of it) and come back as planner.measurement.Measurement records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from planner import modelspec
 from planner.capture import Captured, export_model
+from planner.measurement import Measurement, PlanJob
 from planner.partition import Partition
-from planner.realize import GroupCompiler, inductor_compiler, realize
+from planner.realize import GroupCompiler, inductor_compiler
 from planner.realize_check import compare_outputs
 from planner.realize_graph import ProgramParts, group_graphs, take_apart
 from planner.realize_patterns import choose_realization
 from planner.realize_reference import run_in_high_precision
 from planner.realize_units import GroupUnit, fake_mode_of, prepare_unit, reference_values
-from profiling.timer import Timing, measure, measure_in_graph
+from profiling.runner import DeviceRunner, RealizedExecutor, compute_dtype
 
 # Timer settings for one unit: enough reps for a stable median, bounded so that a
 # collection covers many units in a device session.
 UNIT_TIMER = {"warmup": 2, "min_reps": 10, "max_reps": 100, "max_seconds": 1.0}
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What measuring one unit gave: a timing, or why there is none."""
-
-    timing: Timing | None
-    realization: str
-    compile_s: float
-    error: str = ""
-    cuda_graph: bool = False
-    n_fallbacks: int = 0
-    call_s: float = math.nan  # plans: median of whole calls from the host (guards, copies)
-
-    @property
-    def ok(self) -> bool:
-        return self.timing is not None and not self.error
 
 
 def export_on(
@@ -95,13 +82,16 @@ def group_unit(
     )
 
 
-def _timed(fn: Any, device: torch.device, dtype: str, graphs: bool) -> tuple[Timing, bool]:
-    if graphs and device.type == "cuda":
-        try:
-            return measure_in_graph(fn, device=device, dtype=dtype, **UNIT_TIMER), True
-        except Exception:  # not capturable: time it as it is
-            torch.cuda.synchronize()
-    return measure(fn, device=device, dtype=dtype, **UNIT_TIMER), False
+def unit_runner(device: str | torch.device | None = None) -> DeviceRunner:
+    """The runner a collection measures with: the realized plan called directly, its
+    kernels timed in one CUDA graph on GPU (module doc), UNIT_TIMER, one check."""
+    return DeviceRunner(
+        executor=RealizedExecutor(),
+        device=device,
+        timer=UNIT_TIMER,
+        trials=1,
+        kernels_in_graph=True,
+    )
 
 
 def measure_group(
@@ -110,19 +100,26 @@ def measure_group(
     nodes: Iterable[int],
     realization: str = "auto",
     *,
+    runner: DeviceRunner | None = None,
     compiler: GroupCompiler | None = None,
     cuda_graphs: bool = True,
-) -> Outcome:
+) -> Measurement:
     """Realize group `nodes`, check it against eager, time it (see the module doc)."""
-    dtype = _dtype(captured)
+    dtype = compute_dtype(captured)
+    label = f"group {realization}"
+    runner = runner or unit_runner(_device_of([], captured))
     try:
         unit = group_unit(captured, nodes, realization, compiler)
     except Exception as e:  # a group the realizer cannot cut: recorded, not raised
-        return Outcome(None, realization, 0.0, f"cut: {type(e).__name__}: {str(e)[:200]}")
+        return runner.failed(label, "realize", e, dtype, executor="callable")
+    about = {
+        "executor": "callable",
+        "compile_s": unit.compile_s,
+        "realizations": (unit.realization,),
+    }
     if unit.fallback:
-        return Outcome(None, unit.requested, unit.compile_s, unit.fallback)
+        return runner.failed(label, "realize", unit.fallback, dtype, **about)
     args = [unit.extra_state.get(n, values.get(n)) for n in unit.inputs]
-    device = _device_of(args, captured)
     try:
         with torch.no_grad():
             got = unit.run(*args)
@@ -131,66 +128,41 @@ def measure_group(
         want = [values[o] for o in unit.group.outputs]
         bad = compare_outputs(want, list(got), dtype, high=high.values)
     except Exception as e:
-        return Outcome(None, unit.realization, unit.compile_s, f"run: {type(e).__name__}: {e}")
+        return runner.failed(label, "run", e, dtype, **about)
     if bad is not None:
-        return Outcome(None, unit.realization, unit.compile_s, f"mismatch vs eager: {bad}")
-    with torch.no_grad():
-        timing, graphed = _timed(lambda: unit.run(*args), device, dtype, cuda_graphs)
-    return Outcome(timing, unit.realization, unit.compile_s, "", graphed)
+        return runner.failed(label, "accuracy", f"mismatch vs eager: {bad}", dtype, **about)
+    m = runner.measure_callable(
+        unit.run,
+        args,
+        label=label,
+        compile_s=unit.compile_s,
+        dtype=dtype,
+        in_graph=cuda_graphs,
+    )
+    return dataclasses.replace(m, realizations=(unit.realization,))
 
 
 def measure_plan(
     captured: Captured,
     groups: Sequence[Iterable[int]],
     *,
+    runner: DeviceRunner | None = None,
     compiler: GroupCompiler | None = None,
-) -> Outcome:
-    """Realize the partition `groups` (auto realizations, verified), time whole calls."""
-    dtype = _dtype(captured)
+) -> Measurement:
+    """Realize the partition `groups`, verify it, time it (see the module doc)."""
     partition = Partition.from_groups(captured.graph, groups)
-    try:
-        r = realize(captured, partition, compiler=compiler, verify=True)
-    except Exception as e:
-        return Outcome(None, "auto", 0.0, f"realize: {type(e).__name__}: {str(e)[:200]}")
-    if not r.verified:
-        return Outcome(None, "auto", r.compile_s, "plan disagrees with eager", r.cuda_graph)
-    inputs = tuple(captured.example_inputs)
-    with torch.no_grad():
-        call = measure(lambda: r(*inputs), device=r.device, dtype=dtype, **UNIT_TIMER)
-        timing = call
-        if r.cuda_graph:  # the plan's kernels alone, as copies in one graph (module doc)
-            try:
-                timing = measure_in_graph(
-                    lambda: r.run_flat(*inputs), device=r.device, dtype=dtype, **UNIT_TIMER
-                )
-            except Exception:  # not capturable this way: the whole call stands for it
-                torch.cuda.synchronize()
-    return Outcome(
-        timing,
-        _dominant(r.realizations),
-        r.compile_s,
-        "",
-        r.cuda_graph,
-        len(r.fallbacks),
-        call.median_s,
-    )
+    if runner is None or compiler is not None:
+        runner = unit_runner(_device_of([], captured))
+        if compiler is not None:
+            runner.executor = RealizedExecutor(compiler=compiler)
+    return runner.measure_plan(PlanJob(captured, partition, label="plan"))
 
 
-def _dominant(realizations: Sequence[str]) -> str:
+def dominant_realization(realizations: Sequence[str]) -> str:
     fused = [x for x in realizations if x != "eager"]
     if not fused:
         return "eager"
     return max(sorted(set(fused)), key=fused.count)
-
-
-def _dtype(captured: Captured) -> str:
-    """The model's compute dtype: its first floating input's, else its parameters' (a
-    token-id model's float inputs are its weights)."""
-    for kinds in (("input",), ("param", "buffer", "const")):
-        for t in captured.graph.tensors:
-            if t.kind in kinds and t.dtype.startswith(("float", "bfloat")):
-                return t.dtype
-    return "float32"
 
 
 def _device_of(args: Sequence[Any], captured: Captured) -> torch.device:

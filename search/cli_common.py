@@ -7,12 +7,10 @@ import json
 import math
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-import learned_cost
 from planner import hardware, modelspec
 from planner.capture import Captured, trace_device
 from planner.errors import FusionPlannerError
@@ -89,27 +87,6 @@ def storage_arg(text: str) -> str:
     return text
 
 
-COST_MODEL_KEYWORDS = ("realized", "analytical")
-# The learned models shipped with the package (`--cost-model h100`), wherever the CLI runs.
-PACKAGED_MODELS = Path(learned_cost.__file__).resolve().parent / "models"
-
-
-def cost_model_arg(text: str) -> str:
-    """argparse type: `realized`, `analytical`, a saved learned model (.json) that exists,
-    or the name of one shipped with the package (`h100` for learned_cost/models/h100.json).
-    A path that does not exist is refused here, so a typo never tunes with another model."""
-    if text in COST_MODEL_KEYWORDS or Path(text).is_file():
-        return text
-    shipped = PACKAGED_MODELS / f"{text}.json"
-    if "/" not in text and shipped.is_file():
-        return str(shipped)
-    names = sorted(q.stem for q in PACKAGED_MODELS.glob("*.json"))
-    raise argparse.ArgumentTypeError(
-        f"no cost model file {text!r}; give {' or '.join(COST_MODEL_KEYWORDS)}, a saved "
-        f"model's .json, or a shipped one: {', '.join(names) or 'none'}"
-    )
-
-
 def add_device_arg(p: argparse.ArgumentParser, *, measures: bool = False) -> None:
     """--device, the same name and values on every command. Commands that measure run
     on this machine: for them a device other than this machine's is an error."""
@@ -180,18 +157,6 @@ def add_storage_arg(p: argparse.ArgumentParser) -> None:
         help="Optuna study storage (tpe, nsga2): memory, sqlite[:///path], journal[:path] "
         "(several local workers) or a database URL such as postgresql://... (a fleet) "
         "(default: memory)",
-    )
-
-
-def add_cost_model_arg(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument(
-        "--cost-model",
-        type=cost_model_arg,
-        default=None,
-        metavar="MODEL",
-        help="realized (the roofline per kernel the realizer launches), analytical (the "
-        "ideal fused roofline), a saved learned model (.json) or a shipped one by name "
-        f"(h100, cpu) (default: {default})",
     )
 
 

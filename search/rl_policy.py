@@ -1,6 +1,6 @@
 """The RL policy: a small torch network that chooses which fusion merge comes next.
 
-Formulation (seed 002, 7.4.3: state = graph features, action = fuse / not fuse, reward =
+Formulation (docs/formulas.md §13: state = graph features, action = fuse / not fuse, reward =
 modelled speedup). An episode is priority's merge process (search/merge_env.py) with the
 choices handed to the policy:
 

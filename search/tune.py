@@ -1,6 +1,6 @@
 """The offline tuning job: for each shape bucket, search, realize, measure, keep the best.
 
-This is the composition root of the pipeline (design.md): it wires the strategies
+This is the composition root of the pipeline (docs/architecture.md): it wires the strategies
 (search), the cost model (learned_cost), realization (planner.realize), measurement
 (profiling) and the plan cache (planner.cache). Per bucket:
 
@@ -8,9 +8,12 @@ This is the composition root of the pipeline (design.md): it wires the strategie
    capture it (the graph's structure_key is the cache's model key);
 2. plan with the chosen strategy (Optuna studies live in `storage`, one per graph and
    bucket) and with the baselines, under the cost model;
-3. realize the `top_k` distinct candidates (lowest predicted first), check each against
-   eager on fresh inputs (groups that fail fall back alone, and are reported), time it; a
-   candidate that cannot run or still disagrees is dropped, never stored;
+3. measure the `top_k` distinct candidates (lowest predicted first) with the runner
+   (profiling.runner): each is served by the `torch.compile` backend for the bucket,
+   checked against eager on fresh inputs (groups that fail fall back alone, and are
+   reported) and timed through the backend's per-call path, so the latency stored is the
+   one the backend delivers; a candidate that cannot run, is not served as given or still
+   disagrees is dropped, never stored;
 4. keep the measured best, feed every measurement to the cost model's online update
    (when it has one), and store the plan (with its measurement) for the bucket.
 """
@@ -39,14 +42,13 @@ from planner.cache_admin import export_document, plan_record, spec_record
 from planner.cost import CostModel
 from planner.errors import CacheError, FusionPlannerError, is_out_of_memory
 from planner.hardware import cache_dir, device_fingerprint, local_device_name
+from planner.measurement import Measurement, PlanJob, Runner, Timing
 from planner.modelspec import ModelSpec, dtype_name
 from planner.objective import Objective
 from planner.partition import Partition
 from planner.plan import Plan
-from planner.realize import realize
 from planner.runtime_graph import capture_for_serving
-from profiling.timer import Timing, measure
-from profiling.verify import verify_against_eager
+from profiling.runner import DeviceRunner, ServedExecutor, first_call
 from search.optuna_storage import check_storage, storage_kind
 from search.parallel import OPTUNA_STRATEGIES, plan_through_outages, tune_parallel
 from search.strategies import get_strategy
@@ -88,6 +90,7 @@ class Candidate:
     measured: Timing | None = None
     error: str = ""
     fallbacks: dict[int, str] = field(default_factory=dict)  # group -> why it runs eagerly
+    measurement: Measurement | None = None  # the runner's whole record
 
 
 @dataclass(frozen=True)
@@ -221,11 +224,6 @@ def search_candidates(
     return sorted(seen.values(), key=lambda c: c.predicted_s)
 
 
-def _timed(fn: Callable[[], Any], dev: torch.device, dtype: str, cfg: TuneConfig) -> Timing:
-    with torch.no_grad():
-        return measure(fn, device=dev, dtype=dtype, **cfg.timer)
-
-
 def _say(msg: str) -> None:
     print(f"[tune] {msg}", file=sys.stderr, flush=True)
 
@@ -238,8 +236,12 @@ def tune_bucket(
     cache: PlanCache | None,
     *,
     progress: Callable[[str], None] = _say,
+    runner: Runner | None = None,
 ) -> BucketResult:
-    """Search, realize, verify, measure and store the plan of one bucket."""
+    """Search, realize, verify, measure and store the plan of one bucket.
+
+    Candidates are measured by `runner` (default: profiling.runner.DeviceRunner through
+    the serving path, so the stored latency is the one the backend delivers)."""
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = local_device_name(dev)
     dt = dtype_name(cfg.dtype)
@@ -255,7 +257,6 @@ def tune_bucket(
             f"{str(e).strip()[:200]}. Narrow --dynamic to the shapes the model supports"
         ) from e
     captured = capture_for_serving(module, inputs, name=mspec.label)
-    reference = captured.program.module()  # the model as the captured program computes it
     graph = captured.graph
     objective = Objective(cost_model)
     t0 = time.perf_counter()
@@ -265,31 +266,51 @@ def tune_bucket(
         f"bucket {spec.label(bucket)} at {params}: {len(graph.nodes)} ops, "
         f"{len(cands)} distinct candidate(s) in {search_s:.1f}s; measuring top {cfg.top_k}"
     )
-    eager = _timed(lambda: module(*inputs), dev, dt, cfg)
+    runner = runner or DeviceRunner(executor=ServedExecutor(), device=dev, timer=cfg.timer)
+    eager_m = runner.measure_callable(module, inputs, label="eager", dtype=dt)
+    if eager_m.timing is None:
+        raise FusionPlannerError(f"{mspec.label}: timing eager failed ({eager_m.error})")
+    eager = eager_m.timing
     compiled = None
     if cfg.compile_baseline:
         cmod = torch.compile(module)
-        with torch.no_grad():
-            cmod(*inputs)
-        compiled = _timed(lambda: cmod(*inputs), dev, dt, cfg)
+        setup_s, _ = first_call(lambda: cmod(*inputs), dev)
+        compiled = runner.measure_callable(
+            cmod, inputs, label="torch.compile", dtype=dt, compile_s=setup_s
+        ).timing
         torch._dynamo.reset()
     measured: list[Candidate] = []
     t0 = time.perf_counter()
     for c in cands[: cfg.top_k]:
-        try:
-            rp = realize(captured, c.partition, device=dev)
-            check = verify_against_eager(rp, reference, inputs)
-            if not check.ok:
-                raise FusionPlannerError(f"does not match eager: {check}")
-            timing = _timed(lambda rp=rp: rp(*inputs), dev, dt, cfg)
-            c = Candidate(c.strategy, c.partition, c.predicted_s, timing, "", check.fallbacks)
-            fb = f"; {len(check.fallbacks)} group(s) fell back" if check.fallbacks else ""
+        ev = objective.evaluate(c.partition)
+        plan = objective.make_plan(c.partition, ev, strategy=c.strategy, device=device, dtype=dt)
+        job = PlanJob(
+            captured,
+            plan,
+            label=c.strategy,
+            module=module,
+            inputs=tuple(inputs),
+            bucket=bucket,
+            bucket_spec=spec,
+        )
+        m = runner.measure_plan(job)
+        c = Candidate(
+            c.strategy,
+            c.partition,
+            c.predicted_s,
+            m.timing,
+            str(m.error) if m.error else "",
+            dict(m.fallbacks),
+            m,
+        )
+        if m.timing is not None:
+            fb = f"; {len(c.fallbacks)} group(s) fell back" if c.fallbacks else ""
             progress(
                 f"  {c.strategy:<9} {len(c.partition):>3} groups: predicted "
-                f"{c.predicted_s * 1e6:9.1f} us, measured {timing.median_s * 1e6:9.1f} us{fb}"
+                f"{c.predicted_s * 1e6:9.1f} us, measured {m.timing.median_s * 1e6:9.1f} us"
+                f" ({m.executor}){fb}"
             )
-        except Exception as e:  # a candidate that fails is dropped, never stored
-            c = Candidate(c.strategy, c.partition, c.predicted_s, None, f"{type(e).__name__}: {e}")
+        else:  # a candidate that fails is dropped, never stored
             progress(f"  {c.strategy:<9} failed: {c.error[:200]}")
         measured.append(c)
     realize_s = time.perf_counter() - t0
@@ -347,7 +368,7 @@ def _store(
 def _online_update(
     cost_model: CostModel, graph: Any, measured: list[Candidate], progress: Callable[[str], None]
 ) -> None:
-    """Seed 7.4.3: the learned model refines itself on what was just measured."""
+    """The learned model refines itself on what was just measured (docs/formulas.md §13)."""
     update = getattr(cost_model, "update", None)
     obs = [c for c in measured if c.measured is not None]
     if update is None or not obs:
@@ -365,6 +386,7 @@ def tune(
     *,
     only_buckets: set[str] | None = None,
     progress: Callable[[str], None] = _say,
+    runner: Runner | None = None,
 ) -> list[BucketResult]:
     """Tune every bucket of `cfg.dynamic` (or only `only_buckets`).
 
@@ -388,7 +410,9 @@ def tune(
     for i, b in enumerate(progress_bars.track(buckets, "tune", unit="bucket"), 1):
         progress(f"[{i}/{len(buckets)}] bucket {spec.label(b)}")
         try:
-            out.append(tune_bucket(cfg, spec, b, cost_model, cache, progress=progress))
+            out.append(
+                tune_bucket(cfg, spec, b, cost_model, cache, progress=progress, runner=runner)
+            )
         except Exception as e:
             why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
             if is_out_of_memory(e):

@@ -1,4 +1,4 @@
-"""The analytical model against seed 002's formulas, on hand-built and captured graphs."""
+"""The analytical model against docs/formulas.md, on hand-built and captured graphs."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_vertical_fusion_of_a_chain_divides_memory_time_by_n(h100, n):
     model = AnalyticalModel(h100)
     unfused = sum(model.group_cost(g, frozenset({i})).t_memory_s for i in range(n))
     fused = model.group_cost(g, frozenset(range(n))).t_memory_s
-    assert unfused / fused == pytest.approx(n)  # seed 002, 7.1.1: S = n
+    assert unfused / fused == pytest.approx(n)  # docs/formulas.md §2: S = n
     assert vertical_fusion_speedup(n, 1 << 20, 4, h100) == pytest.approx(n)
     assert bandwidth_saving(g, [range(n)]) == pytest.approx(1 - 1 / n)
 

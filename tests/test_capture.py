@@ -140,8 +140,8 @@ def test_bad_arguments_raise_capture_error():
     assert len(capture(nn.ReLU(), {"input": torch.randn(2)}).nodes) == 1
 
 
-# Categories every zoo op must get: written from seed 001's taxonomy, independently of the
-# rule table, so a wrong table entry fails here.
+# Categories every zoo op must get: written from the taxonomy of docs/formulas.md §1,
+# independently of the rule table, so a wrong table entry fails here.
 EXPECTED = {
     "linear": "compute",
     "matmul": "compute",

@@ -82,7 +82,7 @@ def test_help_shows_defaults(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "(default: 30.0)" in out  # --budget-seconds
     assert "(default: 3)" in out  # --top-k
-    assert "(default: realized)" in out  # --cost-model
+    assert "(default: pow2)" in out  # --buckets
 
 
 def test_global_flags_before_or_after_the_command(capsys):
@@ -138,11 +138,11 @@ def test_bad_values_are_refused_at_parse_time(argv, message, capsys):
     assert message in _parse_error(argv, capsys)
 
 
-def test_a_shipped_cost_model_is_found_by_name_from_any_directory(tmp_path, monkeypatch):
+def test_the_committed_cost_model_is_found_from_any_directory(tmp_path, monkeypatch):
+    from search.cost_models import committed_model, cost_model_arg
+
     monkeypatch.chdir(tmp_path)
-    opts = _options("plan")
-    path = opts["--cost-model"].type("cpu")
-    assert Path(path).is_file() and Path(path).parent.name == "models"
+    assert cost_model_arg("learned") == "learned" and committed_model("cpu").is_file()
 
 
 def test_a_timing_command_refuses_another_machines_device(capsys):

@@ -1,4 +1,4 @@
-"""The package layering of design.md, checked over the source tree's import graph.
+"""The package layering of docs/architecture.md, checked over the source tree's import graph.
 
 planner at the bottom; learned_cost and profiling above it (independent of each other);
 search (strategies, tune loop, CLI) on top. Imports go downward only, no module-level

@@ -165,7 +165,7 @@ def test_nsga2_returns_a_pareto_front_of_latency_and_peak_memory():
         ev = obj.evaluate(part)
         assert check(part, obj.limits).ok
         assert ev.total_s == pytest.approx(t) and ev.peak_memory_bytes == mem
-    for i, (t1, m1, _) in enumerate(front):  # seed 7.4.2: nobody on the front is dominated
+    for i, (t1, m1, _) in enumerate(front):  # formulas.md §12: nobody on the front is dominated
         for j, (t2, m2, _) in enumerate(front):
             if i != j:
                 assert not (t2 <= t1 and m2 <= m1 and (t2 < t1 or m2 < m1))

@@ -1,4 +1,4 @@
-"""The pattern language, the library on zoo graphs, and conflict resolution (seed 7.2)."""
+"""The pattern language, the library on zoo graphs, and conflict resolution (formulas.md §6-7)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,13 @@ import time
 import pytest
 import torch
 
-from profiling.timer import cuda_graphed, measure, measure_in_graph, summarize
+from profiling.timer import (
+    cuda_graphed,
+    measure,
+    measure_in_graph,
+    measure_interleaved,
+    summarize,
+)
 
 
 def spin(seconds: float):
@@ -114,3 +120,13 @@ def test_measure_in_graph_takes_the_launch_out_of_a_small_kernel():
     big = measure_in_graph(lambda: y.mul_(1.0), device="cuda")
     assert big.copies == 1
     assert big.median_s == pytest.approx(big_alone.median_s, rel=0.1)
+
+
+def test_interleaved_contenders_get_the_same_calls_per_round_and_per_call_statistics():
+    fns = {"short": spin(1e-3), "long": spin(3e-3)}
+    got = measure_interleaved(fns, device="cpu", rounds=4, round_s=0.01, warmup=1)
+    short, long = got["short"], got["long"]
+    assert short.reps == long.reps == 4  # one sample per contender and round
+    assert short.copies == long.copies >= 1  # the same calls per round for both
+    assert 1e-3 <= short.median_s < long.median_s and long.median_s >= 3e-3  # per call
+    assert short.min_s <= short.median_s <= short.p99_s

@@ -93,8 +93,8 @@ def test_tune_with_tpe_in_a_sqlite_study(tmp_path):
 
 
 def test_tune_updates_the_learned_model_online_and_saves_it(tmp_path):
-    """The loop's measurements refine a learned correction (7.4.3), and --cost-model-out
-    writes the refined state, which loads back."""
+    """The loop's measurements refine a learned correction (docs/formulas.md §13), and
+    --cost-model-out writes the refined state, which loads back."""
     import json
     import shutil
     from pathlib import Path

@@ -88,7 +88,7 @@ def test_greedy_keeps_attention_apart_like_tvm():
 
 @pytest.mark.parametrize("strategy", SEARCHES)
 def test_mixed_fusion_conv_bn_relu_then_two_pools(strategy):
-    """Seed 002, 7.1.3: [Conv -> BN -> ReLU] vertically, [MaxPool || AvgPool] horizontally."""
+    """docs/formulas.md §4: [Conv -> BN -> ReLU] vertically, [MaxPool || AvgPool] horizontally."""
     g, res, _ = plan("conv-bn-relu-2pool", strategy)
     assert group_with(g, res.partition, "conv2d") == {
         "conv2d",

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from learned_cost.analytical import AnalyticalModel
-from learned_cost.corrected import load_corrected
 from planner import progress, zoo
 from planner.errors import FusionPlannerError
 from planner.hardware import get_spec
@@ -19,11 +18,11 @@ from search.cli_common import (
     add_device_arg,
     add_threads_arg,
     check_local_device,
-    cost_model_arg,
     nonneg_int,
     positive_float,
     positive_int,
 )
+from search.cost_models import cost_model_arg, cost_model_for
 from search.planning import plan_maker
 
 
@@ -105,11 +104,13 @@ def run(args: argparse.Namespace) -> int:
     )
     shapes = None if args.shapes == "auto" else [s.strip() for s in args.shapes.split(";")]
     spec = get_spec(check_local_device(args))
+    # The dataset's `analytical_s` column and the strategies' plans are the analytical
+    # model's by definition (learned_cost trains a correction of it), whatever the default.
     cost_model = AnalyticalModel(spec)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     makers = {name: plan_maker(name, cost_model) for name in strategies}
     if args.learned:
-        learned = load_corrected(args.learned, spec.name)
+        learned = cost_model_for(args.learned, spec.name)
         if isinstance(learned, AnalyticalModel):  # it warned why; its plans are the above
             print(f"collect: --learned {args.learned} not used", file=sys.stderr)
         else:

@@ -35,7 +35,8 @@ from learned_cost.train import (
 )
 from planner import hardware
 from planner.hardware import cache_dir
-from search.cli_common import PACKAGED_MODELS, device_name, positive_int
+from search.cli_common import device_name, positive_int
+from search.cost_models import COMMITTED_DIR
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -265,7 +266,7 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
         "",
         "Measured elsewhere, by commands in the repo: how far a plan is from the sum of its "
         "groups timed alone, the floor under any additive plan error "
-        "(`benchmarks/plan_additivity.py`, data/README.md), and whether the plans a held-out "
+        "(`benchmarks/plan_additivity.py`, docs/design_notes.md), and whether the plans a held-out "
         "model chooses run faster than the analytical model's "
         "(`benchmarks/heldout_plans.py`, benchmarks/results/heldout_plans_h100.md).",
         "",
@@ -301,7 +302,7 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
                 "",
                 _leaders(rec.get("scores", [])),
                 "",
-                f"Targets (issue 6) for {_committed(met)}: "
+                f"Targets for {_committed(met)}: "
                 + "; ".join(f"{k}: {v}" for k, v in rec.get("verdicts", {}).items()),
                 "",
             ]
@@ -386,9 +387,9 @@ def run_report(args: argparse.Namespace) -> int:
     if args.models:
         metas = [(p, read_meta(p)) for p in args.models]
     else:  # cited by the repo-relative path, wherever the command runs from
-        root = PACKAGED_MODELS.parent.parent
+        root = COMMITTED_DIR.parent.parent
         metas = [
-            (str(p.relative_to(root)), read_meta(p)) for p in sorted(PACKAGED_MODELS.glob("*.json"))
+            (str(p.relative_to(root)), read_meta(p)) for p in sorted(COMMITTED_DIR.glob("*.json"))
         ]
     text = render_report(metas)
     if args.out == "-":

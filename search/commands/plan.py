@@ -6,7 +6,7 @@
 
 Prints each group (ops, realization, predicted time, bound, boundary bytes) in execution
 order and the totals against the unfused graph (one kernel per op). The cost model is the
-analytical roofline for the device, or a saved learned correction with `--cost-model`.
+one `--cost-model` names (search.cost_models; the same default as every command).
 """
 
 from __future__ import annotations
@@ -16,14 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from learned_cost.analytical import AnalyticalModel
-from learned_cost.corrected import load_corrected
-from planner.cost import CostModel
 from planner.hardware import get_spec
-from planner.objective import Evaluation, Objective, realization_of
+from planner.objective import Evaluation, Objective
 from search import fmt
 from search.cli_common import (
-    add_cost_model_arg,
     add_model_args,
     capture_for_planning,
     emit,
@@ -31,6 +27,7 @@ from search.cli_common import (
     positive_int,
     resolve,
 )
+from search.cost_models import add_cost_model_arg, cost_model_for
 from search.search_options import add_search_options, run_search
 from search.strategies import STRATEGIES
 from search.strategy import Budget, SearchResult
@@ -44,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-evals", type=positive_int, default=None, help="objective evaluations")
     p.add_argument("--budget-seconds", type=positive_float, default=None, help="wall-clock seconds")
     p.add_argument("--seed", type=int, default=0)
-    add_cost_model_arg(p, default="analytical")
+    add_cost_model_arg(p)
     p.add_argument(
         "--latency-bound-us",
         type=positive_float,
@@ -61,20 +58,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _cost_model(args: argparse.Namespace, device: str) -> CostModel:
-    if args.cost_model == "realized":
-        from learned_cost.realized import RealizedRoofline
-
-        return RealizedRoofline(get_spec(device))
-    if args.cost_model in (None, "analytical"):
-        return AnalyticalModel(get_spec(device))
-    return load_corrected(args.cost_model, device, realization_of=realization_of)
-
-
 def run(args: argparse.Namespace) -> int:
     r = resolve(args)
     graph = capture_for_planning(r).graph
-    model = _cost_model(args, r.device_name)
+    model = cost_model_for(args.cost_model, r.device_name)
     objective = Objective(
         model,
         spec=get_spec(r.device_name),

@@ -5,17 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from learned_cost.analytical import AnalyticalModel
-from learned_cost.corrected import load_corrected
 from planner import progress
 from planner.cache import PlanCache
-from planner.hardware import get_spec, local_device_name
+from planner.hardware import local_device_name
 from planner.modelspec import parse_dtype, resolve
 from planner.realize_check import short_reason
 from search import fmt
 from search.cli_common import (
     Resolved,
-    add_cost_model_arg,
     add_device_arg,
     add_dtype_arg,
     add_format_arg,
@@ -28,6 +25,7 @@ from search.cli_common import (
     positive_float,
     positive_int,
 )
+from search.cost_models import add_cost_model_arg, cost_model_for
 from search.strategies import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
 
@@ -98,7 +96,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workers", type=positive_int, default=1, help="local worker processes per study"
     )
-    add_cost_model_arg(p, default="realized")
+    add_cost_model_arg(p)
     p.add_argument(
         "--cost-model-out", default=None, help="save the online-updated learned model here"
     )
@@ -119,14 +117,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = device != "cpu"
     dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
     spec = resolve(args.model, args.shape)
-    if args.cost_model in (None, "realized"):
-        from learned_cost.realized import RealizedRoofline
-
-        cost_model = RealizedRoofline(get_spec(device))
-    elif args.cost_model == "analytical":
-        cost_model = AnalyticalModel(get_spec(device))
-    else:
-        cost_model = load_corrected(args.cost_model, device)
+    cost_model = cost_model_for(args.cost_model, device)
     cfg = TuneConfig(
         spec=spec,
         dynamic=args.dynamic,

@@ -25,7 +25,7 @@ GPT-2 blocks (25-28 ops) take 0.02-0.2 s, the LLaMA block (58 ops) ~10 s; random
 of 30 nodes ~0.4 s, 40 nodes ~20-30 s, and from 50 nodes most runs exceed a 60 s budget.
 Past the budget the strategy returns the incumbent and says it is not proven optimal.
 
-Bounds (latency / memory, seed 7.1.4) are not part of the DP: the optimum is checked
+Bounds (latency / memory, docs/formulas.md §5) are not part of the DP: the optimum is checked
 against them at the end, and an infeasible optimum falls back to a feasible incumbent.
 """
 

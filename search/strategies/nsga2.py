@@ -1,4 +1,4 @@
-"""`nsga2`: Optuna's NSGA-II on two objectives, latency and peak memory (seed 002, 7.4.2).
+"""`nsga2`: Optuna's NSGA-II on two objectives, latency and peak memory (docs/formulas.md §12).
 
 Same encoding, warm start and budgets as `tpe` (search/optuna_search.py); the values of a
 trial are (modelled latency, peak bytes of boundary tensors alive at once). The Pareto

@@ -1,10 +1,10 @@
 """`priority`: XLA-priority-fusion-like: always apply the legal merge that helps most.
 
 1. Known fused kernels first (as XLA rewrites attention into a fused custom call before
-   its fusion passes): attention and sibling-GEMM matches, settled by seed 7.2.3's score
-   (planner.patterns.resolve), are applied where legal and where they lower the modelled
-   cost. Pairwise merges alone could never build an attention group: every intermediate
-   step (GEMM + softmax, softmax + GEMM) is illegal.
+   its fusion passes): attention and sibling-GEMM matches, settled by the score of
+   docs/formulas.md §7 (planner.patterns.resolve), are applied where legal and where they
+   lower the modelled cost. Pairwise merges alone could never build an attention group:
+   every intermediate step (GEMM + softmax, softmax + GEMM) is illegal.
 2. Every other view joins its producer's group (views are free, and a view left alone
    between two groups would hide that they are neighbours).
 3. Then, repeatedly, the legal merge of two groups with the largest modelled benefit

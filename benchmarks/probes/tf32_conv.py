@@ -1,6 +1,6 @@
 """Do float32 convolutions and matmuls run in TF32 under torch's default flags? On a GPU:
 
-    python benchmarks/tf32_conv.py
+    PYTHONPATH=. python benchmarks/probes/tf32_conv.py
 
 Times a float32 convolution and a float32 GEMM with TF32 allowed and not, each under the
 flags as torch sets them by default, and prints the FLOP/s. The analytical model rates a

@@ -1,7 +1,7 @@
 """Kernel-level breakdown of a realized plan vs an eager/compiled alternative (torch.profiler).
 
 Used to find where a plan loses to the best alternative at a shape, e.g.
-    PYTHONPATH=. python benchmarks/kernel_breakdown.py transformer-block 32,512,1024,16
+    PYTHONPATH=. python benchmarks/probes/kernel_breakdown.py transformer-block 32,512,1024,16
 Prints the top CUDA kernels by total time for each variant.
 """
 

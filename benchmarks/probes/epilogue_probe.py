@@ -3,7 +3,7 @@
 `torch._addmm_activation(..., use_gelu=True)` (one cuBLASLt call with the GELU epilogue),
 and reports how far the epilogue's result is from eager's exact (erf) GELU.
 
-    PYTHONPATH=. python benchmarks/epilogue_probe.py [M,K,N ...]
+    PYTHONPATH=. python benchmarks/probes/epilogue_probe.py [M,K,N ...]
 """
 
 from __future__ import annotations

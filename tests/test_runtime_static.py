@@ -1,0 +1,188 @@
+"""Static specialization of recurring shapes: a shape met `static_after` times gets its
+bucket's plan realized statically at that shape, and serves from it afterwards."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from planner import runtime
+from planner.buckets import parse_dynamic
+from planner.cache import PlanCache
+from planner.capture import export_model
+from planner.partition import Partition
+from planner.plan import Plan
+from planner.realize import realize
+from planner.runtime import fusion_planner_backend
+from tests.backend_helpers import small_block
+
+SPEC = "S=8..64"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return PlanCache(str(tmp_path / "plans.sqlite"))
+
+
+def store_plan(module, cache) -> None:
+    """A plan fusing the block's softmax with the matmul after it, stored for the bucket
+    of S=40 with the spec beside it (as `fusion-plan tune` stores one)."""
+    spec = parse_dynamic(SPEC, {"B": (0, 0), "S": (0, 1)})
+    bucket = spec.bucket_of([(2, 40, 32)])
+    (rep,) = bucket.representative()
+    graph = export_model(module, (torch.randn(*rep),)).graph
+    soft = next(i for i, n in enumerate(graph.nodes) if n.op == "softmax")
+    part = Partition.singletons(graph).merge_nodes(soft, graph.succ[soft][0])
+    plan = Plan.from_partition(
+        part,
+        device="cpu",
+        dtype="float32",
+        strategy="test",
+        cost_model="analytical/1",
+        predicted_s=1e-4,
+        device_fingerprint=cache.device_fp,
+    )
+    cache.store(plan.with_measurement(9e-5), bucket)
+    cache.set_bucket_spec(graph.structure_key, spec, cache.device_fp)
+
+
+class Shapes:
+    """A realizer that runs the captured program and records whether each capture was
+    static (one shape) or symbolic (a bucket)."""
+
+    def __init__(self, fail_static: bool = False):
+        self.kinds: list[str] = []
+        self.threads: list[str] = []
+        self.fail_static = fail_static
+
+    def __call__(self, captured, plan):
+        static = all(
+            isinstance(d, int)
+            for n in captured.program.graph.nodes
+            if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+            for d in n.meta["val"].shape
+        )
+        self.kinds.append("static" if static else "bucket")
+        self.threads.append(threading.current_thread().name)
+        if static and self.fail_static:
+            raise RuntimeError("no static realization today")
+        return captured.program.module()
+
+
+def call(compiled, module, s: int) -> None:
+    x = torch.randn(2, s, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), module(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_recurring_shape_is_specialized_statically(cache):
+    module = small_block()
+    store_plan(module, cache)
+    rec = Shapes()
+    be = fusion_planner_backend(cache, realizer=rec, static_after=3, static_background=False)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    for s in (40, 33, 40, 50, 40, 40, 33):
+        call(compiled, module, s)
+    # one bucket realization, then one static one at the third call of S=40
+    assert rec.kinds == ["bucket", "static"]
+    assert be.stats.static == 1 and be.stats.bucket == 3 and not be.stats.static_failed
+    assert be.stats.realized == 1  # the compile budget counts buckets, not specializations
+
+
+def test_static_specialization_can_build_in_the_background(cache):
+    module = small_block()
+    store_plan(module, cache)
+    rec = Shapes()
+    be = fusion_planner_backend(cache, realizer=rec, static_after=2, static_background=True)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    for _ in range(3):
+        call(compiled, module, 40)
+    assert be.wait_static(timeout=120)
+    for _ in range(2):
+        call(compiled, module, 40)
+    assert rec.kinds == ["bucket", "static"]
+    assert rec.threads[1] == "fusion-planner-static"
+    assert be.stats.static == 1
+
+
+def test_static_budget_bounds_specializations(cache):
+    module = small_block()
+    store_plan(module, cache)
+    rec = Shapes()
+    be = fusion_planner_backend(
+        cache, realizer=rec, static_after=2, static_budget=1, static_background=False
+    )
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    with pytest.warns(runtime.PlannerRuntimeWarning, match="static budget"):
+        for s in (40, 40, 50, 50, 50):
+            call(compiled, module, s)
+    assert rec.kinds == ["bucket", "static"]
+    assert be.stats.static == 1 and "budget" in be.stats.static_failed[0]
+
+
+def test_a_failed_specialization_keeps_the_bucket_realization(cache):
+    module = small_block()
+    store_plan(module, cache)
+    rec = Shapes(fail_static=True)
+    be = fusion_planner_backend(cache, realizer=rec, static_after=2, static_background=False)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    for _ in range(4):
+        call(compiled, module, 40)
+    assert rec.kinds == ["bucket", "static"]  # tried once, not again
+    assert be.stats.static == 0 and "no static realization" in be.stats.static_failed[0]
+    assert not be.stats.fallbacks  # the bucket's plan goes on serving, not dynamo's graph
+
+
+def test_no_specialization_when_turned_off_or_for_default_plans(cache):
+    module = small_block()
+    rec = Shapes()
+    be = fusion_planner_backend(cache, realizer=rec, static_after=None)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    store_plan(module, cache)
+    for _ in range(4):
+        call(compiled, module, 40)
+    assert "static" not in rec.kinds and be.stats.static == 0
+    with pytest.raises(ValueError, match="static_after"):
+        fusion_planner_backend(cache, static_after=0)
+
+
+def test_gradients_through_a_specialized_shape_are_eagers(cache):
+    module = small_block()
+    store_plan(module, cache)
+    be = fusion_planner_backend(cache, realizer=Shapes(), static_after=2, static_background=False)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    for _ in range(3):
+        x = torch.randn(2, 40, 32, requires_grad=True)
+        compiled(x).sum().backward()
+        x2 = x.detach().clone().requires_grad_(True)
+        module(x2).sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
+    assert be.stats.static == 1
+
+
+@pytest.mark.slow
+def test_real_static_specialization_matches_eager(cache):
+    """planner.realize for real (Inductor): the specialized plan is static and correct."""
+    module = small_block()
+    store_plan(module, cache)
+    made = []
+
+    def realizer(captured, plan):
+        made.append(realize(captured, plan))
+        return made[-1]
+
+    be = fusion_planner_backend(cache, realizer=realizer, static_after=2, static_background=False)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    for s in (40, 40, 40, 33):
+        call(compiled, module, s)
+    assert be.stats.static == 1 and not be.stats.fallbacks
+    assert [m.static_shapes for m in made] == [False, True]
