@@ -152,11 +152,13 @@ def test_a_timing_command_refuses_another_machines_device(capsys):
 
 
 # ---- output -----------------------------------------------------------------------------
-def test_a_closed_pipe_ends_quietly():
-    """`fusion-plan zoo --format json | head -0`: no traceback, the SIGPIPE status."""
+@pytest.mark.parametrize("argv", [["zoo"], ["cache", "ls", "--cache", "{tmp}/plans.sqlite"]])
+def test_a_closed_pipe_ends_quietly(argv, tmp_path):
+    """`fusion-plan cache ls --format json | head -0`: no traceback, the SIGPIPE status."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [a.format(tmp=tmp_path) for a in argv]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "search.cli", "zoo", "--format", "json"],
+        [sys.executable, "-m", "search.cli", *argv, "--format", "json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
