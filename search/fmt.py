@@ -2,7 +2,7 @@
 bytes in kB/MB/GB, timings as median with spread and a mark when a figure is unstable,
 shape buckets as `S 257..512` rather than the cache's `[8,257-512,768]` key.
 
-Only the standard library: the CLI's parsers import this module while building `--help`.
+Standard library and planner.units only: light enough for the CLI's parsers.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from typing import Any, Protocol
+
+from planner import units
 
 # A timing whose interquartile range exceeds this share of its median is marked unstable.
 MAX_SPREAD = 0.10
@@ -29,34 +31,9 @@ class TimingLike(Protocol):
     stable: bool
 
 
-def time_s(seconds: float | None, digits: int = 3) -> str:
-    """Seconds as `812 ns`, `41.2 µs`, `58.6 ms` or `2.31 s`, with `digits` significant
-    digits (whole numbers keep all of theirs); `-` for None or nan."""
-    if seconds is None or not math.isfinite(seconds):
-        return "-"
-    a = abs(seconds)
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if a >= scale:
-            return f"{_sig(seconds / scale, digits)} {unit}"
-    return f"{_sig(seconds * 1e9, digits)} ns" if a else "0 s"
-
-
-def bytes_(n: float | None, digits: int = 3) -> str:
-    """Bytes as `512 B`, `3.15 kB`, `12.6 MB`, `1.07 GB` (powers of 1000)."""
-    if n is None or not math.isfinite(n):
-        return "-"
-    for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if abs(n) >= scale:
-            return f"{_sig(n / scale, digits)} {unit}"
-    return f"{int(n)} B"
-
-
-def _sig(x: float, digits: int) -> str:
-    """`x` with `digits` significant digits, no exponent, integers as they are."""
-    if x == 0:
-        return "0"
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
-    return f"{x:.{decimals}f}"
+# The one formatter of times and bytes (planner.units), under the names the tables use.
+time_s = units.seconds
+bytes_ = units.nbytes
 
 
 def unstable(t: TimingLike) -> bool:

@@ -36,6 +36,7 @@ import torch
 
 from learned_cost.online import Observation
 from planner import progress as progress_bars
+from planner import units
 from planner.buckets import Bucket, BucketSpec, parse_dynamic
 from planner.cache import PlanCache
 from planner.cache_admin import export_document, plan_record, spec_record
@@ -307,7 +308,7 @@ def tune_bucket(
             fb = f"; {len(c.fallbacks)} group(s) fell back" if c.fallbacks else ""
             progress(
                 f"  {c.strategy:<9} {len(c.partition):>3} groups: predicted "
-                f"{c.predicted_s * 1e6:9.1f} us, measured {m.timing.median_s * 1e6:9.1f} us"
+                f"{units.seconds(c.predicted_s)}, measured {units.seconds(m.timing.median_s)}"
                 f" ({m.executor}){fb}"
             )
         else:  # a candidate that fails is dropped, never stored
