@@ -568,11 +568,11 @@ class Collector:
             store.add(row)
             summary.measured += 1
             summary.failed += not outcome.ok
-            med = f"{outcome.timing.median_s * 1e6:9.1f} us" if outcome.timing else "   failed"
+            med = f"{units.seconds(outcome.timing.median_s):>9}" if outcome.timing else "   failed"
             self.progress(
                 f"  [{k + 1}/{len(todo)}] {time.perf_counter() - t0:6.0f}s {unit.kind} "
                 f"{sum(map(len, unit.groups))} ops {row['realization']}: {med} "
-                f"(pred {row['analytical_s'] * 1e6:.1f} us)"
+                f"(pred {units.seconds(row['analytical_s'])})"
                 + (f" {str(outcome.error)[:120]}" if outcome.error else "")
             )
         del values
