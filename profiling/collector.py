@@ -40,6 +40,7 @@ import torch
 
 from planner import modelspec
 from planner import progress as progress_bars
+from planner import units as human
 from planner.cost import CostModel
 from planner.errors import FusionPlannerError, ModelSpecError
 from planner.features import group_descriptor
@@ -568,11 +569,11 @@ class Collector:
             store.add(row)
             summary.measured += 1
             summary.failed += not outcome.ok
-            med = f"{units.seconds(outcome.timing.median_s):>9}" if outcome.timing else "   failed"
+            med = f"{human.seconds(outcome.timing.median_s):>9}" if outcome.timing else "   failed"
             self.progress(
                 f"  [{k + 1}/{len(todo)}] {time.perf_counter() - t0:6.0f}s {unit.kind} "
                 f"{sum(map(len, unit.groups))} ops {row['realization']}: {med} "
-                f"(pred {units.seconds(row['analytical_s'])})"
+                f"(pred {human.seconds(row['analytical_s'])})"
                 + (f" {str(outcome.error)[:120]}" if outcome.error else "")
             )
         del values
