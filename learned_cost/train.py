@@ -49,6 +49,7 @@ from learned_cost.plan_eval import (
     evaluate_plans,
     plan_group_design,
 )
+from planner import progress as progress_bars
 from planner.errors import CostModelError
 from planner.hardware import DeviceSpec, get_spec
 
@@ -130,7 +131,7 @@ def evaluate_all(
         },
     }
     results = []
-    for split in cfg.splits:
+    for split in progress_bars.track(cfg.splits, "cross-validation", unit="split"):
         cv = cross_validate(
             rows,
             lambda _name: spec,

@@ -367,10 +367,35 @@ class BucketSpec:
         return {d.name: rep[d.input][d.axis] for d in self.dims}
 
     def describe(self) -> str:
-        return ", ".join(
-            f"{d.name}(in{d.input}.{d.axis}):{p.to_json()['kind']}"
-            for d, p in zip(self.dims, self.policies)
-        )
+        """The spec for people, one entry per dim name: `S 128..1024 in powers of two`,
+        `B 1..64 at edges 8,32,64`."""
+        seen: dict[str, str] = {}
+        for d, p in zip(self.dims, self.policies):
+            rs = p.ranges() if not (isinstance(p, Pow2) and p.hi == 1 << 31) else ()
+            span = f"{rs[0][0]}..{rs[-1][1]}" if rs else "1.."
+            how = (
+                "in powers of two"
+                if isinstance(p, Pow2)
+                else f"at edges {','.join(map(str, p.edges))}"
+                if isinstance(p, Edges)
+                else p.kind
+            )
+            seen.setdefault(d.name, f"{d.name} {span} {how}")
+        return "; ".join(seen.values())
+
+    def label(self, bucket: Bucket) -> str:
+        """A bucket for people: `S 257..512` (`B 2, S 33..64` with two dims); the cache
+        keys it as `[8,257-512,768]`."""
+        seen: dict[str, str] = {}
+        for d in self.dims:
+            if d.input < len(bucket.dims) and d.axis < len(bucket.dims[d.input]):
+                v = bucket.dims[d.input][d.axis]
+                if isinstance(v, int) or v[0] == v[1]:
+                    text = str(v if isinstance(v, int) else v[0])
+                else:
+                    text = f"{v[0]}..{v[1]}"
+                seen.setdefault(d.name, f"{d.name} {text}")
+        return ", ".join(seen.values()) or bucket.key
 
     def to_json(self) -> dict[str, Any]:
         return {

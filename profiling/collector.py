@@ -39,6 +39,8 @@ from typing import Any
 import torch
 
 from planner import modelspec
+from planner import progress as progress_bars
+from planner import units as human
 from planner.cost import CostModel
 from planner.errors import FusionPlannerError, ModelSpecError
 from planner.features import group_descriptor
@@ -449,7 +451,7 @@ class Collector:
             pool = None
         last_flush = time.perf_counter()
         try:
-            for n, job in enumerate(jobs):
+            for n, job in enumerate(progress_bars.track(jobs, "collect", unit="graph")):
                 if self._out_of_time(t0):
                     summary.stopped_early = True
                     break
@@ -567,11 +569,11 @@ class Collector:
             store.add(row)
             summary.measured += 1
             summary.failed += not outcome.ok
-            med = f"{outcome.timing.median_s * 1e6:9.1f} us" if outcome.timing else "   failed"
+            med = f"{human.seconds(outcome.timing.median_s):>9}" if outcome.timing else "   failed"
             self.progress(
                 f"  [{k + 1}/{len(todo)}] {time.perf_counter() - t0:6.0f}s {unit.kind} "
                 f"{sum(map(len, unit.groups))} ops {row['realization']}: {med} "
-                f"(pred {row['analytical_s'] * 1e6:.1f} us)"
+                f"(pred {human.seconds(row['analytical_s'])})"
                 + (f" {str(outcome.error)[:120]}" if outcome.error else "")
             )
         del values

@@ -27,9 +27,27 @@ HELP = (
 )
 
 
+# The learned corrections shipped with the package, wherever a command runs from.
+COMMITTED_DIR = Path(learned_cost.__file__).resolve().parent / "models"
+
+
 def committed_model(device: str) -> Path:
     """Where the committed learned correction for `device` lives."""
-    return Path(learned_cost.__file__).resolve().parent / "models" / f"{device}.json"
+    return COMMITTED_DIR / f"{device}.json"
+
+
+def cost_model_arg(text: str) -> str:
+    """argparse type for `--cost-model`: one of NAMES, or a trained model's .json that
+    exists. A path that does not exist is refused by the parser (exit 2), so a typo never
+    runs a whole job under another model."""
+    if text in NAMES or (text.endswith(".json") and Path(text).is_file()):
+        return text
+    if text.endswith(".json"):
+        raise argparse.ArgumentTypeError(f"no cost model file {text!r}")
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: expected one of {', '.join(NAMES)} or a path to a trained model's .json "
+        "(fusion-plan cost train writes one)"
+    )
 
 
 def cost_model_for(flag: str | None, device: str) -> CostModel:
@@ -53,4 +71,6 @@ def cost_model_for(flag: str | None, device: str) -> CostModel:
 
 def add_cost_model_arg(parser: argparse.ArgumentParser) -> None:
     """The `--cost-model` flag, with the same help and default in every command."""
-    parser.add_argument("--cost-model", default=None, metavar="MODEL", help=HELP)
+    parser.add_argument(
+        "--cost-model", type=cost_model_arg, default=None, metavar="MODEL", help=HELP
+    )

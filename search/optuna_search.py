@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner import progress as progress_bars
 from planner.fuse_rules import default_partition
 from planner.ir import OpGraph
 from planner.objective import Evaluation, Objective
@@ -108,6 +109,7 @@ class _Loop:
         self.t_last_log = time.perf_counter()
         self.default = enc.default()
         self.reference = math.inf  # priority's score, for progress lines
+        self.bar: progress_bars.Bar | None = None  # open while the study optimizes
         self.tag = worker_tag()
         self.t_last_sweep = time.perf_counter()
 
@@ -160,8 +162,12 @@ class _Loop:
         value = frozen.values[0] if frozen.values else math.inf
         if value < self.best * (1 - 1e-12):
             self.best, self.since_best = value, 0
+            if self.bar is not None and math.isfinite(value):
+                self.bar.note(f"best {value * 1e6:.1f} us")
         else:
             self.since_best += 1
+        if self.bar is not None:
+            self.bar.update()
         if self.trials >= self.max_trials or self.since_best >= self.patience:
             study.stop()
         now = time.perf_counter()
@@ -242,7 +248,8 @@ def optimize(
     )
     for genome in _seeds(graph, objective, clock, enc, settings, enumerate_all):
         study.enqueue_trial(genome, skip_if_exists=True)
-    study.optimize(loop, callbacks=[loop.after_trial], catch=(), gc_after_trial=False)
+    with progress_bars.bar(max_trials, f"search {label}", unit="trial") as loop.bar:
+        study.optimize(loop, callbacks=[loop.after_trial], catch=(), gc_after_trial=False)
     if settings.storage is not None:
         fail_dead_trials(study)
     return _outcome(study, enc, loop, enumerate_all)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from learned_cost.analytical import AnalyticalModel
+from planner import progress as progress_bars
 from planner import zoo
 from planner.capture import capture
 from planner.fuse_rules import default_partition
@@ -221,7 +222,7 @@ def train(
         },
     )
     say(f"corpus: {len(corpus)} graphs, validation: {len(val)} held-out graphs")
-    with one_thread():
+    with one_thread(), progress_bars.bar(cfg.rl_iters, "train-policy", unit="iter") as bar:
         metrics = evaluate(net, val, objs)
         report.stages.append({"stage": "prior", "iteration": 0, "validation": metrics})
         say(f"prior alone: {_brief(metrics)}")
@@ -231,6 +232,7 @@ def train(
         it = 0
         while it < cfg.rl_iters and time.perf_counter() < deadline:
             it += 1
+            bar.update()
             groups = []
             for g in rng.sample(corpus, cfg.graphs_per_iter):
                 obj, memo, unfused = objs.get(g)

@@ -16,7 +16,7 @@ from typing import Any
 from planner.errors import FusionPlannerError
 from planner.ir import OpGraph
 from planner.objective import Objective
-from search.cli_common import positive_int
+from search.cli_common import add_storage_arg, positive_int
 from search.optuna_storage import check_storage
 from search.parallel import OPTUNA_STRATEGIES, tune_parallel
 from search.strategies import get_strategy
@@ -27,12 +27,7 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trials", type=positive_int, default=None, help="tpe/nsga2: trials (per worker)"
     )
-    p.add_argument(
-        "--storage",
-        default=None,
-        help="tpe/nsga2 study storage: memory (default), sqlite[:///path], journal[:path] "
-        "(several local workers), or a database URL such as postgresql://... (a fleet)",
-    )
+    add_storage_arg(p)
     p.add_argument(
         "--workers", type=positive_int, default=1, help="local processes sharing the study"
     )

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 
 from learned_cost.online import Observation
+from planner import progress as progress_bars
+from planner import units
 from planner.buckets import Bucket, BucketSpec, parse_dynamic
 from planner.cache import PlanCache
 from planner.cache_admin import export_document, plan_record, spec_record
@@ -262,7 +264,7 @@ def tune_bucket(
     cands = search_candidates(graph, objective, cfg, bucket.key)
     search_s = time.perf_counter() - t0
     progress(
-        f"bucket {bucket.key} at {params}: {len(graph.nodes)} ops, "
+        f"bucket {spec.label(bucket)} at {params}: {len(graph.nodes)} ops, "
         f"{len(cands)} distinct candidate(s) in {search_s:.1f}s; measuring top {cfg.top_k}"
     )
     runner = runner or DeviceRunner(executor=ServedExecutor(), device=dev, timer=cfg.timer)
@@ -306,7 +308,7 @@ def tune_bucket(
             fb = f"; {len(c.fallbacks)} group(s) fell back" if c.fallbacks else ""
             progress(
                 f"  {c.strategy:<9} {len(c.partition):>3} groups: predicted "
-                f"{c.predicted_s * 1e6:9.1f} us, measured {m.timing.median_s * 1e6:9.1f} us"
+                f"{units.seconds(c.predicted_s)}, measured {units.seconds(m.timing.median_s)}"
                 f" ({m.executor}){fb}"
             )
         else:  # a candidate that fails is dropped, never stored
@@ -406,8 +408,8 @@ def tune(
         f"strategy {cfg.strategy}, cost model {cost_model.name}/{cost_model.version}"
     )
     out = []
-    for i, b in enumerate(buckets, 1):
-        progress(f"[{i}/{len(buckets)}] bucket {b.key}")
+    for i, b in enumerate(progress_bars.track(buckets, "tune", unit="bucket"), 1):
+        progress(f"[{i}/{len(buckets)}] bucket {spec.label(b)}")
         try:
             out.append(
                 tune_bucket(cfg, spec, b, cost_model, cache, progress=progress, runner=runner)
@@ -416,7 +418,7 @@ def tune(
             why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
             if is_out_of_memory(e):
                 why = f"out of memory at {spec.representative_params(b)} ({why})"
-            progress(f"  bucket {b.key} failed: {why}")
+            progress(f"  bucket {spec.label(b)} failed: {why}")
             params = spec.representative_params(b)
             out.append(BucketResult(b, params, None, (), None, None, 0.0, 0.0, f"failed: {why}"))
     return out

@@ -340,8 +340,13 @@ def test_collect_measures_each_strategy_under_a_learned_model_too(tmp_path, caps
             "greedy@learned",
         }
     )
-    # a model that does not fit this machine is not used, and says so; the rest runs
-    other = tmp_path / "missing.json"
+    # a missing file is refused before anything runs
+    with pytest.raises(SystemExit) as exit_info:
+        main([*base, "--learned", str(tmp_path / "missing.json"), "--out", str(out)])
+    assert exit_info.value.code == 2 and "no cost model file" in capsys.readouterr().err
+    # a model that does not load here is not used, and says so; the rest runs
+    other = tmp_path / "corrupt.json"
+    other.write_text("{}")
     out2 = tmp_path / "m.parquet"
     with pytest.warns(UserWarning, match="falling back"):
         assert main([*base, "--learned", str(other), "--out", str(out2)]) == 0

@@ -427,7 +427,7 @@ def test_tune_refuses_a_bad_storage_before_searching(tmp_path, capsys, storage, 
     import re
 
     assert re.search(match, err)
-    assert "[tune]" not in err  # no bucket was searched
+    assert "bucket(s) over" not in err  # no bucket was searched
     code, err = _cli(
         capsys, *argv, "--strategy", "greedy", "--storage", "journal", "--cache", str(cache)
     )
@@ -456,7 +456,7 @@ def test_workers_without_a_shared_storage_are_refused_before_searching(tmp_path,
     for extra in ([], ["--storage", "sqlite"]):
         code, err = _cli(capsys, *argv, "--workers", "2", *extra, "--cache", cache)
         assert code == 2 and "storage the worker processes can share" in err
-        assert "[tune]" not in err
+        assert "bucket(s) over" not in err
 
 
 def test_a_model_too_big_to_allocate_is_a_message(capsys):

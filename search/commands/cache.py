@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from planner import modelspec
 from planner.cache import CacheEntry, PlanCache
 from planner.errors import CacheError
 from planner.hardware import device_fingerprint
-from search.cli_common import add_model_args, capture_for_planning, days, resolve
+from search import fmt
+from search.cli_common import Resolved, add_model_args, capture_for_planning, days, resolve
 
 # Actions that only read: they open the cache read-only, so they never create a file,
 # set one aside or write to it (`cache ls --cache notes.txt` leaves notes.txt alone).
@@ -36,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     a = acts.add_parser("ls", parents=[common], help="list cached plans")
     a.add_argument("--model", default=None, help="only this model key (structure_key)")
-    a.add_argument("--device", default=None, help="only this device fingerprint")
+    a.add_argument("--device-fp", default=None, help="only this device fingerprint")
     a.add_argument("--current", action="store_true", help="hide stale entries")
 
     a = acts.add_parser("show", parents=[common], help="one cached plan, with its history")
@@ -66,8 +68,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument(
         "--older-than", type=days, default=None, metavar="DAYS", help="not updated for DAYS"
     )
-    a.add_argument("--model", default=None)
-    a.add_argument("--device", default=None)
+    a.add_argument("--model", default=None, help="only this model key (structure_key)")
+    a.add_argument("--device-fp", default=None, help="only this device fingerprint")
     a.add_argument("--queue", choices=("none", "tuned", "all"), default="none")
     a.add_argument("--history", action="store_true", help="also drop matching history")
     a.add_argument("--dry-run", action="store_true", help="count, delete nothing")
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 # ---- actions ----------------------------------------------------------------------------
 def _ls(cache: PlanCache, args: argparse.Namespace) -> int:
-    entries = cache.entries(model_key=args.model, device_fp=args.device)
+    entries = cache.entries(model_key=args.model, device_fp=args.device_fp)
     rows = [_row(cache, e) for e in entries]
     if args.current:
         rows = [r for r in rows if r["status"] == "ok"]
@@ -91,16 +93,28 @@ def _ls(cache: PlanCache, args: argparse.Namespace) -> int:
     print(f"plan cache {cache.url}: {len(rows)} entries")
     if rows:
         print(
-            f"{'id':<10} {'model':<16} {'device':<18} {'bucket':<24} {'strategy':<10} "
-            f"{'groups':>6} {'pred ms':>9} {'meas ms':>9} {'torch':<8} status"
+            f"{'id':<10} {'model':<28} {'device':<18} {'bucket':<18} {'strategy':<10} "
+            f"{'groups':>6} {'predicted':>10} {'measured':>10} {'torch':<8} status"
         )
+    specs: dict[tuple[str, str], Any] = {}
     for r in rows:
+        key = (r["model_key"], r["device_fp"])
+        if key not in specs:
+            specs[key] = cache.bucket_spec(*key)
+        dims = specs[key].dims if specs[key] is not None else None
         print(
-            f"{r['id']:<10} {r['model_key']:<16} {r['device_fp']:<18} {r['bucket_key']:<24} "
-            f"{r['strategy'][:10]:<10} {r['groups']:>6} {_ms(r['predicted_s']):>9} "
-            f"{_ms(r['measured_s']):>9} {r['torch_version']:<8} {r['status']}"
+            f"{r['id']:<10} {_model(r):<28} {r['device_fp']:<18} "
+            f"{fmt.bucket(r['bucket_key'], dims):<18} {r['strategy'][:10]:<10} {r['groups']:>6} "
+            f"{fmt.time_s(r['predicted_s']):>10} {fmt.time_s(r['measured_s']):>10} "
+            f"{r['torch_version']:<8} {r['status']}"
         )
     return 0
+
+
+def _model(row: dict[str, Any], width: int = 28) -> str:
+    """The model's label as stored by tune (e.g. zoo:mlp[B=64,...]), else its key."""
+    text = row.get("label") or row["model_key"]
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _show(cache: PlanCache, args: argparse.Namespace) -> int:
@@ -113,21 +127,32 @@ def _show(cache: PlanCache, args: argparse.Namespace) -> int:
     e = matches[0]
     history = cache.history(e.model_key, e.device_fp, e.bucket_key)
     if args.format == "json":
-        return _json({**_row(cache, e), "plan": e.plan.to_json(), "history": history})
+        names = _op_names(e)
+        ops = [[names[n] for n in g.nodes] for g in e.plan.groups] if names else None
+        return _json(
+            {**_row(cache, e), "plan": e.plan.to_json(), "group_ops": ops, "history": history}
+        )
     r = _row(cache, e)
-    for k in ("id", "model_key", "device_fp", "bucket_key", "strategy", "cost_model", "status"):
-        print(f"{k:<12} {r[k]}")
-    print(f"{'latency':<12} predicted {_ms(e.predicted_s)} ms, measured {_ms(e.measured_s)} ms")
+    for k in ("id", "label", "model_key", "device_fp", "bucket_key", "strategy", "cost_model"):
+        print(f"{k:<12} {r[k] or '-'}")
+    print(f"{'status':<12} {r['status']}")
+    print(
+        f"{'latency':<12} predicted {fmt.time_s(e.predicted_s)}, measured "
+        f"{fmt.time_s(e.measured_s)}, eager {fmt.time_s(e.plan.eager_s)}"
+    )
     print(f"{'made':<12} {e.created_at} (torch {e.torch_version}); updated {e.updated_at}")
-    print(f"groups ({e.plan.n_groups}):")
+    names = _op_names(e)
+    where = "" if names else " (node indices: the model could not be rebuilt from its label)"
+    print(f"groups ({e.plan.n_groups}){where}:")
     for i, g in enumerate(e.plan.groups):
-        print(f"  {i:>3} {g.realization:<12} nodes {list(g.nodes)}")
+        ops = ", ".join(names[n] for n in g.nodes) if names else str(list(g.nodes))
+        print(f"  {i:>3} {g.realization:<12} {ops}")
     print(f"history ({len(history)} offers):")
     for h in history:
         won = "kept" if h["won"] else "lost"
         print(
-            f"  {h['updated_at']} {won:<5} predicted {_ms(h['predicted_s'])} ms, "
-            f"measured {_ms(h['measured_s'])} ms, {h['cost_model']}"
+            f"  {h['updated_at']} {won:<5} predicted {fmt.time_s(h['predicted_s'])}, "
+            f"measured {fmt.time_s(h['measured_s'])}, {h['cost_model']}"
         )
     return 0
 
@@ -165,10 +190,12 @@ def _lookup(cache: PlanCache, args: argparse.Namespace) -> int:
     if args.format == "json":
         return _json(payload)
     print(f"{r.spec.label} ({r.dtype_name}) model key {graph.structure_key} on {dev}")
+    stored_spec = cache.bucket_spec(graph.structure_key, dev)
+    shown = fmt.bucket(bucket, stored_spec.dims if stored_spec else None) if bucket else None
     if result.plan is None:
         if bucket:
-            where = f"bucket {bucket}"
-        elif cache.bucket_spec(graph.structure_key, dev) is None:
+            where = f"bucket {shown}"
+        elif stored_spec is None:
             where = "no plans stored for this model key on this device"
         else:
             where = "no bucket: the shape is outside the stored spec"
@@ -176,10 +203,10 @@ def _lookup(cache: PlanCache, args: argparse.Namespace) -> int:
         return 0
     p = result.plan
     print(
-        f"hit ({result.source}{' ' + bucket if bucket and result.source == 'bucket' else ''}): "
+        f"hit ({result.source}{' ' + shown if shown and result.source == 'bucket' else ''}): "
         f"entry {result.entry.id if result.entry else '?'}, {p.strategy} plan with {p.n_groups} "
-        f"groups, predicted {_ms(p.predicted_s)} ms, measured {_ms(p.measured_s)} ms "
-        f"(eager {_ms(p.eager_s)} ms)"
+        f"groups, predicted {fmt.time_s(p.predicted_s)}, measured {fmt.time_s(p.measured_s)} "
+        f"(eager {fmt.time_s(p.eager_s)})"
     )
     return 0
 
@@ -226,7 +253,7 @@ def _prune(cache: PlanCache, args: argparse.Namespace) -> int:
         stale=args.stale,
         older_than_s=args.older_than * 86400 if args.older_than is not None else None,
         model_key=args.model,
-        device_fp=args.device,
+        device_fp=args.device_fp,
         queue=args.queue,
         history=args.history,
         dry_run=args.dry_run,
@@ -269,8 +296,27 @@ def _row(cache: PlanCache, e: CacheEntry) -> dict[str, Any]:
     }
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
+def _op_names(e: CacheEntry) -> list[str] | None:
+    """The FX names of the plan's nodes, from the model rebuilt by its stored label
+    (`zoo:mlp[B=64,D=1024,...]`) and captured as `tune` captures it; None when the label
+    does not rebuild the model the plan was made for (same structure key)."""
+    spec_text, _, shape = (e.label or "").partition("[")
+    if not spec_text:
+        return None
+    try:
+        spec = modelspec.resolve(spec_text, shape.removesuffix("]"))
+        dtype = modelspec.parse_dtype(_DTYPE_NAMES.get(e.plan.dtype, e.plan.dtype))
+        graph = capture_for_planning(Resolved(spec, e.plan.device, dtype)).graph
+    except Exception:  # any failure to rebuild: show indices, never fail `cache show`
+        return None
+    if graph.structure_key != e.model_key or len(graph.nodes) <= max(
+        (n for g in e.plan.groups for n in g.nodes), default=-1
+    ):
+        return None
+    return [n.name for n in graph.nodes]
+
+
+_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def _json(payload: Any) -> int:

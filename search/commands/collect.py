@@ -10,12 +10,19 @@ from pathlib import Path
 from typing import Any
 
 from learned_cost.analytical import AnalyticalModel
-from planner import zoo
+from planner import progress, zoo
 from planner.errors import FusionPlannerError
-from planner.hardware import get_spec, local_device_name
+from planner.hardware import get_spec
 from profiling.collector import CollectConfig, Collector
-from search.cli_common import nonneg_int, positive_float, positive_int
-from search.cost_models import cost_model_for
+from search.cli_common import (
+    add_device_arg,
+    add_threads_arg,
+    check_local_device,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
+from search.cost_models import cost_model_arg, cost_model_for
 from search.planning import plan_maker
 
 
@@ -44,6 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--learned",
+        type=cost_model_arg,
         default=None,
         metavar="MODEL.json",
         help="also measure each strategy's plan under this learned cost model (named "
@@ -69,9 +77,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --workers: start timing while workers still compile (faster, noisier; "
         "by default every graph is compiled first)",
     )
-    p.add_argument(
-        "--threads", type=positive_int, default=None, help="torch threads while measuring"
-    )
+    add_device_arg(p, measures=True)
+    add_threads_arg(p)
     p.add_argument("--max-jobs", type=positive_int, default=None, help="at most this many graphs")
     p.add_argument("--no-singles", action="store_true", help="skip single-op groups")
     p.add_argument(
@@ -96,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         else [m.strip() for m in args.models.split(",") if m.strip()]
     )
     shapes = None if args.shapes == "auto" else [s.strip() for s in args.shapes.split(";")]
-    spec = get_spec(local_device_name())
+    spec = get_spec(check_local_device(args))
     # The dataset's `analytical_s` column and the strategies' plans are the analytical
     # model's by definition (learned_cost trains a correction of it), whatever the default.
     cost_model = AnalyticalModel(spec)
@@ -129,13 +136,10 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
 
-    def progress(line: str) -> None:
-        print(line, flush=True)
-
     # `timeout` sends SIGTERM: unwind like Ctrl-C, so the rows measured so far are flushed.
     signal.signal(signal.SIGTERM, _interrupt)
 
-    summary = Collector(cfg, cost_model, makers, progress).run()
+    summary = Collector(cfg, cost_model, makers, progress.say).run()
     for e in summary.errors[:20]:
         print(f"note: {e}", file=sys.stderr)
     return 0

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 from planner import hardware
 from profiling.devicebench import run_device_bench
-from search.cli_common import emit
+from search.cli_common import add_format_arg, add_threads_arg, apply_threads, emit
 from search.commands.devicebench_comm import run_comm
 
 
@@ -20,15 +20,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="write into planner/devices/ (the repo's committed figures) instead of the user cache",
     )
     p.add_argument("--no-save", action="store_true", help="print only")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    add_threads_arg(p)
+    add_format_arg(p)
     p.add_argument(
         "--comm",
         action="store_true",
         help="measure collectives over gloo on local processes and fit alpha-beta instead",
     )
-    p.add_argument(
-        "--world-size", type=int, default=2, help="local processes for --comm (2-8; default 2)"
-    )
+    p.add_argument("--world-size", type=int, default=2, help="local processes for --comm (2-8)")
     p.add_argument(
         "--quantile",
         type=float,
@@ -42,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    apply_threads(args)
     if args.comm:
         return run_comm(args)
     name = hardware.local_device_name()

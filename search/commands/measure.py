@@ -8,12 +8,22 @@ import argparse
 
 import torch
 
-from planner.hardware import local_device_name
 from planner.measurement import PlanJob
 from planner.realize_check import short_reason
 from planner.runtime_graph import capture_for_serving
 from profiling.runner import DeviceRunner, RealizedExecutor, ServedExecutor, first_call
-from search.cli_common import emit, positive_float, positive_int, resolve
+from search import fmt
+from search.cli_common import (
+    add_device_arg,
+    add_dtype_arg,
+    add_format_arg,
+    add_threads_arg,
+    apply_threads,
+    check_local_device,
+    emit,
+    positive_float,
+    resolve,
+)
 from search.cost_models import add_cost_model_arg, cost_model_for
 from search.planning import make_plan
 from search.strategies import STRATEGIES
@@ -27,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default="zoo:transformer-block", help="zoo:<name> or file.py:fn")
     p.add_argument("--shape", default="", help="e.g. B=8,S=512,D=768,H=12")
-    p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on GPU)")
+    add_device_arg(p, measures=True)
+    add_dtype_arg(p)
     p.add_argument("--strategy", default="priority", choices=sorted([*STRATEGIES, "unfused"]))
     p.add_argument("--budget-seconds", type=positive_float, default=10.0, help="search time")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
@@ -38,21 +49,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "plan is timed as the torch.compile backend serves it)",
     )
     add_cost_model_arg(p)
-    p.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="torch CPU threads (1 is steadier on a busy host)",
-    )
-    p.add_argument("--format", choices=("table", "json"), default="table")
-    p.set_defaults(run=run, device=None)
+    add_threads_arg(p)
+    add_format_arg(p)
+    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    args.device = local_device_name(dev)
+    args.device = check_local_device(args)
     r = resolve(args)
     module, inputs = r.spec.build(dtype=r.dtype, device=dev)
     # the backend's graph, as tune captures it: a plan made here is one the backend can serve
@@ -102,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
                 **m.timing.to_dict(),
                 "setup_s": m.compile_s + (made.planning_s if m is plan else 0.0),
                 "vs_eager": eager.median_s / m.median_s,
+                "unstable": fmt.unstable(m.timing),
+                "vs_eager_unstable": m is not eager
+                and fmt.speedup_unstable(eager.timing, m.timing),
             }
             for k, m in timed.items()
         },
@@ -114,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         f"({', '.join(f'{k}={plan.realizations.count(k)}' for k in reals) or 'none fused'}), "
         f"{plan.executor}, cuda graph {'on' if plan.cuda_graph else 'off'}, "
         f"{len(plan.fallbacks)} group(s) fell back; {plan.check or plan.error}",
-        f"{'variant':<22} {'median us':>11} {'p99 us':>11} {'vs eager':>9} {'setup s':>9}",
+        f"{'variant':<22} {'median ±IQR/2':>16} {'p99':>10} {'vs eager':>9} {'setup':>9}",
     ]
     for k, m in rows.items():
         if m.timing is None:
@@ -122,10 +130,14 @@ def run(args: argparse.Namespace) -> int:
             continue
         setup = payload["results"][k]["setup_s"]
         lines.append(
-            f"{k:<22} {m.median_s * 1e6:11.1f} {m.p99_s * 1e6:11.1f} "
-            f"{eager.median_s / m.median_s:8.2f}x {setup:9.1f}"
+            f"{k:<22} {fmt.timing(m.timing):>16} {fmt.time_s(m.p99_s):>10} "
+            f"{'1.00x' if m is eager else fmt.speedup(eager.timing, m.timing):>9} "
+            f"{fmt.time_s(setup) if setup else '-':>9}"
         )
-    lines.append(f"{'predicted':<22} {made.plan.predicted_s * 1e6:11.1f}")
+    lines.append(f"{'predicted':<22} {fmt.time_s(made.plan.predicted_s):>16}")
+    results = payload["results"].values()
+    if any(v["unstable"] or v["vs_eager_unstable"] for v in results):
+        lines.append(fmt.UNSTABLE_NOTE)
     for g, why in plan.fallbacks.items():  # one short reason per group
         lines.append(f"  group {g} fell back: {short_reason(why, 100)}")
     emit(args, payload, "\n".join(lines))

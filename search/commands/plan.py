@@ -19,6 +19,7 @@ from typing import Any
 from planner.distributed.collectives import collectives
 from planner.hardware import get_spec
 from planner.objective import Evaluation, Objective
+from search import fmt
 from search.cli_common import (
     add_model_args,
     capture_for_planning,
@@ -48,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--latency-bound-us",
         type=positive_float,
         default=None,
-        help="bound on the plan's critical-path latency (L_max), in us",
+        help="longest allowed critical path through the groups, in µs",
     )
     p.add_argument(
         "--memory-bound-mb", type=positive_float, default=None, help="peak boundary memory"
@@ -82,10 +83,12 @@ def run(args: argparse.Namespace) -> int:
         notes=result.notes,
     )
     title = f"{r.spec.label} on {r.device_name} ({r.dtype_name}), strategy {args.strategy}"
-    summary = _summary(result, unfused)
+    summary = _summary_lines(result, unfused)
     if args.html:
         Path(args.html).write_text(
-            render_html(result.partition, result.evaluation, title=title, summary=summary)
+            render_html(
+                result.partition, result.evaluation, title=title, summary="; ".join(summary)
+            )
         )
     if args.dot:
         Path(args.dot).write_text(render_dot(result.partition, result.evaluation))
@@ -134,31 +137,34 @@ def _totals(result: SearchResult, unfused: Evaluation) -> dict[str, Any]:
     }
 
 
-def _summary(result: SearchResult, unfused: Evaluation) -> str:
+def _summary_lines(result: SearchResult, unfused: Evaluation) -> list[str]:
+    """The totals against the unfused graph, one short line per figure."""
     ev = result.evaluation
     speed = unfused.total_s / ev.total_s if ev.total_s else float("nan")
-    return (
-        f"predicted {ev.total_s * 1e6:.1f} us vs {unfused.total_s * 1e6:.1f} us unfused "
-        f"({speed:.2f}x); {ev.n_kernels} kernels vs {unfused.n_kernels}; boundary traffic "
-        f"{ev.boundary_bytes / 1e6:.1f} MB vs {unfused.boundary_bytes / 1e6:.1f} MB; critical "
-        f"path {ev.critical_path_s * 1e6:.1f} us; peak boundary memory "
-        f"{ev.peak_memory_bytes / 1e6:.1f} MB; planned in {result.seconds:.2f} s with "
-        f"{result.evals_used} evaluations ({result.notes})"
-    )
+    return [
+        f"predicted      {fmt.time_s(ev.total_s)} vs {fmt.time_s(unfused.total_s)} unfused "
+        f"({speed:.2f}x)",
+        f"kernels        {ev.n_kernels} vs {unfused.n_kernels} unfused",
+        f"boundary bytes {fmt.bytes_(ev.boundary_bytes)} vs "
+        f"{fmt.bytes_(unfused.boundary_bytes)} unfused",
+        f"critical path  {fmt.time_s(ev.critical_path_s)}; peak boundary memory "
+        f"{fmt.bytes_(ev.peak_memory_bytes)}",
+        f"planned in     {fmt.time_s(result.seconds)}, {result.evals_used} evaluations "
+        f"({result.notes})",
+    ]
 
 
-def _table(title: str, rows: list[dict[str, Any]], summary: str) -> str:
+def _table(title: str, rows: list[dict[str, Any]], summary: list[str]) -> str:
     lines = [
         title,
-        f"{'#':>3}  {'realization':11}  {'pred_us':>9}  {'bound':7}  {'in_MB':>8}  "
-        f"{'out_MB':>8}  ops",
+        f"{'#':>3}  {'realization':11}  {'predicted':>10}  {'bound':7}  {'in':>9}  {'out':>9}  ops",
     ]
     for row in rows:
         ops = ", ".join(row["ops"])
         lines.append(
-            f"{row['group']:>3}  {row['realization']:11}  {row['predicted_s'] * 1e6:9.2f}  "
-            f"{row['bound']:7}  {row['bytes_in'] / 1e6:8.2f}  {row['bytes_out'] / 1e6:8.2f}  "
-            f"{ops if len(ops) <= 90 else ops[:87] + '...'}"
+            f"{row['group']:>3}  {row['realization']:11}  {fmt.time_s(row['predicted_s']):>10}  "
+            f"{row['bound']:7}  {fmt.bytes_(row['bytes_in']):>9}  {fmt.bytes_(row['bytes_out']):>9}  "
+            f"{ops if len(ops) <= 80 else ops[:77] + '...'}"
         )
-    lines.append("total: " + summary)
+    lines += ["totals:", *(f"  {line}" for line in summary)]
     return "\n".join(lines)

@@ -13,7 +13,10 @@ import argparse
 import dataclasses
 import shlex
 import sys
+from pathlib import Path
 
+from planner import progress
+from planner.hardware import cache_dir
 from search.cli_common import positive_float, positive_int
 from search.rl_policy import DEFAULT_POLICY, save_policy
 from search.rl_train import TrainConfig, train
@@ -21,7 +24,13 @@ from search.rl_train import TrainConfig, train
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-policy", help="train the RL fusion policy (REINFORCE)")
-    p.add_argument("--out", default=str(DEFAULT_POLICY), help="path without suffix (.npz/.json)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="path without suffix (.npz/.json); the shipped policy is "
+        f"{DEFAULT_POLICY}, replaced only when named (default: "
+        "<user cache>/policies/fusion_policy)",
+    )
     p.add_argument(
         "--minutes", type=positive_float, default=20.0, help="wall-clock cap of REINFORCE"
     )
@@ -38,10 +47,12 @@ def run(args: argparse.Namespace) -> int:
             cfg, sizes=(8, 16, 32), seeds_per_size=3, bc_epochs=2, graphs_per_iter=2,
             rollouts=3, val_sizes=(32,), val_seeds=2,
         )  # fmt: skip
-    policy, report = train(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    out = args.out or str(cache_dir() / "policies" / "fusion_policy")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    policy, report = train(cfg, progress=progress.say)
     command = "fusion-plan " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     policy.meta["command"] = command
-    npz, meta = save_policy(policy, args.out)
+    npz, meta = save_policy(policy, out)
     kept = next(
         s["validation"] for s in report.stages if s.get("iteration") == report.selected_iteration
     )

@@ -5,24 +5,69 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from planner import progress
 from planner.cache import PlanCache
 from planner.hardware import local_device_name
 from planner.modelspec import parse_dtype, resolve
 from planner.realize_check import short_reason
-from search.cli_common import Resolved, capture_for_planning, emit, positive_float, positive_int
+from search import fmt
+from search.cli_common import (
+    Resolved,
+    add_device_arg,
+    add_dtype_arg,
+    add_format_arg,
+    add_storage_arg,
+    add_threads_arg,
+    apply_threads,
+    capture_for_planning,
+    check_local_device,
+    emit,
+    positive_float,
+    positive_int,
+)
 from search.cost_models import add_cost_model_arg, cost_model_for
 from search.strategies import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
+
+
+def bucket_policy(text: str) -> str:
+    """argparse type: the bucket policies `tune` can enumerate before it has seen any
+    traffic: pow2, or edges:a,b,c. Learned policies (kmeans:k, quantile:k) need a
+    histogram of observed shapes, which `tune` does not take: refused here."""
+    name, _, arg = text.partition(":")
+    if name == "pow2" and not arg:
+        return text
+    if name == "edges":
+        try:
+            edges = [int(x) for x in arg.split(",") if x.strip()]
+        except ValueError:
+            edges = []
+        if edges and min(edges) >= 1:
+            return text
+        raise argparse.ArgumentTypeError(f"bad edges {arg!r}: expected e.g. edges:128,512,2048")
+    raise argparse.ArgumentTypeError(
+        f"unknown bucket policy {text!r}: use pow2 or edges:a,b,c (buckets learned from "
+        "observed shapes are not available to tune)"
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tune", help="search, realize and measure plans per shape bucket; cache them"
     )
-    p.add_argument("--model", default="zoo:transformer-block", help="zoo:<name> or file.py:fn")
+    p.add_argument(
+        "--model",
+        default="zoo:transformer-block",
+        help="zoo:<name> (see `fusion-plan zoo`) or file.py:fn",
+    )
     p.add_argument("--shape", default="", help="fixed shape parameters, e.g. B=8,D=768,H=12")
     p.add_argument("--dynamic", default="S=128..1024", help="dynamic dims, e.g. S=128..4096")
-    p.add_argument("--buckets", default="pow2", help="bucket policy: pow2 | edges:a,b,c | learned")
+    p.add_argument(
+        "--buckets",
+        type=bucket_policy,
+        default="pow2",
+        help="bucket policy: pow2 (powers of two) or edges:a,b,c (explicit upper edges)",
+    )
     p.add_argument("--strategy", default="tpe", choices=sorted(STRATEGIES))
     p.add_argument("--budget-evals", type=positive_int, default=None, help="objective evaluations")
     p.add_argument(
@@ -30,13 +75,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--trials", type=positive_int, default=None, help="Optuna trials (tpe, nsga2)")
     p.add_argument("--top-k", type=positive_int, default=3, help="candidates realized and measured")
-    p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: bf16 on GPU)")
-    p.add_argument("--cache", default=None, help="plan cache URL (default: SQLite, user cache)")
+    add_device_arg(p, measures=True)
+    add_dtype_arg(p)
+    add_threads_arg(p)
     p.add_argument(
-        "--storage",
+        "--cache",
         default=None,
-        help="Optuna storage: sqlite[:path] | journal[:path] | a database URL",
+        help="plan cache: a path, sqlite:///path or a database URL "
+        "(default: plans.sqlite in the user's cache directory)",
     )
+    add_storage_arg(p)
     p.add_argument(
         "--heartbeat",
         type=positive_int,
@@ -59,12 +107,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--no-compile-baseline", action="store_true", help="skip timing torch.compile per bucket"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    add_format_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    device = local_device_name()
+    device = check_local_device(args)
+    apply_threads(args)
     gpu = device != "cpu"
     dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
     spec = resolve(args.model, args.shape)
@@ -89,10 +138,11 @@ def run(args: argparse.Namespace) -> int:
         only = None
         if args.from_queue:
             only = _queued_buckets(cache, cfg)
-        results = tune(cfg, cost_model, cache, only_buckets=only)
+        results = tune(cfg, cost_model, cache, only_buckets=only, progress=progress.say)
         if args.cost_model_out and hasattr(cost_model, "save"):
             cost_model.save(args.cost_model_out)
         label = _label(spec, args.dynamic)
+        dims = bucket_spec(cfg).dims
         emit(
             args,
             {
@@ -100,9 +150,9 @@ def run(args: argparse.Namespace) -> int:
                 "device": device,
                 "dtype": str(dtype),
                 "cache": cache.url,
-                "buckets": [_row(r) for r in results],
+                "buckets": [_row(r, dims) for r in results],
             },
-            _table(label, device, cache.url, results),
+            _table(label, device, cache.url, results, dims),
         )
     ok = all(r.plan is not None and not r.stored.startswith("NOT stored") for r in results)
     return 0 if ok else 1
@@ -125,22 +175,35 @@ def _queued_buckets(cache: PlanCache, cfg: TuneConfig) -> set[str]:
     return {b.key for b, _count in cache.pending_buckets(key, bucket_spec(cfg))}
 
 
-def _row(r: BucketResult) -> dict[str, Any]:
+def _row(r: BucketResult, dims: Any) -> dict[str, Any]:
     best = r.best
     return {
         "bucket": r.bucket.key,
+        "bucket_label": fmt.bucket(r.bucket.key, dims),
         "params": r.params,
         "plan": r.plan.to_json() if r.plan else None,
         "eager_s": r.eager.median_s if r.eager else None,
         "compile_s": r.compiled.median_s if r.compiled else None,
         "best_s": best.measured.median_s if best else None,
         "best_strategy": best.strategy if best else None,
+        "timings": {
+            "eager": fmt.timing_dict(r.eager),
+            "compile": fmt.timing_dict(r.compiled),
+            "plan": fmt.timing_dict(best.measured if best else None),
+        },
+        "speedup_vs_eager_unstable": (
+            fmt.speedup_unstable(r.eager, best.measured) if best and r.eager else None
+        ),
+        "speedup_vs_compile_unstable": (
+            fmt.speedup_unstable(r.compiled, best.measured) if best and r.compiled else None
+        ),
         "candidates": [
             {
                 "strategy": c.strategy,
                 "groups": len(c.partition),
                 "predicted_s": c.predicted_s,
                 "measured_s": c.measured.median_s if c.measured else None,
+                "measured": fmt.timing_dict(c.measured),
                 "error": c.error,
                 "fallbacks": {str(g): why for g, why in c.fallbacks.items()},
             }
@@ -152,28 +215,34 @@ def _row(r: BucketResult) -> dict[str, Any]:
     }
 
 
-def _table(label: str, device: str, cache_url: str, results: list[BucketResult]) -> str:
+def _table(label: str, device: str, cache_url: str, results: list[BucketResult], dims: Any) -> str:
+    """Per bucket: the best plan's time next to eager and torch.compile, each as median
+    ±half the IQR, and the speed-ups, marked where a rerun may not agree."""
     head = (
-        f"{'bucket':<28} {'plan':<10} {'groups':>6} {'plan us':>9} {'eager us':>9} "
-        f"{'compile us':>10} {'vs eager':>8} {'vs compile':>10} {'fell back':>9}"
+        f"{'bucket':<16} {'plan':<9} {'groups':>6} {'plan':>16} {'eager':>16} "
+        f"{'compile':>16} {'vs eager':>9} {'vs compile':>10} {'fell back':>9}"
     )
     lines = [f"tuned {label} on {device}; plans in {cache_url}", head, "-" * len(head)]
+    flagged = False
     for r in results:
+        name = fmt.bucket(r.bucket.key, dims)
         best = r.best
-        comp = r.compiled.median_s if r.compiled else None
         if best is None or r.eager is None:
-            lines.append(f"{r.bucket.key:<28} {'(none)':<10}  {r.stored}")
+            lines.append(f"{name:<16} {'(none)':<9}  {r.stored}")
             continue
-        t = best.measured.median_s
-        comp_us = f"{comp * 1e6:10.1f}" if comp else f"{'-':>10}"
-        vs_comp = f"{comp / t:9.2f}x" if comp else f"{'-':>10}"
+        t = best.measured
+        cells = [fmt.timing(t), fmt.timing(r.eager), fmt.timing(r.compiled)]
+        ups = [fmt.speedup(r.eager, t), fmt.speedup(r.compiled, t)]
+        flagged |= any(fmt.UNSTABLE_MARK in c for c in cells + ups)
         lines.append(
-            f"{r.bucket.key:<28} {best.strategy:<10} {len(best.partition):>6} {t * 1e6:9.1f} "
-            f"{r.eager.median_s * 1e6:9.1f} {comp_us} {r.eager.median_s / t:7.2f}x {vs_comp} "
-            f"{len(best.fallbacks):>9}"
+            f"{name:<16} {best.strategy:<9} {len(best.partition):>6} {cells[0]:>16} "
+            f"{cells[1]:>16} {cells[2]:>16} {ups[0]:>9} {ups[1]:>10} {len(best.fallbacks):>9}"
         )
         for g, why in best.fallbacks.items():  # one short reason per group
             lines.append(f"{'':<4}group {g} runs eagerly: {short_reason(why, 100)}")
         if r.stored.startswith("NOT stored"):
             lines.append(f"  {r.stored}")
+    lines.append("times: median ±half the interquartile range")
+    if flagged:
+        lines.append(fmt.UNSTABLE_NOTE)
     return "\n".join(lines)
