@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import load_corrected
 from planner.cache import PlanCache
 from planner.hardware import get_spec, local_device_name
-from planner.modelspec import parse_dtype, resolve
+from planner.modelspec import dtype_name, parse_dtype, resolve
 from planner.realize_check import short_reason
 from search.cli_common import Resolved, capture_for_planning, emit, positive_float, positive_int
+from search.report_graph import require_dot
+from search.report_html import job_from_tune, write_report
 from search.strategies import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
 
@@ -66,10 +69,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="FILE.html",
+        help="also write an HTML report: timings per bucket, a roofline, each plan drawn "
+        "(needs Graphviz's dot)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.report:
+        require_dot()  # before the search and measurements, not after them
     device = local_device_name()
     gpu = device != "cpu"
     dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
@@ -117,6 +129,17 @@ def run(args: argparse.Namespace) -> int:
             },
             _table(label, device, cache.url, results),
         )
+        if args.report:
+            job = job_from_tune(
+                results,
+                model=label,
+                device=get_spec(device),
+                dtype=dtype_name(dtype),
+                cost_model=cost_model,
+                strategy=args.strategy,
+                cache=cache.url,
+            )
+            print(f"report: {write_report(job, args.report)}", file=sys.stderr)
     ok = all(r.plan is not None and not r.stored.startswith("NOT stored") for r in results)
     return 0 if ok else 1
 
