@@ -23,6 +23,7 @@ COMMANDS = {
     "measure": "measure",
     "collect": "collect",
     "tune": "tune",
+    "report": "report",
 }
 
 

@@ -73,6 +73,24 @@ def tuned(tmp_path_factory):
     return report, json.loads(out.getvalue())
 
 
+def test_report_of_a_cache_draws_the_plans_it_holds_in_bucket_order(tuned, tmp_path, capsys):
+    _, job = tuned
+    cache = job["cache"]
+    out = tmp_path / "cached.html"
+    assert main(["report", "--cache", cache, "--out", str(out)]) == 0
+    page = out.read_text()
+    sections = page.split("<section class='bucket'")[1:]
+    assert len(sections) == len(job["buckets"])
+    # in the order of the shapes (S=8 before S=16), each with its plan's groups outlined
+    labels = [re.search(r"<h2>Bucket (.*?) <small>", sec).group(1) for sec in sections]
+    assert labels == [f"S={b['params']['S']}" for b in job["buckets"]]
+    for sec, b in zip(sections, job["buckets"]):
+        assert sec.count('class="cluster plan&#45;group"') == len(b["plan"]["groups"])
+    capsys.readouterr()
+    assert main(["report", "--cache", cache, "--model", "zoo:nothing", "--out", str(out)]) == 2
+    assert "no cached plans for 'zoo:nothing'" in capsys.readouterr().err
+
+
 def test_report_is_self_contained_and_well_formed(tuned):
     report, job = tuned
     page = report.read_text()
