@@ -227,7 +227,7 @@ def test_report_in_headless_chromium(tuned, tmp_path):
             graph = page.locator("section.bucket .plan-graph svg").first.bounding_box()
             table = page.locator("section.bucket table.groups").first.bounding_box()
             assert graph["width"] > 200 and graph["x"] + graph["width"] <= VIEWPORT["width"]
-            assert table["width"] > 300
+            assert table["width"] > 300 and table["x"] >= graph["x"] + graph["width"]
         finally:
             browser.close()
     assert shot.stat().st_size > 20_000  # a page with pictures, not a blank one
