@@ -57,7 +57,7 @@ h2 small{font-weight:normal;color:#777;font-size:13px}
 p.note{color:#555;font-size:13px;margin:4px 0 10px;max-width:900px}
 table{border-collapse:collapse;font-size:12px;margin:6px 0}
 td,th{border:1px solid #d5d5d5;padding:3px 7px;text-align:left;vertical-align:top}
-th{background:#f2f4f7} td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f2f4f7} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .facts{font-size:14px;margin:6px 0} .facts b{color:#1f3a5f}
 .warn{color:#b03a2e} .ok{color:#2e7d32}
 .plan-layout{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}
