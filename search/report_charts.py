@@ -52,7 +52,10 @@ def _e(text: object) -> str:
 def timing_chart(rows: Sequence[BucketTimes], width: int = 820) -> str:
     """One band per bucket, one bar per mode (median), a whisker over the spread; each
     band on its own scale from zero, so the bars of one bucket compare at a glance."""
-    modes = [m for m in MODE_COLORS if any(m in r.times for r in rows)]
+    seen = list(dict.fromkeys(m for r in rows for m in r.times))
+    modes = [m for m in MODE_COLORS if m in seen] + [m for m in seen if m not in MODE_COLORS]
+    extra = iter(SERIES_COLORS[4:])  # other modes (e.g. torch.compile's reduce-overhead)
+    colors = {m: MODE_COLORS.get(m) or next(extra, "#555555") for m in modes}
     label_w, text_w, bar_h, gap, band_gap, top = 150, 210, 15, 4, 14, 30
     plot_w = width - label_w - text_w - 10
     band_h = len(modes) * (bar_h + gap) + band_gap
@@ -65,7 +68,7 @@ def timing_chart(rows: Sequence[BucketTimes], width: int = 820) -> str:
     x = label_w
     for m in modes:  # legend
         out.append(
-            f'<rect x="{x}" y="6" width="12" height="12" fill="{MODE_COLORS[m]}"/>'
+            f'<rect x="{x}" y="6" width="12" height="12" fill="{colors[m]}"/>'
             f'<text x="{x + 16}" y="16">{_e(m)}</text>'
         )
         x += 26 + 7 * len(m)
@@ -104,7 +107,7 @@ def timing_chart(rows: Sequence[BucketTimes], width: int = 820) -> str:
             out.append(
                 f'<g class="bar" data-mode="{_e(m)}"><title>{_e(tip)}</title>'
                 f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" '
-                f'fill="{MODE_COLORS[m]}" opacity="{1.0 if t.stable else 0.55}"/>'
+                f'fill="{colors[m]}" opacity="{1.0 if t.stable else 0.55}"/>'
             )
             if t.has_range:
                 x1 = label_w + plot_w * min(t.lo_s / scale, 1.0)

@@ -125,14 +125,18 @@ def test_timing_chart_shows_every_mode_its_spread_and_unsettled_figures():
                 "torch.compile": Spread(1.5e-4),
             },
         ),
-        BucketTimes("S=16", {"plan": Spread(3e-4), "eager": Spread(6e-4)}),
+        BucketTimes(
+            "S=16",
+            {"plan": Spread(3e-4), "eager": Spread(6e-4), "max-autotune": Spread(4e-4)},
+        ),
     ]
     svg = ElementTree.fromstring(timing_chart(rows))
     bars = [g for g in svg.iter(f"{SVG}g") if g.get("class") == "bar"]
-    assert Counter(g.get("data-mode") for g in bars) == {"plan": 2, "eager": 2, "torch.compile": 1}
+    modes = Counter(g.get("data-mode") for g in bars)
+    assert modes == {"plan": 2, "eager": 2, "torch.compile": 1, "max-autotune": 1}
     texts = ["".join(t.itertext()) for t in svg.iter(f"{SVG}text")]
     assert any("2.00× faster than eager" in t for t in texts)  # S=8 plan: 200 us over 100 us
-    assert any("unstable" in t for t in texts) and "not timed" in " ".join(texts)
+    assert any("unstable" in t for t in texts) and " ".join(texts).count("not timed") == 2
     whiskers = [p for p in svg.iter(f"{SVG}path") if p.get("class") == "whisker"]
     assert len(whiskers) == 2  # only figures with a range get one
     assert any(" L" in w.get("d") for w in whiskers)  # the clipped one ends in an arrow
