@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from planner.cost import CostModel
+from planner.errors import FusionPlannerError
 from planner.hardware import DeviceSpec
 from planner.objective import Evaluation, Objective
 from planner.partition import Partition
@@ -437,8 +439,24 @@ def render_job(job: JobView) -> str:
     return page(title, subtitle, "\n".join(body))
 
 
-def write_report(job: JobView, path: str | Path) -> Path:
+def check_writable(path: str | Path) -> Path:
+    """`path` as a Path, or FusionPlannerError when a report could not be written there
+    (said before a long job, not after it)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_job(job), encoding="utf-8")
+    folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
+    if path.is_dir() or not os.access(path if path.exists() else folder, os.W_OK):
+        raise FusionPlannerError(
+            f"cannot write the report to {path}: it is a folder or not writable; "
+            "pass --report with a writable file path such as tune.html"
+        )
+    return path
+
+
+def write_report(job: JobView, path: str | Path) -> Path:
+    path = check_writable(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_job(job), encoding="utf-8")
+    except OSError as e:
+        raise FusionPlannerError(f"cannot write the report to {path}: {e}") from e
     return path

@@ -115,6 +115,13 @@ def test_missing_graphviz_is_said_before_any_tuning(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "plans.sqlite").exists() and not (tmp_path / "r.html").exists()
 
 
+def test_an_unwritable_report_path_is_said_before_any_tuning(tmp_path, capsys):
+    argv = _tune_argv(tmp_path, tmp_path)  # a folder, not a file
+    assert main(argv) == 2
+    assert "cannot write the report" in capsys.readouterr().err
+    assert not (tmp_path / "plans.sqlite").exists()
+
+
 def test_timing_chart_shows_every_mode_its_spread_and_unsettled_figures():
     rows = [
         BucketTimes(

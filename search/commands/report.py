@@ -23,7 +23,7 @@ from planner.objective import Objective
 from search.cli_common import Resolved, capture_for_planning
 from search.report_charts import Spread
 from search.report_graph import require_dot
-from search.report_html import BucketView, JobView, write_report
+from search.report_html import BucketView, JobView, check_writable, write_report
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -119,6 +119,7 @@ def _varying(buckets: Sequence[BucketView]) -> tuple[BucketView, ...]:
 
 def run(args: argparse.Namespace) -> int:
     require_dot()
+    check_writable(args.out)
     with PlanCache(args.cache, read_only=True) as cache:
         entries = _select(cache.entries(), args.model)
         url = cache.url

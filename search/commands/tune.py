@@ -14,7 +14,7 @@ from planner.modelspec import dtype_name, parse_dtype, resolve
 from planner.realize_check import short_reason
 from search.cli_common import Resolved, capture_for_planning, emit, positive_float, positive_int
 from search.report_graph import require_dot
-from search.report_html import job_from_tune, write_report
+from search.report_html import check_writable, job_from_tune, write_report
 from search.strategies import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
 
@@ -80,8 +80,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.report:
-        require_dot()  # before the search and measurements, not after them
+    if args.report:  # said before the search and measurements, not after them
+        require_dot()
+        check_writable(args.report)
     device = local_device_name()
     gpu = device != "cpu"
     dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
