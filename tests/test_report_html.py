@@ -32,6 +32,7 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    "--disable-dev-shm-usage",  # containers often give /dev/shm only 64 MB
 ]
 VIEWPORT = {"width": 1280, "height": 900}
 SVG = "{http://www.w3.org/2000/svg}"
