@@ -29,6 +29,7 @@ COMMANDS = {
     "plan": ("plan", "partition a model into fused groups with one strategy"),
     "measure": ("measure", "realize a plan here, check it against eager, time it"),
     "tune": ("tune", "search, realize and measure plans per shape bucket; cache them"),
+    "report": ("report", "an HTML report of the plans a cache holds"),
     "cache": ("cache", "list, show, export, import and prune cached plans"),
     "zoo": ("zoo", "list the built-in models and their shape parameters"),
     "collect": ("collect", "measure groups and whole plans on this device into a dataset"),

@@ -36,7 +36,7 @@ from learned_cost.evaluate import (
 from learned_cost.persist import read_meta
 from learned_cost.plan_context import PlanContext, fit_plan_context
 from learned_cost.plan_eval import GraphCache, evaluate_plans
-from learned_cost.train import TrainConfig, train
+from learned_cost.train import TrainConfig, family_styles, train
 from planner.errors import CostModelError
 from planner.hardware import device_fingerprint, get_spec
 from search.cli import main
@@ -451,3 +451,12 @@ def test_auto_form_is_the_lower_mape_averaged_over_the_splits():
     )
     with pytest.raises(CostModelError, match="--form"):
         choose_form(run, "bounded")
+
+
+def test_every_family_gets_its_own_colour_and_marker_in_the_plots():
+    families = [f"family-{k}" for k in range(14)]
+    styles = family_styles(families * 2)  # repeats name one family once
+    assert list(styles) == sorted(families)
+    assert len({color for color, _ in styles.values()}) == 14  # 14 colours apart
+    many = family_styles([f"f{k:02d}" for k in range(40)])
+    assert len(set(many.values())) == 40  # past the palette, colour and marker still differ

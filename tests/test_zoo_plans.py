@@ -132,9 +132,19 @@ def test_plan_cli_table_json_html_and_saved_plan(tmp_path, capsys):
     assert {r["realization"] for r in out["groups"]} >= {"sdpa", "concat_gemm", "inductor"}
     assert sum(len(r["nodes"]) for r in out["groups"]) == 25
     page = html.read_text()
-    assert page.count("<rect") == 25 and "sdpa" in page
-    svg = ElementTree.fromstring(page[page.index("<svg") : page.index("</svg>") + 6])
-    assert len(svg.findall("{http://www.w3.org/2000/svg}g")) == 25  # well-formed, one per op
+    graph = page[page.index("<svg", page.index('class="plan-graph"')) :]
+    svg = ElementTree.fromstring(graph[: graph.index("</svg>") + 6])  # well-formed
+    classes = [g.get("class", "") for g in svg.iter("{http://www.w3.org/2000/svg}g")]
+    assert classes.count("node op") == 25  # one box per op
+    assert classes.count("cluster plan-group") == len(out["groups"])  # one outline per group
+    titles = [
+        "".join(next(g.iter("{http://www.w3.org/2000/svg}text")).itertext())
+        for g in svg.iter("{http://www.w3.org/2000/svg}g")
+        if g.get("class") == "cluster plan-group"
+    ]
+    assert sorted(t.split(" · ")[1] for t in titles) == sorted(
+        r["realization"] for r in out["groups"]
+    )
     assert dot.read_text().count("subgraph cluster_") == len(out["groups"])
     assert json.loads(saved.read_text())["strategy"] == "priority"
 

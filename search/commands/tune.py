@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from planner import progress
 from planner.cache import PlanCache
-from planner.hardware import local_device_name
-from planner.modelspec import parse_dtype, resolve
+from planner.hardware import get_spec, local_device_name
+from planner.modelspec import dtype_name, parse_dtype, resolve
 from planner.realize_check import short_reason
 from search import fmt
 from search.cli_common import (
@@ -26,6 +27,8 @@ from search.cli_common import (
     positive_int,
 )
 from search.cost_models import add_cost_model_arg, cost_model_for
+from search.report_graph import require_dot
+from search.report_html import check_writable, job_from_tune, write_report
 from search.strategies import STRATEGIES
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
 
@@ -108,10 +111,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     add_format_arg(p)
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="FILE.html",
+        help="also write an HTML report: timings per bucket, a roofline, each plan drawn "
+        "(needs Graphviz's dot)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.report:  # said before the search and measurements, not after them
+        require_dot()
+        check_writable(args.report)
     device = check_local_device(args)
     apply_threads(args)
     gpu = device != "cpu"
@@ -154,6 +167,17 @@ def run(args: argparse.Namespace) -> int:
             },
             _table(label, device, cache.url, results, dims),
         )
+        if args.report:
+            job = job_from_tune(
+                results,
+                model=label,
+                device=get_spec(device),
+                dtype=dtype_name(dtype),
+                cost_model=cost_model,
+                strategy=args.strategy,
+                cache=cache.url,
+            )
+            print(f"report: {write_report(job, args.report)}", file=sys.stderr)
     ok = all(r.plan is not None and not r.stored.startswith("NOT stored") for r in results)
     return 0 if ok else 1
 
