@@ -98,8 +98,10 @@ class _HighPrecision(fx.Interpreter):
         super().__init__(gm)
         self.dtype = dtype
         self.lowered: dict[str, str] = {}
+        self.node: fx.Node | None = None  # the node being run (named when one fails)
 
     def run_node(self, n: fx.Node) -> Any:
+        self.node = n
         if n.op != "call_function":
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
@@ -148,7 +150,12 @@ def run_in_high_precision(
         with torch.no_grad():
             out = interp.run(*args)
     except Exception as e:  # the reference is a check's aid: its absence is not an error
-        return HighRun(None, None, f"the program fails in {dtype}: {type(e).__name__}")
+        n = interp.node
+        where = f" at {n.name} ({n.target})" if n is not None else ""
+        msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+        return HighRun(
+            None, None, f"the program fails in {dtype}{where}: {type(e).__name__}: {msg}"
+        )
     values = list(out) if isinstance(out, list | tuple) else [out]
     lowered = interp.lowered
     note = ""
