@@ -53,6 +53,11 @@ def reference_dtype(model_dtype: torch.dtype | str | None) -> torch.dtype | None
 
 # Ops whose dtype argument is not a precision: a bitcast keeps the bits.
 _KEEP_DTYPE = ("aten.view.dtype",)
+# Views the higher precision's layouts may not allow: a kernel of another precision can
+# lay its result out differently (on CUDA, SDPA's bf16 kernels return [B, S, H, D]-strided
+# outputs and its fp64 math path contiguous ones), so a `view` that the program traced
+# against the first layout is taken as the `reshape` it stands for (the same values).
+_VIEWS = ("aten.view.default", "aten._unsafe_view.default")
 
 
 def _lift(x: Any, dtype: torch.dtype) -> Any:
@@ -117,7 +122,12 @@ class _HighPrecision(fx.Interpreter):
                     a, k = args, kwargs
                 else:
                     a, k = _lift((args, kwargs), rung)
-                out = fn(*a, **k)
+                try:
+                    out = fn(*a, **k)
+                except RuntimeError:
+                    if str(fn) not in _VIEWS:
+                        raise
+                    out = torch.ops.aten.reshape.default(*a, **k)
             except Exception as e:  # not supported in this precision: try the next
                 err = e
                 continue

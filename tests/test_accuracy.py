@@ -448,3 +448,25 @@ def test_inductor_bf16_llama_plan_is_accepted_where_the_fixed_tolerance_failed()
         assert compare_outputs([want], [got], high=r.high_reference(ids).values) is None
         old_rule_failures += compare_outputs([want], [got], torch.bfloat16) is not None
     assert old_rule_failures >= 1
+
+
+def _layout_by_precision(x):
+    """Stands in for a kernel whose result layout depends on its precision (SDPA on CUDA:
+    bf16 kernels return one stride order, the fp64 math path another)."""
+    return x.t().contiguous().t() if x.dtype == torch.float64 else x * 1
+
+
+def test_a_view_traced_against_another_layout_runs_as_a_reshape_in_high_precision():
+    g = fx.Graph()
+    x = g.placeholder("x")
+    y = g.call_function(_layout_by_precision, (x,))
+    z = g.call_function(torch.ops.aten.view.default, (y, [-1]))
+    g.output((z,))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    arg = torch.randn(4, 6, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="view size"):
+        torch.ops.aten.view.default(_layout_by_precision(arg.double()), [-1])
+    high = run_in_high_precision(gm, [arg], torch.bfloat16)
+    assert high.values is not None, high.note
+    assert high.dtype == torch.float64
+    torch.testing.assert_close(high.values[0], arg.double().reshape(-1))
