@@ -258,10 +258,11 @@ def test_dynamic_realization_compiled_by_inductor_serves_the_range():
         assert_close(r(x), eager_out(module, (x,)))
 
 
-# ---- every strategy, every zoo model (slow: real Inductor per group) -----------------------
-@pytest.mark.slow
+# ---- every strategy, every zoo model (real Inductor per group, tiny dims) -----------------
 @pytest.mark.parametrize("name", sorted(TINY_PARAMS))
 def test_plans_of_every_strategy_match_eager_on_the_zoo(name):
+    """Each distinct partition the strategies propose is realized by Inductor for real,
+    verified, and matches eager; strategies that agree share one realization (time)."""
     from learned_cost.analytical import AnalyticalModel
     from planner.objective import Objective
     from search.strategies import get_strategy
@@ -269,8 +270,13 @@ def test_plans_of_every_strategy_match_eager_on_the_zoo(name):
 
     module, inputs, c = build(name)
     objective = Objective(AnalyticalModel("cpu"))
+    by_groups: dict[tuple, list[str]] = {}
     for strategy in ("greedy", "priority", "exact"):
         result = get_strategy(strategy).plan(c.graph, objective, Budget(max_seconds=10))
+        groups = tuple(sorted(tuple(sorted(g)) for g in result.partition.groups))
+        by_groups.setdefault(groups, []).append(strategy)
+        if len(by_groups[groups]) > 1:
+            continue
         r = realize(c, result.partition)
         assert r.verified, (strategy, r.fallbacks)
         assert_close(r(*inputs), eager_out(module, inputs))
