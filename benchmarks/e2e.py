@@ -128,21 +128,12 @@ def run_one(
     emit: Callable[[dict[str, Any]], None],
     measure_it: bool = True,
 ) -> None:
-    """All modes and plans of one (model, shape); `emit` gets one record per measurement,
-    then (when measuring) one "retime" record: the fastest plan and the fastest
-    alternative timed again in fresh interleaved rounds."""
+    """All modes and plans of one (model, shape); `emit` gets one record per measurement."""
     module, inputs = build(model, shape, dtype, device)
     dname = str(dtype).removeprefix("torch.")
     spec = get_spec(local_device_name(torch.device(device)))
     base = {"model": model, "shape": ",".join(map(str, shape)), "dtype": dname}
     torch._dynamo.reset()
-    best: dict[str, tuple[float, str, Any]] = {}  # "alt" / "plan" -> (median_us, mode, fn)
-
-    def keep(side: str, mode: str, fn: Any, rec: dict[str, Any]) -> None:
-        med = rec.get("median_us")
-        if med is not None and (side not in best or med < best[side][0]):
-            best[side] = (med, mode, fn)
-
     with torch.no_grad():
         for mode in modes:
             t0 = time.perf_counter()
@@ -164,7 +155,6 @@ def run_one(
                 if measure_it:
                     t = measure(lambda f=fn: f(*inputs), device=device, dtype=dname, **TIMER)
                     rec.update(median_us=t.median_s * 1e6, p99_us=t.p99_s * 1e6, reps=t.reps)
-                    keep("alt", mode, fn, rec)
             except Exception as e:  # a mode that fails is reported, not fatal
                 rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             emit(rec)
@@ -185,6 +175,7 @@ def run_one(
                     planning_s=made.planning_s,
                     compile_s=r.compile_s,
                     n_groups=len(made.partition),
+                    groups=[sorted(g) for g in made.partition.groups],
                     realizations={k: r.realizations.count(k) for k in set(r.realizations)},
                     fallbacks=len(r.fallbacks),
                     gelu_epilogues=sum("cuBLASLt" in g.note for g in r.groups),
@@ -197,31 +188,53 @@ def run_one(
                     t = measure(lambda f=r: f(*inputs), device=device, dtype=dname, **TIMER)
                     rec.update(median_us=t.median_s * 1e6, p99_us=t.p99_s * 1e6, reps=t.reps)
                     rec["tuning_s"] = time.perf_counter() - t0
-                    keep("plan", rec["mode"], r, rec)
             except Exception as e:
                 rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             emit(rec)
-        if measure_it and "alt" in best and "plan" in best:
-            emit({**base, **retime(best["plan"], best["alt"], inputs, device)})
     torch._dynamo.reset()
     if device == "cuda":
         torch.cuda.empty_cache()
 
 
-def retime(
-    plan: tuple[float, str, Any], alt: tuple[float, str, Any], inputs: Any, device: str
-) -> dict[str, Any]:
-    """The "retime" record: `plan` and `alt` (median_us, mode, callable) timed again in
-    interleaved rounds (benchmarks.real_models.interleaved), medians in us."""
-    rec: dict[str, Any] = {"mode": "retime", "plan": plan[1], "alt": alt[1]}
+def retime_cell(
+    model: str,
+    shape: tuple[int, int, int, int],
+    recs: dict[str, dict[str, Any]],
+    dtype: torch.dtype,
+    device: str,
+) -> dict[str, Any] | None:
+    """The cell's "retime" record: its fastest plan (rebuilt from the record's groups and
+    realized again) and its fastest alternative (compiled again; Inductor's caches are
+    warm by now), timed against each other in fresh interleaved rounds
+    (benchmarks.real_models.interleaved). None when either side has no measurement."""
+
+    def fastest(modes: list[str]) -> str | None:
+        timed = [m for m in modes if recs.get(m, {}).get("median_us") is not None]
+        return min(timed, key=lambda m: recs[m]["median_us"]) if timed else None
+
+    plan = fastest([m for m in recs if m.startswith("plan-") and "groups" in recs[m]])
+    alt = fastest(list(BASELINES))
+    if plan is None or alt is None:
+        return None
+    rec: dict[str, Any] = {"mode": "retime", "plan": plan, "alt": alt}
     try:
-        got = interleaved(
-            {"plan": lambda: plan[2](*inputs), "alt": lambda: alt[2](*inputs)},
-            torch.device(device),
-            rounds=RETIME["rounds"],
-            round_s=RETIME["round_s"],
-            warmup=RETIME["warmup"],
-        )
+        module, inputs = build(model, shape, dtype, device)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            captured = export_model(module, inputs)
+            plan_fn = realize(captured, Partition.from_groups(captured.graph, recs[plan]["groups"]))
+            if alt == "eager+sdpa" and model != "transformer-block":
+                p, reals = sdpa_eager_partition(captured.graph)  # type: ignore[misc]
+                alt_fn: Any = realize(captured, p, realizations=reals, cuda_graphs=False)
+            else:
+                alt_fn = baseline_fn(alt, model, module, shape, dtype, device)
+            got = interleaved(
+                {"plan": lambda: plan_fn(*inputs), "alt": lambda: alt_fn(*inputs)},
+                torch.device(device),
+                rounds=RETIME["rounds"],
+                round_s=RETIME["round_s"],
+                warmup=RETIME["warmup"],
+            )
         rec.update(
             plan_us=got["plan"]["median_s"] * 1e6,
             alt_us=got["alt"]["median_s"] * 1e6,
@@ -229,8 +242,9 @@ def retime(
             alt_iqr_us=got["alt"]["iqr_s"] * 1e6,
             rounds=RETIME["rounds"],
         )
-    except Exception as e:
+    except Exception as e:  # reported in the record, not fatal
         rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    torch._dynamo.reset()
     return rec
 
 
@@ -282,6 +296,10 @@ def _warm(
     if "error" in rec:
         return f"warming {model} {shape} failed: {rec['error']}", rec
     return f"warmed {model} {shape} in {rec['wall_s']:.0f} s", rec
+
+
+def _dname(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _cells(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
@@ -470,6 +488,17 @@ def main(argv: list[str] | None = None) -> int:
             break
         with contextlib.suppress(torch.cuda.OutOfMemoryError):
             run_one(model, shape, modes, strats, dtype, device, emit)
+            cell = _cells(records).get((model, ",".join(map(str, shape)), _dname(dtype)), {})
+            again = retime_cell(model, shape, cell, dtype, device)
+            if again is not None:
+                emit(
+                    {
+                        "model": model,
+                        "shape": ",".join(map(str, shape)),
+                        "dtype": _dname(dtype),
+                        **again,
+                    }
+                )
         md.write_text(table(records, dev_name))  # after every job: a cut-off run keeps a table
     print(md.read_text())
     return 0

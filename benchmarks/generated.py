@@ -79,10 +79,28 @@ def _learned_cost_doc() -> str:
     return render_report([(str(Path(p).relative_to(ROOT)), read_meta(p)) for p in paths])
 
 
-def _lookup_latency_table() -> str:
-    """The measured rows of lookup_latency_cpu.md (its tables, verbatim)."""
-    text = (RESULTS / "lookup_latency_cpu.md").read_text()
-    return "\n".join(line for line in text.splitlines() if line.startswith("|")) + "\n"
+def _section(name: str, heading: str) -> Callable[[], str]:
+    """The body of one `## heading` section of a results file, verbatim (blank lines at
+    its ends dropped)."""
+
+    def render() -> str:
+        text = (RESULTS / f"{name}.md").read_text()
+        m = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+        if m is None:
+            raise ValueError(f"benchmarks/results/{name}.md has no section '## {heading}'")
+        return m.group(1).strip("\n") + "\n"
+
+    return render
+
+
+def _tables(name: str) -> Callable[[], str]:
+    """Every table row of a results file, verbatim."""
+
+    def render() -> str:
+        text = (RESULTS / f"{name}.md").read_text()
+        return "\n".join(line for line in text.splitlines() if line.startswith("|")) + "\n"
+
+    return render
 
 
 def _stream_cmd(name: str) -> str:
@@ -108,13 +126,31 @@ GENERATED: tuple[Generated, ...] = (
     # Blocks of hand-written documents that quote measured figures.
     Generated(
         "docs/runtime.md",
-        _lookup_latency_table,
+        _tables("lookup_latency_cpu"),
         "python benchmarks/generated.py",
         block="lookup_latency_cpu",
     ),
     *(
         Generated("docs/runtime.md", _stream_summary(n), "python benchmarks/generated.py", block=n)
         for n in ("runtime_stream_h100", "runtime_stream_tuned_h100")
+    ),
+    Generated(
+        "docs/search.md",
+        _tables("encoding_study"),
+        "python benchmarks/generated.py",
+        block="encoding_study",
+    ),
+    Generated(
+        "docs/search.md",
+        _section("search_quality", "Targets"),
+        "python benchmarks/generated.py",
+        block="search_quality_targets",
+    ),
+    Generated(
+        "docs/search.md",
+        _section("search_quality", "Per strategy"),
+        "python benchmarks/generated.py",
+        block="search_quality_per_strategy",
     ),
 )
 
