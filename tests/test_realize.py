@@ -272,7 +272,9 @@ def test_plans_of_every_strategy_match_eager_on_the_zoo(name):
     objective = Objective(AnalyticalModel("cpu"))
     by_groups: dict[tuple, list[str]] = {}
     for strategy in ("greedy", "priority", "exact"):
-        result = get_strategy(strategy).plan(c.graph, objective, Budget(max_seconds=10))
+        # exact proves the tiny graphs' optimum well within 2 s, except LLaMA's (56 ops),
+        # where it returns its best so far: still a plan to realize
+        result = get_strategy(strategy).plan(c.graph, objective, Budget(max_seconds=2))
         groups = tuple(sorted(tuple(sorted(g)) for g in result.partition.groups))
         by_groups.setdefault(groups, []).append(strategy)
         if len(by_groups[groups]) > 1:
