@@ -130,6 +130,26 @@ def _policy_record() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _data_summary() -> str:
+    """Per committed profile dataset (data/*.parquet): rows by kind, graphs, models,
+    failed rows."""
+    import pyarrow.parquet as pq
+
+    lines = [
+        "| file | rows | group rows | plan rows | graphs | zoo families | failed rows |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted((ROOT / "data").glob("*.parquet")):
+        t = pq.read_table(path, columns=["kind", "model", "graph_key", "ok"]).to_pydict()
+        kinds = t["kind"]
+        lines.append(
+            f"| `{path.name}` | {len(kinds)} | {kinds.count('group')} | {kinds.count('plan')} "
+            f"| {len(set(t['graph_key']))} | {len(set(t['model']))} "
+            f"| {sum(not ok for ok in t['ok'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _stream_cmd(name: str) -> str:
     return f"python benchmarks/runtime_stream.py --from-jsonl benchmarks/results/{name}.jsonl"
 
@@ -161,6 +181,7 @@ GENERATED: tuple[Generated, ...] = (
         Generated("docs/runtime.md", _stream_summary(n), "python benchmarks/generated.py", block=n)
         for n in ("runtime_stream_h100", "runtime_stream_tuned_h100")
     ),
+    Generated("data/README.md", _data_summary, "python benchmarks/generated.py", block="datasets"),
     Generated(
         "docs/search.md",
         _policy_record,
