@@ -150,6 +150,15 @@ def _data_summary() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _accuracy(table: str) -> Callable[[], str]:
+    def render() -> str:
+        from docs import accuracy_figures
+
+        return getattr(accuracy_figures, table)()
+
+    return render
+
+
 def _stream_cmd(name: str) -> str:
     return f"python benchmarks/runtime_stream.py --from-jsonl benchmarks/results/{name}.jsonl"
 
@@ -180,6 +189,10 @@ GENERATED: tuple[Generated, ...] = (
     *(
         Generated("docs/runtime.md", _stream_summary(n), "python benchmarks/generated.py", block=n)
         for n in ("runtime_stream_h100", "runtime_stream_tuned_h100")
+    ),
+    *(
+        Generated("docs/accuracy.md", _accuracy(t), "python docs/accuracy_figures.py", block=t)
+        for t in ("draws_table", "wrong_kernels_table")
     ),
     Generated("data/README.md", _data_summary, "python benchmarks/generated.py", block="datasets"),
     Generated(
