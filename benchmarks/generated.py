@@ -3,8 +3,9 @@
     PYTHONPATH=. python benchmarks/generated.py            # rewrite every stale one
     PYTHONPATH=. python benchmarks/generated.py --check    # list stale ones, exit 1 if any
 
-Each entry re-renders from committed artifacts only (JSON lines, saved models, other
-generated files): no device, no measuring, seconds. tests/test_generated.py runs the
+Each entry re-renders from committed artifacts only (JSON lines, Parquet, saved models,
+other generated files) or recomputes a seeded CPU result (docs/accuracy_figures.py): no
+device, no timing, seconds. tests/test_generated.py runs the
 check, so a committed table that no longer matches its artifact fails the default suite.
 
 A generated block is the text between `<!-- generated:NAME -->` and
@@ -35,6 +36,8 @@ class Generated:
     block: str = ""
 
 
+# Each renderer imports its generator when it runs: checking one entry loads only the
+# modules that entry needs.
 def _e2e(name: str) -> Callable[[], str]:
     def render() -> str:
         from benchmarks import e2e
