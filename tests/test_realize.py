@@ -259,6 +259,12 @@ def test_dynamic_realization_compiled_by_inductor_serves_the_range():
 
 
 # ---- every strategy, every zoo model (real Inductor per group, tiny dims) -----------------
+# The searching strategies on every model; greedy (the runtime's rule-based default plan,
+# which the backend tests realize too) only where its realization is cheap: on these three
+# its Inductor compiles cost the most of the default suite's time.
+GREEDY_ELSEWHERE = ("llama-block", "resnet-bottleneck", "gpt2-block")
+
+
 @pytest.mark.parametrize("name", sorted(TINY_PARAMS))
 def test_plans_of_every_strategy_match_eager_on_the_zoo(name):
     """Each distinct partition the strategies propose is realized by Inductor for real,
@@ -271,7 +277,10 @@ def test_plans_of_every_strategy_match_eager_on_the_zoo(name):
     module, inputs, c = build(name)
     objective = Objective(AnalyticalModel("cpu"))
     by_groups: dict[tuple, list[str]] = {}
-    for strategy in ("greedy", "priority", "exact"):
+    strategies = (
+        ("priority", "exact") if name in GREEDY_ELSEWHERE else ("greedy", "priority", "exact")
+    )
+    for strategy in strategies:
         # exact proves the tiny graphs' optimum well within 2 s, except LLaMA's (56 ops),
         # where it returns its best so far: still a plan to realize
         result = get_strategy(strategy).plan(c.graph, objective, Budget(max_seconds=2))
