@@ -260,8 +260,8 @@ def test_dynamic_realization_compiled_by_inductor_serves_the_range():
 
 # ---- every strategy, every zoo model (real Inductor per group, tiny dims) -----------------
 # The searching strategies on every model; greedy (the runtime's rule-based default plan,
-# which the backend tests realize too) only where its realization is cheap: on these three
-# its Inductor compiles cost the most of the default suite's time.
+# which the backend's default-plan tests realize on other models) not on these three,
+# whose extra Inductor compiles cost the most default-suite time.
 GREEDY_ELSEWHERE = ("llama-block", "resnet-bottleneck", "gpt2-block")
 
 
