@@ -27,7 +27,6 @@ def test_a_stale_table_and_a_stale_block_are_found(tmp_path):
         shutil.copy(ROOT / path, tmp_path / path)
     table = next(e for e in GENERATED if e.path.endswith("e2e_h100.md"))
     block = next(e for e in GENERATED if e.block)
-    assert stale(tmp_path) == []
     # one figure changed in a table, one figure typed by hand into a block
     t = tmp_path / table.path
     t.write_text(t.read_text().replace(" | 328 | ", " | 329 | ", 1))
