@@ -14,12 +14,13 @@ Cells are (model, shape) pairs of `benchmarks/models` (`SUITE`), named like
    optuna; `--top-k 2`, the cell's dtype) over a one-size bucket of the cell's shape,
    into a fresh SQLite cache; its wall time is reported;
 2. in this process, under `torch.inference_mode()`: eager, `torch.compile` (default),
-   `mode="reduce-overhead"`, `mode="max-autotune-no-cudagraphs"` and the planner backend
-   on that cache. Each contender's first call is its compile time; after warm-up calls,
-   the runner's interleaved timer runs rounds (profiling.runner, profiling.timer: the
-   contenders in rotated order each round, the same number of calls per round for all,
-   CUDA events on GPU, perf_counter on CPU); a contender's latency is the median per-call
-   time over rounds, its spread the IQR over the median;
+   `mode="reduce-overhead"`, `mode="max-autotune"` (with CUDA graphs),
+   `mode="max-autotune-no-cudagraphs"` and the planner backend on that cache. Each
+   contender's first call is its compile time; after warm-up calls, the runner's
+   interleaved timer runs rounds (profiling.runner, profiling.timer: the contenders in
+   rotated order each round, the same number of calls per round for all, CUDA events on
+   GPU, perf_counter on CPU); a contender's latency is the median per-call time over
+   rounds, its spread the IQR over the median;
 3. from the cache: the stored plan's measured latency (served / tuned: what the backend
    delivers against what `tune` measured) and its predicted latency (the cost model's
    plan error, predicted / measured); from the backend: its RuntimeStats (cache hits,
@@ -65,8 +66,15 @@ from planner.pytrees import flat_values  # noqa: E402
 from planner.runtime import fusion_planner_backend  # noqa: E402
 from profiling.runner import DeviceRunner, first_call  # noqa: E402
 
-MODES = ("eager", "compile", "reduce-overhead", "max-autotune-no-cudagraphs", "planner")
-ALTERNATIVES = MODES[:4]  # what the planner is compared with
+MODES = (
+    "eager",
+    "compile",
+    "reduce-overhead",
+    "max-autotune",
+    "max-autotune-no-cudagraphs",
+    "planner",
+)
+ALTERNATIVES = MODES[:5]  # what the planner is compared with
 
 
 # ---- cells ---------------------------------------------------------------------------------
@@ -355,10 +363,10 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         "",
         *(f"- `{c}`" for c in commands),
         "",
-        "| cell | device, dtype | eager | compile | reduce-overhead | max-autotune-nocg | "
-        "planner | vs best | served/tuned | pred/meas | fell back | cache hits | tune s | "
-        "compile s (c / ro / ma / planner) | notes |",
-        "|" + "---|" * 15,
+        "| cell | device, dtype | eager | compile | reduce-overhead | max-autotune | "
+        "max-autotune-nocg | planner | vs best | served/tuned | pred/meas | fell back | "
+        "cache hits | tune s | compile s (c / ro / ma / ma-nocg / planner) | notes |",
+        "|" + "---|" * 16,
     ]
     ratios = []
     for r in rows:
@@ -386,10 +394,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             else "—"
         )
         cs = r.get("compile_s", {})
-        comp = " / ".join(
-            f"{cs[n]:.0f}" if n in cs else "—"
-            for n in ("compile", "reduce-overhead", "max-autotune-no-cudagraphs", "planner")
-        )
+        comp = " / ".join(f"{cs[n]:.0f}" if n in cs else "—" for n in MODES[1:])
         notes = []
         diff = r.get("max_abs_diff", {}).get("planner")
         if diff is not None:

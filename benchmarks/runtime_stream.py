@@ -13,11 +13,18 @@ times (3): pass 1 starts cold and pays every compile; the median of the later pa
 the steady state. Contenders:
 
 - eager: the module as it is;
-- compile: `torch.compile(model, dynamic=True)` (Inductor);
+- compile, compile-ro, compile-max-cg, compile-max: `torch.compile(model, dynamic=True)`
+  in Inductor's default, reduce-overhead (CUDA graphs), max-autotune (with CUDA graphs)
+  and max-autotune-no-cudagraphs modes;
 - planner: `torch.compile(model, backend=fusion_planner_backend(cache, ...), dynamic=True)`.
   Plan cache: `--cache URL` (filled beforehand by `fusion-plan tune`), else a fresh empty
   SQLite cache, where every shape misses: the default (rule-based) plan is realized once
-  per bucket and the misses go to the tuning queue. The report says which mode ran.
+  per bucket and the misses go to the tuning queue. The report says which mode ran;
+- planner-unfused: the same backend and executor, realizing the unfused plan (every op
+  its own group) wherever it would realize a plan: the executor's share of the planner's
+  speed-up, apart from the fusion's.
+
+`--from-jsonl FILE` re-renders the report of a committed JSON-lines file (no device).
 
 Each contender runs in its own Python process (`--same-process`: one process, with
 torch._dynamo.reset() between them) with its own empty Inductor/Triton cache directory
@@ -57,12 +64,32 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-CONTENDERS = ("eager", "compile", "planner")
+CONTENDERS = (
+    "eager",
+    "compile",
+    "compile-ro",
+    "compile-max-cg",
+    "compile-max",
+    "planner",
+    "planner-unfused",
+)
+# torch.compile's mode per compile contender; each also gets dynamic=True.
+COMPILE_MODES = {
+    "compile": "default",
+    "compile-ro": "reduce-overhead",
+    "compile-max-cg": "max-autotune",
+    "compile-max": "max-autotune-no-cudagraphs",
+}
 TITLES = {
     "eager": "eager",
     "compile": "torch.compile(dynamic=True)",
+    "compile-ro": "torch.compile(reduce-overhead)",
+    "compile-max-cg": "torch.compile(max-autotune)",
+    "compile-max": "torch.compile(max-autotune-no-cudagraphs)",
     "planner": "fusion-planner backend",
+    "planner-unfused": "fusion-planner backend, unfused plan",
 }
+ALTERNATIVES = ("eager", *COMPILE_MODES)  # what the planner is compared with
 
 
 def _say(msg: str) -> None:
@@ -112,6 +139,14 @@ def _counts(be: Any) -> tuple[int, ...]:
     )
 
 
+def _realize_unfused(captured: Any, plan: Any) -> Any:
+    """The backend's realizer with the plan's partition replaced by the unfused one."""
+    from planner.partition import Partition
+    from planner.realize import realize
+
+    return realize(captured, Partition.singletons(captured.graph))
+
+
 def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     """Run `name` over the stream (cfg["passes"] times) in this process; a JSON-able dict."""
     from torch._dynamo.utils import counters
@@ -152,12 +187,13 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     cache = None
     if name == "eager":
         fn: Callable[..., Any] = module
-    elif name == "compile":
-        fn = torch.compile(module, dynamic=True)
-    elif name == "planner":
+    elif name in COMPILE_MODES:
+        fn = torch.compile(module, mode=COMPILE_MODES[name], dynamic=True)
+    elif name in ("planner", "planner-unfused"):
         url = cfg["cache"] or os.path.join(cfg["tmp"], f"plans-{os.getpid()}.sqlite")
         cache = PlanCache(url)
-        be = fusion_planner_backend(cache, compile_budget=cfg["compile_budget"])
+        extra = {"realizer": _realize_unfused} if name == "planner-unfused" else {}
+        be = fusion_planner_backend(cache, compile_budget=cfg["compile_budget"], **extra)
         fn = torch.compile(module, backend=be, dynamic=True)
     else:
         raise SystemExit(f"unknown contender {name!r}")
@@ -301,6 +337,38 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def _shares(sums: dict[str, dict[str, Any]]) -> str:
+    """One line: the planner's steady pass against the best alternative that ran, split
+    into the executor's share (unfused plan / best alternative) and the fusion's (planner
+    / unfused plan); empty when the run had no planner. Alternatives it did not run are
+    named, so a missing contender is visible."""
+    steady = {c: s["steady_s"] for c, s in sums.items() if s}
+    if "planner" not in steady:
+        return ""
+    alts = {c: steady[c] for c in ALTERNATIVES if c in steady}
+    missing = [TITLES[c] for c in (*ALTERNATIVES, "planner-unfused") if c not in steady]
+    parts = []
+    if alts:
+        best = min(alts, key=alts.__getitem__)
+        parts.append(
+            f"planner / best alternative ({TITLES[best]}): "
+            f"{steady['planner'] / alts[best]:.2f}x steady time"
+        )
+        if "planner-unfused" in steady:
+            parts.append(
+                f"unfused plan / best alternative (the executor's share): "
+                f"{steady['planner-unfused'] / alts[best]:.2f}x"
+            )
+    if "planner-unfused" in steady:
+        parts.append(
+            f"planner / unfused plan (the fusion's share): "
+            f"{steady['planner'] / steady['planner-unfused']:.2f}x"
+        )
+    if missing:
+        parts.append("not run: " + ", ".join(missing))
+    return "\nSteady state, lower is better: " + "; ".join(parts) + ".\n"
+
+
 def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lengths = meta["lengths"]
     sums = {r["contender"]: summarize(r, lengths) for r in results}
@@ -343,6 +411,7 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             )
         brows.append(" | ".join(cells) + " |")
     planner = next((r for r in results if r["contender"] == "planner" and "error" not in r), None)
+    shares = _shares(sums)
     pl_text = ""
     if planner is not None:
         st = planner["runtime_stats"]
@@ -392,7 +461,7 @@ Produced by `{meta["command"]}` on {meta["date"]}.
 | contender | pass 1 s | steady pass s | steady speedup vs eager | pass 1 - steady s | first call s | first call per bucket, sum s | calls that compiled (their time) | steady median ms/call | dynamo compiles (recompiles) | Inductor graphs compiled | planner realizations | max abs err vs eager |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
-{pl_text}
+{shares}{pl_text}
 Per bucket (first call of the bucket in pass 1; median call of the steady state):
 
 {bhead} |
@@ -406,6 +475,50 @@ Per bucket (first call of the bucket in pass 1; median call of the steady state)
 - *max abs err*: over {len(meta["check_lengths"])} stream entries ({meta["dim"]} = {", ".join(map(str, meta["check_lengths"]))}) against eager in the same process; ok = within planner.realize_check's tolerance for {meta["dtype"]}.
 - Every call is {"synchronized (CUDA) and " if meta["device"] != "cpu" else ""}timed with perf_counter; pass totals include the per-call bookkeeping.
 """
+
+
+def render_jsonl(path: Path) -> str:
+    """The report of a committed JSON-lines file (a meta line, then one line per
+    contender), as the run that wrote it rendered it."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    meta = next(r for r in rows if r.get("kind") == "meta")
+    results = [
+        {k: v for k, v in r.items() if k not in ("kind", "summary")}
+        for r in rows
+        if r.get("kind") == "contender"
+    ]
+    return report(meta, results)
+
+
+def summary_jsonl(path: Path) -> str:
+    """A few Markdown bullets of a committed run (for docs that quote it): what ran, each
+    contender's steady speed-up over eager and its cold pass' extra seconds, and the
+    planner's shares against the best alternative."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    meta = next(r for r in rows if r.get("kind") == "meta")
+    lengths = meta["lengths"]
+    sums = {
+        r["contender"]: summarize({k: v for k, v in r.items() if k != "summary"}, lengths)
+        for r in rows
+        if r.get("kind") == "contender"
+    }
+    eager = sums.get("eager", {}).get("steady_s")
+    ran = [c for c in CONTENDERS if sums.get(c)]
+    speed = ", ".join(
+        f"{TITLES[c]} {_fmt(eager / sums[c]['steady_s'], '.2f')}x" for c in ran if eager
+    )
+    cold = ", ".join(f"{TITLES[c]} {sums[c]['overhead_s']:.1f} s" for c in ran)
+    cache = "a tuned plan cache" if meta["cache"] else "an empty plan cache (every shape a miss)"
+    shares = _shares(sums).strip()
+    return (
+        f"- `{meta['command']}` ({meta['date']}, {meta['device_name']}, torch "
+        f"{meta['torch']}): `{meta['model']}` {meta['shape']} {meta['dtype']}, "
+        f"{len(lengths)} calls, {len(set(lengths))} distinct {meta['dim']} in "
+        f"{meta['seq'][0]}..{meta['seq'][1]}, {cache}.\n"
+        f"- Steady pass, speed-up over eager (higher is faster): {speed or 'n/a'}.\n"
+        f"- Cold pass minus a steady one (compiles, first calls): {cold}.\n"
+        + (f"- {shares}\n" if shares else "")
+    )
 
 
 # ---- main -------------------------------------------------------------------------------
@@ -437,12 +550,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--same-process", action="store_true")
     p.add_argument("--shared-inductor-cache", action="store_true")
     p.add_argument("--out", default=None, help="Markdown report; .jsonl beside it")
+    p.add_argument("--device", default=None, help="cuda (default where present) or cpu")
+    p.add_argument(
+        "--from-jsonl", default=None, help="only re-render this JSON-lines file's report (stdout)"
+    )
     args = p.parse_args(argv)
+    if args.from_jsonl:
+        sys.stdout.write(render_jsonl(Path(args.from_jsonl)))
+        return 0
 
     from planner.hardware import local_device_name
 
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.startswith("cuda")
     if cuda and not args.quick:
         shape, seq, n, timeout = "B=8,D=768,H=12", "128..2048", 200, 240.0
     elif args.quick:

@@ -258,10 +258,17 @@ def test_dynamic_realization_compiled_by_inductor_serves_the_range():
         assert_close(r(x), eager_out(module, (x,)))
 
 
-# ---- every strategy, every zoo model (slow: real Inductor per group) -----------------------
-@pytest.mark.slow
+# ---- every strategy, every zoo model (real Inductor per group, tiny dims) -----------------
+# The searching strategies on every model; greedy (the runtime's rule-based default plan,
+# which the backend's default-plan tests realize on other models) not on these three,
+# whose extra Inductor compiles cost the most default-suite time.
+GREEDY_ELSEWHERE = ("llama-block", "resnet-bottleneck", "gpt2-block")
+
+
 @pytest.mark.parametrize("name", sorted(TINY_PARAMS))
 def test_plans_of_every_strategy_match_eager_on_the_zoo(name):
+    """Each distinct partition the strategies propose is realized by Inductor for real,
+    verified, and matches eager; strategies that agree share one realization (time)."""
     from learned_cost.analytical import AnalyticalModel
     from planner.objective import Objective
     from search.strategies import get_strategy
@@ -269,8 +276,18 @@ def test_plans_of_every_strategy_match_eager_on_the_zoo(name):
 
     module, inputs, c = build(name)
     objective = Objective(AnalyticalModel("cpu"))
-    for strategy in ("greedy", "priority", "exact"):
-        result = get_strategy(strategy).plan(c.graph, objective, Budget(max_seconds=10))
+    by_groups: dict[tuple, list[str]] = {}
+    strategies = (
+        ("priority", "exact") if name in GREEDY_ELSEWHERE else ("greedy", "priority", "exact")
+    )
+    for strategy in strategies:
+        # exact proves the tiny graphs' optimum well within 2 s, except LLaMA's (56 ops),
+        # where it returns its best so far: still a plan to realize
+        result = get_strategy(strategy).plan(c.graph, objective, Budget(max_seconds=2))
+        groups = tuple(sorted(tuple(sorted(g)) for g in result.partition.groups))
+        by_groups.setdefault(groups, []).append(strategy)
+        if len(by_groups[groups]) > 1:
+            continue
         r = realize(c, result.partition)
         assert r.verified, (strategy, r.fallbacks)
         assert_close(r(*inputs), eager_out(module, inputs))

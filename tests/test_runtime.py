@@ -387,7 +387,6 @@ def test_lift_keeps_attribute_parameters_as_parameters():
 
 
 # ---- real realization (Inductor) -----------------------------------------------------------------
-@pytest.mark.slow
 def test_backend_with_real_realization_matches_eager(cache):
     """planner.realize (Inductor) and capture_dynamic for real: a tuned plan with a fused
     attention group, realized once for its bucket, matches eager over the bucket's shapes;

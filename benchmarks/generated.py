@@ -1,0 +1,280 @@
+"""Every generated results file and generated block of a document, with its generator.
+
+    PYTHONPATH=. python benchmarks/generated.py            # rewrite every stale one
+    PYTHONPATH=. python benchmarks/generated.py --check    # list stale ones, exit 1 if any
+
+Each entry re-renders from committed artifacts only (JSON lines, Parquet, saved models,
+other generated files) or recomputes a seeded CPU result (docs/accuracy_figures.py): no
+device, no timing, seconds. tests/test_generated.py runs the
+check, so a committed table that no longer matches its artifact fails the default suite.
+
+A generated block is the text between `<!-- generated:NAME -->` and
+`<!-- /generated:NAME -->` in a document; figures in prose outside such blocks are not
+checked, so docs quote measured numbers only inside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class Generated:
+    """A whole file (`block` empty) or one named block of a file, and how to render it."""
+
+    path: str  # relative to the repository root
+    render: Callable[[], str]
+    command: str  # what a person runs to regenerate it by hand
+    block: str = ""
+
+
+# Each renderer imports its generator when it runs: checking one entry loads only the
+# modules that entry needs.
+def _e2e(name: str) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import e2e
+
+        return e2e.render_jsonl(RESULTS / f"{name}.jsonl")
+
+    return render
+
+
+def _stream(name: str) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import runtime_stream
+
+        return runtime_stream.render_jsonl(RESULTS / f"{name}.jsonl")
+
+    return render
+
+
+def _stream_summary(name: str) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import runtime_stream
+
+        return runtime_stream.summary_jsonl(RESULTS / f"{name}.jsonl")
+
+    return render
+
+
+def _real_models(name: str) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import real_models
+
+        rows = real_models.read_jsonl(RESULTS / f"{name}.jsonl")
+        return real_models.markdown(rows, rows[-1].get("command", "") if rows else "")
+
+    return render
+
+
+def _learned_cost_doc() -> str:
+    from search.commands.cost import DEFAULT_MODELS_DIR, read_meta, render_report
+
+    paths = sorted(str(p) for p in (ROOT / DEFAULT_MODELS_DIR).glob("*.json"))
+    return render_report([(str(Path(p).relative_to(ROOT)), read_meta(p)) for p in paths])
+
+
+def _section(name: str, heading: str) -> Callable[[], str]:
+    """The body of one `## heading` section of a results file, verbatim (blank lines at
+    its ends dropped)."""
+
+    def render() -> str:
+        text = (RESULTS / f"{name}.md").read_text()
+        m = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+        if m is None:
+            raise ValueError(f"benchmarks/results/{name}.md has no section '## {heading}'")
+        return m.group(1).strip("\n") + "\n"
+
+    return render
+
+
+def _tables(name: str) -> Callable[[], str]:
+    """Every table row of a results file, verbatim."""
+
+    def render() -> str:
+        text = (RESULTS / f"{name}.md").read_text()
+        return "\n".join(line for line in text.splitlines() if line.startswith("|")) + "\n"
+
+    return render
+
+
+def _policy_record() -> str:
+    """The shipped RL policy's training record (search/policies/fusion_policy.json):
+    what ran, and validation cost relative to priority at every checkpoint."""
+    import json
+
+    meta = json.loads((ROOT / "search" / "policies" / "fusion_policy.json").read_text())
+    rep = meta["report"]
+    stages = rep["stages"]
+    graphs = stages[0]["validation"]["graphs"]
+    lines = [
+        f"`{meta['command']}`: {rep['seconds']:.0f} s, {rep['config']['rl_iters']} REINFORCE "
+        f"iterations, {rep['corpus']['graphs']} corpus graphs; selected checkpoint: iteration "
+        f"{rep['selected_iteration']}. Greedy decode on the {graphs} validation DAGs, cost "
+        "relative to priority (mean over the graphs; lower is better):",
+        "",
+        "| iteration | stage | mean cost vs priority | better than priority | worse |",
+        "|---|---|---|---|---|",
+    ]
+    for st in stages:
+        v = st["validation"]
+        lines.append(
+            f"| {st['iteration']} | {st['stage']} | {v['mean_cost_vs_priority']:.4f} "
+            f"| {v['better_than_priority']} | {v['worse_than_priority']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _data_summary() -> str:
+    """Per committed profile dataset (data/*.parquet): rows by kind, graphs, models,
+    failed rows."""
+    import pyarrow.parquet as pq
+
+    lines = [
+        "| file | rows | group rows | plan rows | graphs | zoo families | failed rows |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted((ROOT / "data").glob("*.parquet")):
+        t = pq.read_table(path, columns=["kind", "model", "graph_key", "ok"]).to_pydict()
+        kinds = t["kind"]
+        lines.append(
+            f"| `{path.name}` | {len(kinds)} | {kinds.count('group')} | {kinds.count('plan')} "
+            f"| {len(set(t['graph_key']))} | {len(set(t['model']))} "
+            f"| {sum(not ok for ok in t['ok'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _accuracy(table: str) -> Callable[[], str]:
+    def render() -> str:
+        from docs import accuracy_figures
+
+        return getattr(accuracy_figures, table)()
+
+    return render
+
+
+def _stream_cmd(name: str) -> str:
+    return f"python benchmarks/runtime_stream.py --from-jsonl benchmarks/results/{name}.jsonl"
+
+
+GENERATED: tuple[Generated, ...] = (
+    Generated(
+        "benchmarks/results/e2e_h100.md",
+        _e2e("e2e_h100"),
+        "python benchmarks/e2e.py --from-jsonl benchmarks/results/e2e_h100.jsonl",
+    ),
+    *(
+        Generated(f"benchmarks/results/{n}.md", _stream(n), _stream_cmd(n))
+        for n in ("runtime_stream_cpu", "runtime_stream_h100", "runtime_stream_tuned_h100")
+    ),
+    Generated(
+        "benchmarks/results/real_models_h100.md",
+        _real_models("real_models_h100"),
+        "python benchmarks/real_models.py --from-jsonl benchmarks/results/real_models_h100.jsonl",
+    ),
+    Generated("docs/learned_cost.md", _learned_cost_doc, "fusion-plan cost report"),
+    # Blocks of hand-written documents that quote measured figures.
+    Generated(
+        "docs/runtime.md",
+        _tables("lookup_latency_cpu"),
+        "python benchmarks/generated.py",
+        block="lookup_latency_cpu",
+    ),
+    *(
+        Generated("docs/runtime.md", _stream_summary(n), "python benchmarks/generated.py", block=n)
+        for n in ("runtime_stream_h100", "runtime_stream_tuned_h100")
+    ),
+    *(
+        Generated("docs/accuracy.md", _accuracy(t), "python docs/accuracy_figures.py", block=t)
+        for t in ("draws_table", "wrong_kernels_table")
+    ),
+    Generated("data/README.md", _data_summary, "python benchmarks/generated.py", block="datasets"),
+    Generated(
+        "docs/search.md",
+        _policy_record,
+        "python benchmarks/generated.py",
+        block="rl_policy_training",
+    ),
+    Generated(
+        "docs/search.md",
+        _tables("encoding_study"),
+        "python benchmarks/generated.py",
+        block="encoding_study",
+    ),
+    Generated(
+        "docs/search.md",
+        _section("search_quality", "Targets"),
+        "python benchmarks/generated.py",
+        block="search_quality_targets",
+    ),
+    Generated(
+        "docs/search.md",
+        _section("search_quality", "Per strategy"),
+        "python benchmarks/generated.py",
+        block="search_quality_per_strategy",
+    ),
+)
+
+
+def _block_re(name: str) -> re.Pattern[str]:
+    return re.compile(
+        rf"(<!-- generated:{re.escape(name)} -->\n)(.*?)(<!-- /generated:{re.escape(name)} -->)",
+        re.S,
+    )
+
+
+def expected(entry: Generated, current: str) -> str:
+    """What `entry.path` should hold, given what it holds now (`current`)."""
+    if not entry.block:
+        return entry.render()
+    pattern = _block_re(entry.block)
+    if not pattern.search(current):
+        raise ValueError(
+            f"{entry.path} has no block <!-- generated:{entry.block} --> ... "
+            f"<!-- /generated:{entry.block} -->; add the two markers where it belongs"
+        )
+    body = entry.render()
+    return pattern.sub(lambda m: m.group(1) + body + m.group(3), current, count=1)
+
+
+def stale(root: Path = ROOT) -> list[tuple[Generated, str]]:
+    """(entry, expected text of its file) for every entry whose file is out of date."""
+    texts: dict[str, str] = {}
+    out = []
+    for entry in GENERATED:
+        current = texts.get(entry.path)
+        if current is None:
+            current = (root / entry.path).read_text()
+        want = expected(entry, current)
+        if want != current:
+            out.append((entry, want))
+        texts[entry.path] = want  # later blocks of the same file build on this one
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="only list stale files")
+    args = p.parse_args(argv)
+    found = stale()
+    for entry, want in found:
+        what = f"{entry.path}" + (f" (block {entry.block})" if entry.block else "")
+        if args.check:
+            print(f"stale: {what}; regenerate with `{entry.command}`")
+        else:
+            (ROOT / entry.path).write_text(want)
+            print(f"wrote {what}")
+    return 1 if args.check and found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

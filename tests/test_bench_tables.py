@@ -1,0 +1,92 @@
+"""The e2e and runtime-stream renderers: every alternative has a column in every cell, the
+unfused plan splits a win into the executor's and the fusion's share, the re-timed ratio
+and the warm-up workers' compiles are shown, and missing contenders are named."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import e2e, runtime_stream
+
+
+def cell_records(warm: bool) -> list[dict]:
+    base = {"model": "gpt2-block", "shape": "1,16,32,2", "dtype": "float32"}
+    recs = [{"mode": "run", "warm_workers": 1 if warm else 0}]
+    alts = {"eager": 400.0, "compile": 300.0, "compile-ro": 200.0, "compile-max-cg": 250.0}
+    recs += [{**base, "mode": m, "median_us": v} for m, v in alts.items()]
+    recs.append({**base, "mode": "compile-max", "error": "RuntimeError: no"})
+    recs.append({**base, "mode": "plan-priority", "median_us": 80.0, "tuning_s": 2.0})
+    recs.append({**base, "mode": "plan-unfused", "median_us": 160.0, "tuning_s": 1.0})
+    recs.append({**base, "mode": "retime", "plan_us": 90.0, "alt_us": 180.0})
+    if warm:
+        by_mode = {"plan-priority": 30.0, "plan-unfused": 10.0, "compile": 99.0}
+        recs.append({**base, "mode": "warm", "setup_s_by_mode": by_mode})
+    return recs
+
+
+def row_of(text: str) -> dict[str, str]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    cells = [c.strip() for c in lines[1].strip("|").split("|")]
+    return dict(zip(head, cells))
+
+
+def test_e2e_table_splits_the_win_and_shows_the_retimed_ratio():
+    row = row_of(e2e.table(cell_records(warm=True), "cpu"))
+    assert [row[m] for m in e2e.BASELINES] == ["400", "—", "300", "200", "250", "err"]
+    assert row["unfused, same executor"] == "160" and "plan-unfused" not in row
+    assert row["tuned"] == "80 (priority)" and row["best alt"] == "200"
+    assert row["ratio"] == "0.40"
+    # ratio = (unfused / best alt) x (tuned / unfused)
+    assert (row["unfused / best alt"], row["tuned / unfused"]) == ("0.80", "0.50")
+    assert row["re-timed ratio"] == "0.50"
+    # tuning: measured plans (2 + 1 s) plus the warm-up workers' plan compiles (30 + 10 s)
+    assert row["tuning s"] == "43"
+
+
+def test_e2e_tuning_time_is_marked_when_warm_up_compiles_were_not_recorded():
+    recs = [r for r in cell_records(warm=False) if r["mode"] != "run"]
+    assert row_of(e2e.table(recs, "cpu"))["tuning s"] == "3*"
+    no_workers = cell_records(warm=False)
+    assert row_of(e2e.table(no_workers, "cpu"))["tuning s"] == "3"
+
+
+def test_e2e_renders_a_jsonl_file(tmp_path):
+    path = tmp_path / "e2e_cpu.jsonl"
+    recs = [{**r, "device": "cpu"} for r in cell_records(warm=True)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert e2e.render_jsonl(path) == e2e.table(recs, "cpu")
+    assert e2e.render_jsonl(path).startswith("# End-to-end latency on cpu")
+
+
+def summary(steady_s: float) -> dict:
+    return {"steady_s": steady_s}
+
+
+def test_stream_shares_name_the_best_alternative_and_the_missing_contenders():
+    sums = {
+        "eager": summary(4.0),
+        "compile": summary(2.0),
+        "compile-ro": summary(1.0),
+        "planner": summary(0.5),
+        "planner-unfused": summary(0.8),
+    }
+    line = runtime_stream._shares(sums)
+    assert "best alternative (torch.compile(reduce-overhead)): 0.50x" in line
+    assert "executor's share): 0.80x" in line and "fusion's share): 0.62x" in line
+    assert "not run: torch.compile(max-autotune), torch.compile(max-autotune-no-cudagraphs)" in line
+    del sums["planner-unfused"]
+    assert "not run:" in runtime_stream._shares(sums)
+    assert "unfused plan" in runtime_stream._shares(sums).split("not run:")[1]
+    assert runtime_stream._shares({"eager": summary(1.0)}) == ""
+
+
+def test_every_stream_contender_has_a_title_and_every_compile_mode_a_contender():
+    assert set(runtime_stream.TITLES) == set(runtime_stream.CONTENDERS)
+    assert set(runtime_stream.COMPILE_MODES.values()) == {
+        "default",
+        "reduce-overhead",
+        "max-autotune",
+        "max-autotune-no-cudagraphs",
+    }
+    assert set(e2e.COMPILE_MODES.values()) == set(runtime_stream.COMPILE_MODES.values())

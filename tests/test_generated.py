@@ -1,0 +1,43 @@
+"""Every generated results file and document block matches what its generator renders
+from the committed artifacts (benchmarks/generated.py lists them)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from benchmarks.generated import GENERATED, ROOT, expected, stale
+
+
+@pytest.mark.parametrize(
+    "entry", GENERATED, ids=[e.path + (f"#{e.block}" if e.block else "") for e in GENERATED]
+)
+def test_generated_file_matches_its_artifact(entry):
+    current = (ROOT / entry.path).read_text()
+    assert expected(entry, current) == current, (
+        f"{entry.path}{' block ' + entry.block if entry.block else ''} is stale: run "
+        f"`PYTHONPATH=. python benchmarks/generated.py` (or `{entry.command}`)"
+    )
+
+
+def test_a_stale_table_and_a_stale_block_are_found(tmp_path):
+    for path in {e.path for e in GENERATED}:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / path)
+    table = next(e for e in GENERATED if e.path.endswith("e2e_h100.md"))
+    block = next(e for e in GENERATED if e.block)
+    # one figure changed in a table, one figure typed by hand into a block
+    t = tmp_path / table.path
+    t.write_text(t.read_text().replace(" | 328 | ", " | 329 | ", 1))
+    d = tmp_path / block.path
+    marker = f"<!-- /generated:{block.block} -->"
+    d.write_text(d.read_text().replace(marker, "- typed by hand: 1.23x\n" + marker, 1))
+    found = {(e.path, e.block) for e, _ in stale(tmp_path)}
+    assert found == {(table.path, ""), (block.path, block.block)}
+
+
+def test_a_document_without_its_markers_is_reported():
+    entry = next(e for e in GENERATED if e.block)
+    with pytest.raises(ValueError, match=f"generated:{entry.block}"):
+        expected(entry, "no markers here\n")
