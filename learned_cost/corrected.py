@@ -263,8 +263,10 @@ class CorrectedModel:
                 )
             )
             # the target is relative to the roofline the model corrects (this machine's)
-            lat = analytical_parts(desc, self.spec, dtype).latency_s if self.transferred else (
-                parts.latency_s
+            lat = (
+                analytical_parts(desc, self.spec, dtype).latency_s
+                if self.transferred
+                else parts.latency_s
             )
             ys.append(math.log(float(r["measured_median_s"]) / lat) if lat > 0 else float("nan"))
         return np.vstack(xs), np.array(ys)
