@@ -59,6 +59,13 @@ SPLITS = {
 }
 # the row column each split groups by (with_split_keys adds them)
 SPLIT_COLUMNS = {"architecture": "architecture", "graph": "graph_group"}
+# The evaluation `cost train` runs, for comparison on the same rows and settings:
+# GroupKFold (no shuffle: one set of folds whatever the seed) over the family name and the
+# graph key, no nested choice of form. Not what the targets are judged by.
+LEGACY = {
+    "family": "as `cost train` splits: GroupKFold over the family name (no shuffle)",
+    "graph_key": "as `cost train` splits: GroupKFold over the graph key (no shuffle)",
+}
 NESTED = "mlp-nested"
 FORM_MODELS = tuple(m for m in MODELS if m[0] in ("mlp-free", "mlp-roofline", "mlp-mixed"))
 # issue 21's targets, held out by architecture
@@ -166,7 +173,8 @@ def nested_cv(
     SPLITS), plus "mlp-nested" (and +twins): per outer fold the MLP form that an inner
     grouped CV over the training rows alone scores best. `rows` need the split's column
     (with_split_keys)."""
-    column = SPLIT_COLUMNS[split]
+    legacy = split in LEGACY
+    column = split if legacy else SPLIT_COLUMNS[split]
     cv = cross_validate(
         rows,
         spec_for,
@@ -174,9 +182,16 @@ def nested_cv(
         n_splits=n_splits,
         seed=seed,
         overrides=overrides,
-        splitter=shuffled_group_folds(seed),
+        splitter=None if legacy else shuffled_group_folds(seed),
     )
     n = len(cv.design)
+    if legacy:  # no nested choice: the form is chosen on these folds (train.choose_form)
+        has_twin = np.zeros(n, dtype=bool)
+        for k in range(len(cv.fitted)):
+            tr, te = np.flatnonzero(cv.fold != k), np.flatnonzero(cv.fold == k)
+            X, y = cv.design.X, cv.design.y
+            has_twin[te] = TwinTable.fit(X[tr], y[tr]).lookup(X[te])[1]
+        return NestedResult(cv, [], has_twin)
     cv.oof_log_ratio[NESTED] = np.zeros(n)
     cv.oof_log_ratio[NESTED + TWINS] = np.zeros(n)
     chosen = []
@@ -320,8 +335,11 @@ def run_study(
     """Every split of `cfg` over every fold seed; a JSON-ready record (render_study).
     `on_progress(record)` is called after each (split, seed) with the record so far."""
     for s in cfg.splits:
-        if s not in SPLITS:
-            raise CostModelError(f"unknown split {s!r}: use one of {list(SPLITS)}")
+        if s not in SPLITS and s not in LEGACY:
+            raise CostModelError(
+                f"unknown split {s!r}: use one of {list(SPLITS)} (or, to compare with "
+                f"`cost train`'s evaluation, {list(LEGACY)})"
+            )
     graphs = graphs or GraphCache()
     rows = with_split_keys(rows)
     plans = with_split_keys(plans)
@@ -336,7 +354,8 @@ def run_study(
         "splits": {},
     }
     for split in cfg.splits:
-        out["splits"][split] = {"label": SPLITS[split], "seeds": [], "summary": {}}
+        label = SPLITS.get(split) or LEGACY[split]
+        out["splits"][split] = {"label": label, "seeds": [], "summary": {}}
     for seed in cfg.seeds:  # seed-major: a run cut short still has every split's first seeds
         for split in cfg.splits:
             log.info("held out by %s, fold seed %d", split, seed)

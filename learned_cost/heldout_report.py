@@ -193,10 +193,14 @@ def render_study(study: Mapping[str, Any], committed: str | None = None) -> str:
             f"### held out by {split}: {rec.get('label', SPLITS.get(split, split))}",
             "",
             f"Held-out rows with an exact twin in training: "
-            f"{100 * min(share):.1f}%-{100 * max(share):.1f}% over the seeds. Forms the inner "
-            f"CV chose (outer folds x seeds): "
-            + ", ".join(f"{f} {n}" for f, n in forms.most_common())
-            + ".",
+            f"{100 * min(share):.1f}%-{100 * max(share):.1f}% over the seeds. "
+            + (
+                "Forms the inner CV chose (outer folds x seeds): "
+                + ", ".join(f"{f} {n}" for f, n in forms.most_common())
+                + "."
+                if forms
+                else "No nested choice of form here (no mlp-nested rows)."
+            ),
             "",
             "Without twins:",
             "",
@@ -210,7 +214,7 @@ def render_study(study: Mapping[str, Any], committed: str | None = None) -> str:
         for name in dict.fromkeys(x for x in (committed, NESTED + TWINS, NESTED) if x):
             if name in summary:
                 lines += [f"Targets (issue 21) for {name}: {verdicts(summary, name)}", ""]
-        if split == "architecture":
+        if split in ("architecture", "family"):
             folds = "; ".join(
                 f"seed {s['seed']}: "
                 + ", ".join(
