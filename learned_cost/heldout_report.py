@@ -149,8 +149,8 @@ def render_study(study: Mapping[str, Any], committed: str | None = None) -> str:
     arch = study.get("architectures", {})
     merged = {k: v for k, v in arch.items() if len(v) > 1}
     lines = [
-        f"## {study.get('device')}: held out by architecture and by graph group, "
-        f"{len(cfg.get('seeds', []))} fold seeds",
+        f"## {study.get('device')}: held out by {' and by '.join(study.get('splits', {}))}, "
+        f"{len(cfg.get('seeds', []))} fold seed(s)",
         "",
         f"- made by: `{study.get('command', '?')}`",
         f"- data: {', '.join(study.get('data_files', []))} (hash {study.get('data_hash')}, "
