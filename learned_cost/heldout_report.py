@@ -146,11 +146,12 @@ def render_study(study: Mapping[str, Any], committed: str | None = None) -> str:
     """Markdown: how the splits are made, then per split the tables without and with
     twins (mean ± sd over fold seeds), the forms the inner CV chose, the targets."""
     cfg = study.get("config", {})
+    splits = study.get("splits", {})
     arch = study.get("architectures", {})
     merged = {k: v for k, v in arch.items() if len(v) > 1}
     lines = [
-        f"## {study.get('device')}: held out by {' and by '.join(study.get('splits', {}))}, "
-        f"{len(cfg.get('seeds', []))} fold seed(s)",
+        f"## {study.get('device')}: held out by {' and by '.join(splits)}, "
+        f"fold seeds {sorted({x['seed'] for r in splits.values() for x in r['seeds']})}",
         "",
         f"- made by: `{study.get('command', '?')}`",
         f"- data: {', '.join(study.get('data_files', []))} (hash {study.get('data_hash')}, "
@@ -163,7 +164,7 @@ def render_study(study: Mapping[str, Any], committed: str | None = None) -> str:
             else "; descriptors as stored at collection, plan rows NOT scored "
             "(--stored-descriptors: no plan error or regret in this study)"
         ),
-        f"- settings: {cfg.get('n_splits')} outer folds, fold seeds {cfg.get('seeds')}; the "
+        f"- settings: {cfg.get('n_splits')} outer folds, fold seeds asked {cfg.get('seeds')}; the "
         f"MLP form chosen per outer fold by a {cfg.get('inner_splits')}-fold inner CV on its "
         f"training rows (**{NESTED}**); MLP settings {cfg.get('mlp_params') or 'defaults'}; "
         f"other models' overrides {cfg.get('baseline_params') or 'none'}",
@@ -191,6 +192,14 @@ def render_study(study: Mapping[str, Any], committed: str | None = None) -> str:
         forms = Counter(f for s in seeds for f in s["chosen_forms"])
         lines += [
             f"### held out by {split}: {rec.get('label', SPLITS.get(split, split))}",
+            "",
+            f"Fold seeds done: {[s['seed'] for s in seeds]}"
+            + (
+                f" (of {list(cfg.get('seeds', []))} asked: the run was stopped early)"
+                if len(seeds) < len(cfg.get("seeds", []))
+                else ""
+            )
+            + ".",
             "",
             f"Held-out rows with an exact twin in training: "
             f"{100 * min(share):.1f}%-{100 * max(share):.1f}% over the seeds. "
