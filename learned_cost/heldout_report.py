@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from learned_cost.baselines import GBTCorrection, RidgeCorrection
 from learned_cost.data import group_rows, load_profiles, plan_rows
 from learned_cost.evaluate import TWINS
 from learned_cost.heldout import METRICS, NESTED, SPLITS, TARGETS, StudyConfig, run_study
+from learned_cost.persist import read_meta
 from learned_cost.plan_eval import GraphCache, current_descriptors
 from planner.errors import CostModelError
 from planner.hardware import get_spec
@@ -142,6 +145,39 @@ def verdicts(summary: Mapping[str, Any], name: str) -> str:
     return "; ".join(parts)
 
 
+def _reduced(study: Mapping[str, Any]) -> list[str]:
+    """A line naming the MLP settings the study changed from the saved model it names."""
+    ref = study.get("reference_model") or {}
+    if not ref:  # studies written before the record: the saved model its command names
+        words = shlex.split(str(study.get("command", "")))
+        path = words[words.index("--model") + 1] if "--model" in words[:-1] else None
+        if path and Path(path).is_file():
+            ref = {"path": path, "params": read_meta(path).params}
+    mlp = study.get("config", {}).get("mlp_params", {})
+    changed = [
+        f"{k} {v} -> {mlp[k]}"
+        for k, v in (ref.get("params") or {}).items()
+        if k in mlp and mlp[k] != v and not isinstance(v, list)
+    ]
+    defaults = {"gbt": GBTCorrection().get_params(), "ridge": RidgeCorrection().get_params()}
+    base = [
+        f"{name} {k} {defaults[name][k]} -> {v}"
+        for name, params in study.get("config", {}).get("baseline_params", {}).items()
+        for k, v in params.items()
+        if name in defaults and defaults[name].get(k) != v
+    ]
+    lines = []
+    if changed:
+        lines.append(
+            f"- **reduced settings**: the MLP here differs from the saved model "
+            f"`{ref.get('path')}` in {', '.join(changed)} (to fit a shared 2-core machine); "
+            "its numbers are those of a smaller, shorter-trained network than the one committed"
+        )
+    if base:
+        lines.append(f"- **baselines reduced** from their defaults: {', '.join(base)}")
+    return lines
+
+
 def render_study(study: Mapping[str, Any], committed: str | None = None) -> str:
     """Markdown: how the splits are made, then per split the tables without and with
     twins (mean ± sd over fold seeds), the forms the inner CV chose, the targets."""
@@ -168,6 +204,7 @@ def render_study(study: Mapping[str, Any], committed: str | None = None) -> str:
         f"MLP form chosen per outer fold by a {cfg.get('inner_splits')}-fold inner CV on its "
         f"training rows (**{NESTED}**); MLP settings {cfg.get('mlp_params') or 'defaults'}; "
         f"other models' overrides {cfg.get('baseline_params') or 'none'}",
+        *_reduced(study),
         f"- architectures (the model class each family's spec builds, "
         f"learned_cost.heldout.architecture_of): {len(arch)} from "
         f"{sum(len(v) for v in arch.values())} families"
@@ -188,6 +225,9 @@ def render_study(study: Mapping[str, Any], committed: str | None = None) -> str:
     for split, rec in study.get("splits", {}).items():
         summary = rec["summary"]
         seeds = rec["seeds"]
+        if not seeds:
+            lines += [f"### held out by {split}: no fold seed done (the run was stopped)", ""]
+            continue
         share = [s["twin_share"] for s in seeds]
         forms = Counter(f for s in seeds for f in s["chosen_forms"])
         lines += [

@@ -300,8 +300,11 @@ def run_heldout(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     command = _heldout_command(args, device, out)
 
+    ref = {"path": args.model, "params": read_meta(args.model).params} if args.model else None
+
     def write(record: dict) -> None:  # after every (split, seed): a cut-short run keeps them
-        out.write_text(json.dumps({**record, "command": command}, indent=1, default=float) + "\n")
+        record = {**record, "command": command, "reference_model": ref}
+        out.write_text(json.dumps(record, indent=1, default=float) + "\n")
 
     study = heldout_study(
         args.data,
