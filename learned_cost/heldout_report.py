@@ -251,6 +251,16 @@ def render_study(study: Mapping[str, Any], committed: str | None = None) -> str:
                 else "No nested choice of form here (no mlp-nested rows)."
             ),
             "",
+            *(
+                [
+                    f"Plan rows scored: {study['n_plan_rows'] - seeds[0]['plans_skipped']} of "
+                    f"{study['n_plan_rows']} ({seeds[0]['plans_skipped']} skipped: their graph "
+                    "no longer recaptures to the key it was measured under).",
+                    "",
+                ]
+                if seeds[0].get("plans_skipped")
+                else []
+            ),
             "Without twins:",
             "",
             *_table(summary, WITHOUT_TWINS),
