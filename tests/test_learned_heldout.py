@@ -156,3 +156,31 @@ def test_study_reports_every_model_without_and_with_twins_over_seeds(rows, tmp_p
     path.write_text("[1, 2]")
     with pytest.raises(CostModelError, match="not a held-out study"):
         read_study(path)
+
+
+def test_cost_heldout_cli_writes_a_study_the_report_shows(rows, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from search.cli import main
+
+    data = tmp_path / "fake.parquet"
+    keep = [{k: v for k, v in r.items() if k not in ("architecture", "graph_group")} for r in rows]
+    pq.write_table(pa.Table.from_pylist(keep), data)
+    study, doc = tmp_path / "s.json", tmp_path / "doc.md"
+    args = ["--data", str(data), "--device", "h100", "--split", "architecture", "--seeds", "0"]
+    args += ["--folds", "2", "--steps", "30", "--members", "1", "--gbt-trees", "10"]
+    assert main(["cost", "heldout", *args, "--stored-descriptors", "--out", str(study)]) == 0
+    rec = read_study(study)
+    assert (
+        rec["command"].startswith("fusion-plan cost heldout --data")
+        and "--stored" in rec["command"]
+    )
+    assert [s["seed"] for s in rec["splits"]["architecture"]["seeds"]] == [0]
+    assert "| mlp-nested+twins |" in capsys.readouterr().out
+    assert main(["cost", "report", "--models", "--studies", str(study), "--out", str(doc)]) == 0
+    text = doc.read_text()
+    assert "held out by architecture" in text and rec["command"] in text
+    assert "plan rows NOT scored" in text
+    assert main(["cost", "heldout", *args, "--split", "nonsense", "--out", str(study)]) == 2
+    assert "unknown split 'nonsense'" in capsys.readouterr().err
