@@ -21,8 +21,10 @@ from learned_cost.heldout import (
     with_split_keys,
 )
 from learned_cost.heldout_report import read_study, render_study
+from learned_cost.hw_features import HW_NAMES, hw_matrix
 from learned_cost.plan_eval import GraphCache
 from planner.errors import CostModelError
+from planner.features import group_descriptor
 from planner.hardware import get_spec
 
 FAST = {"steps": 60, "n_members": 1}  # the choice is tested, not the fit
@@ -184,3 +186,17 @@ def test_cost_heldout_cli_writes_a_study_the_report_shows(rows, tmp_path, capsys
     assert "plan rows NOT scored" in text
     assert main(["cost", "heldout", *args, "--split", "nonsense", "--out", str(study)]) == 2
     assert "unknown split 'nonsense'" in capsys.readouterr().err
+
+
+def test_hardware_features_see_tile_and_wave_quantization():
+    spec = get_spec("h100")
+    g = graph("zoo:matmul", "M=130,K=100,N=128")
+    mm = next(i for i, n in enumerate(g.nodes) if n.flops)
+    desc = group_descriptor(g, frozenset({mm}))
+    row = {f"desc_{k}": v for k, v in desc.items()}
+    x = dict(zip(HW_NAMES, hw_matrix([row], spec)[0]))
+    assert x["gemm_m_fill"] == pytest.approx(130 / 256)  # 130 rows pay for two 128-row tiles
+    assert x["gemm_k_fill"] == pytest.approx(100 / 128)
+    assert x["gemm_wave_fill"] == pytest.approx(2 / spec.sm_count)  # 2 tiles, one wave
+    assert 10 ** x["gemm_padded_over_useful"] == pytest.approx(256 * 128 * 128 / (130 * 128 * 100))
+    assert x["log_kernels"] == pytest.approx(np.log1p(desc["n_kernels"]))
