@@ -76,10 +76,15 @@ def _real_models(name: str) -> Callable[[], str]:
 
 
 def _learned_cost_doc() -> str:
-    from search.commands.cost import DEFAULT_MODELS_DIR, read_meta, render_report
+    from learned_cost.heldout import read_study
+    from search.commands.cost import STUDIES_DIR, read_meta, render_report
+    from search.cost_models import COMMITTED_DIR
 
-    paths = sorted(str(p) for p in (ROOT / DEFAULT_MODELS_DIR).glob("*.json"))
-    return render_report([(str(Path(p).relative_to(ROOT)), read_meta(p)) for p in paths])
+    metas = [(str(p.relative_to(ROOT)), read_meta(p)) for p in sorted(COMMITTED_DIR.glob("*.json"))]
+    studies = [
+        (str(p.relative_to(ROOT)), read_study(str(p))) for p in sorted(STUDIES_DIR.glob("*.json"))
+    ]
+    return render_report(metas, studies)
 
 
 def _section(name: str, heading: str) -> Callable[[], str]:

@@ -2,13 +2,15 @@
 
 The public surface below needs only torch, numpy and pyarrow. The modules that compare
 models and write reports (`learned_cost.baselines`, `learned_cost.evaluate`,
-`learned_cost.train`) also import scikit-learn, scipy and matplotlib; import them by name.
+`learned_cost.train`, `learned_cost.heldout`, `learned_cost.heldout_report`) also import
+scikit-learn, scipy and matplotlib; import them by name.
 """
 
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import (
     CorrectedModel,
     CostModelFallbackWarning,
+    CpuTransferWarning,
     default_realization,
     load_corrected,
 )
@@ -35,6 +37,7 @@ __all__ = [
     "CorrectedModel",
     "CorrectionMLP",
     "CostModelFallbackWarning",
+    "CpuTransferWarning",
     "ModelMeta",
     "Observation",
     "OnlineBias",

@@ -9,13 +9,21 @@ wherever they take `AnalyticalModel`, with no change: same protocol, same GroupC
 digest) and the online state, so a plan made under it is recognisable and a cache of
 group costs keyed on the version is never stale.
 
-`load_corrected(path, device)` is the safe way in: a model saved for another device, for
-another feature schema, or (for CPUs) on another machine, warns and gives back the plain
-analytical model, so planning never stops for want of a correction.
+`load_corrected(path, device)` is the safe way in: a model saved for another device or
+for another feature schema warns and gives back the plain analytical model, so planning
+never stops for want of a correction. A CPU model trained on another CPU is used
+normalized to this one (`CpuTransferWarning` says so, and by which figures): its features
+are computed on the training machine's figures, as the network saw them, and the
+correction it predicts multiplies this machine's roofline, built from the peak FLOP/s,
+bandwidth and launch overhead `fusion-plan device-bench` measured here (a /proc/cpuinfo
+estimate where it has not run). `CorrectedModel.update` adapts it further from a short
+collection on this machine.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import threading
 import warnings
@@ -37,7 +45,7 @@ from learned_cost.plan_context import PlanContext, graph_footprint
 from planner.cost import CostModel, GroupCost
 from planner.errors import CostModelError
 from planner.features import group_descriptor
-from planner.hardware import device_fingerprint, get_spec
+from planner.hardware import DeviceSpec, device_fingerprint, get_spec
 from planner.ir import OpGraph
 from planner.realization import realization_of
 
@@ -46,6 +54,10 @@ RealizationOf = Callable[[OpGraph, frozenset[int]], str]
 
 class CostModelFallbackWarning(UserWarning):
     """A saved correction did not fit this setting; the analytical model is used instead."""
+
+
+class CpuTransferWarning(UserWarning):
+    """A CPU correction trained on another CPU is used, normalized to this one's figures."""
 
 
 def default_realization(graph: OpGraph, nodes: frozenset[int]) -> str:
@@ -83,11 +95,16 @@ class CorrectedModel:
         realization_of: RealizationOf | None = None,
         meta: ModelMeta | None = None,
         plan_context: PlanContext | None = None,
+        feature_spec: DeviceSpec | None = None,
     ):
+        """`feature_spec`: the device figures the network's features are computed on,
+        where they differ from the analytical model's (a correction trained on another
+        CPU: its figures there, while the roofline it corrects is this machine's)."""
         if not mlp.is_fitted:
             raise CostModelError("CorrectedModel needs a fitted CorrectionMLP (fit or load one)")
         self.analytical = analytical
         self.spec = analytical.spec
+        self.feature_spec = feature_spec or analytical.spec
         self.mlp = mlp
         self.model_id = model_id
         self.online = online or OnlineBias()
@@ -114,9 +131,16 @@ class CorrectedModel:
         self._lock = threading.RLock()
 
     @property
+    def transferred(self) -> bool:
+        """Whether the features are computed on another machine's figures than the roofline."""
+        return self.feature_spec is not self.spec
+
+    @property
     def version(self) -> str:
         n = self.online.n_observations
-        return f"{self.analytical.version}+{self.model_id}" + (f"+online{n}" if n else "")
+        # a transferred model corrects this machine's roofline: its figures name the costs
+        where = f"@{figures_digest(self.spec)}" if self.transferred else ""
+        return f"{self.analytical.version}+{self.model_id}{where}" + (f"+online{n}" if n else "")
 
     # ---- CostModel -----------------------------------------------------------------------
     def group_cost(self, graph: OpGraph, nodes: Iterable[int]) -> GroupCost:
@@ -137,7 +161,7 @@ class CorrectedModel:
                 feature_vector(
                     group_descriptor(graph, groups[i]),
                     dtype=dtype,
-                    spec=self.spec,
+                    spec=self.feature_spec,
                     realization=self.realization_of(graph, groups[i]),
                 )
                 for i in work
@@ -228,17 +252,22 @@ class CorrectedModel:
         for r in rows:
             desc = descriptor_of(r)
             dtype = normalize_dtype(str(r.get("dtype") or "float32"))
-            parts = analytical_parts(desc, self.spec, dtype)
+            parts = analytical_parts(desc, self.feature_spec, dtype)
             xs.append(
                 feature_vector(
                     desc,
                     dtype=dtype,
-                    spec=self.spec,
+                    spec=self.feature_spec,
                     realization=str(r.get("realization") or "inductor"),
                     parts=parts,
                 )
             )
-            lat = parts.latency_s
+            # the target is relative to the roofline the model corrects (this machine's)
+            lat = (
+                analytical_parts(desc, self.spec, dtype).latency_s
+                if self.transferred
+                else parts.latency_s
+            )
             ys.append(math.log(float(r["measured_median_s"]) / lat) if lat > 0 else float("nan"))
         return np.vstack(xs), np.array(ys)
 
@@ -274,12 +303,11 @@ def load_corrected(
     feature schema, another CPU, missing or corrupt files)."""
     try:
         mlp, meta = load_model(path, device=device)
-        if meta.device_kind == "cpu" and device_fingerprint("cpu") not in meta.device_fingerprints:
-            raise CostModelError(
-                f"{meta.model_id} was trained on CPU(s) {list(meta.device_fingerprints)}, "
-                f"this one is {device_fingerprint('cpu')}: CPU timings do not transfer"
-            )
         spec = spec_from_figures(meta.spec_figures)
+        feature_spec = None
+        if meta.device_kind == "cpu" and device_fingerprint("cpu") not in meta.device_fingerprints:
+            feature_spec, spec = spec, get_spec("cpu")
+            warnings.warn(cpu_transfer_message(meta, feature_spec, spec), CpuTransferWarning, 2)
     except CostModelError as e:
         fallback = get_spec(device) if device else get_spec(None)
         warnings.warn(
@@ -297,4 +325,39 @@ def load_corrected(
         realization_of=realization_of,
         meta=meta,
         plan_context=PlanContext.from_json(meta.plan_context),
+        feature_spec=feature_spec,
+    )
+
+
+def _figures(spec: DeviceSpec) -> str:
+    return (
+        f"peak {spec.peak_matmul_flops('float32') / 1e9:.0f} GFLOP/s fp32, bandwidth "
+        f"{spec.bandwidth_Bps / 1e9:.1f} GB/s, launch {spec.launch_s * 1e6:.1f} us"
+    )
+
+
+def figures_digest(spec: DeviceSpec) -> str:
+    """A short digest of the figures a roofline is built from (peaks, bandwidth, launch)."""
+    text = json.dumps(
+        [spec.peak_matmul_flops("float32"), spec.bandwidth_Bps, spec.launch_s, spec.sm_count]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def cpu_transfer_message(meta: ModelMeta, trained: DeviceSpec, here: DeviceSpec) -> str:
+    """What a CPU correction from another machine is used as, and by which figures."""
+    how = (
+        "this machine's figures measured by `fusion-plan device-bench`"
+        if here.measured is not None
+        else "this machine's figures ESTIMATED from /proc/cpuinfo (no device-bench run here: "
+        "run `fusion-plan device-bench` to measure peak FLOP/s, bandwidth and launch "
+        "overhead, then the model is normalized by those)"
+    )
+    return (
+        f"learned cost model {meta.model_id} was trained on CPU(s) "
+        f"{list(meta.device_fingerprints)}, this one is {device_fingerprint('cpu')}: it is "
+        f"used NORMALIZED, its correction applied to {how} ({_figures(here)}; trained on "
+        f"{_figures(trained)}). To adapt it to this CPU, collect a few minutes of rows "
+        "here (`fusion-plan collect`) and pass them to CorrectedModel.update, or retrain "
+        "with `fusion-plan cost train` on them."
     )

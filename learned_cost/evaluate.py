@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 Estimator = Any  # fit(X, y) -> self; predict(X) -> log-ratios
 Factory = Callable[[int], Estimator]
+# keys of the rows, number of folds -> (train, test) row indices per fold
+Splitter = Callable[[np.ndarray, int], Iterable[tuple[np.ndarray, np.ndarray]]]
 
 # The models compared side by side: (name, factory(seed), why it is in the table). A name
 # ending in TWINS is the model before it with measured twins in front (learned_cost/twins.py),
@@ -248,10 +250,13 @@ def cross_validate(
     seed: int = 0,
     models: Sequence[tuple[str, Factory, str]] = MODELS,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    splitter: Splitter | None = None,
 ) -> CVResult:
     """GroupKFold over `split` (a row column); every model in `models` fitted per fold.
 
     `overrides[name]` sets hyper-parameters of that model (e.g. fewer MLP steps in tests).
+    `splitter(keys, n_splits)` replaces GroupKFold: it yields (train, test) row indices
+    and must keep each key on one side (learned_cost.heldout.shuffled_group_folds).
     """
     design = design_matrix(rows, spec_for, group_by=split)
     keys = design.groups
@@ -268,7 +273,12 @@ def cross_validate(
     oof = {name: np.zeros(len(design)) for name, _, _ in models}
     fitted: list[dict[str, Estimator]] = []
     t0 = time.perf_counter()
-    for k, (tr, te) in enumerate(GroupKFold(n_splits=folds).split(design.X, y, keys)):
+    pairs = (
+        splitter(keys, folds)
+        if splitter is not None
+        else GroupKFold(n_splits=folds).split(design.X, y, keys)
+    )
+    for k, (tr, te) in enumerate(pairs):
         fold[te] = k
         held_out.append(set(keys[te]))
         per_fold = {}

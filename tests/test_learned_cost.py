@@ -6,6 +6,7 @@ tests on the committed real datasets are in test_learned_eval.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pickle
@@ -21,7 +22,12 @@ from learned_fakes import fake_rows, graph
 from sklearn.base import clone
 
 from learned_cost.analytical import AnalyticalModel
-from learned_cost.corrected import CorrectedModel, CostModelFallbackWarning, load_corrected
+from learned_cost.corrected import (
+    CorrectedModel,
+    CostModelFallbackWarning,
+    CpuTransferWarning,
+    load_corrected,
+)
 from learned_cost.evaluate import MODELS
 from learned_cost.features import FEATURE_NAMES, design_matrix, feature_vector
 from learned_cost.mlp import CorrectionMLP
@@ -30,7 +36,7 @@ from learned_cost.persist import load_model, paths_for, read_meta, save_model
 from planner.cost import CostModel, GroupCost
 from planner.errors import CostModelError
 from planner.features import group_descriptor
-from planner.hardware import device_fingerprint, get_spec
+from planner.hardware import MeasuredPeaks, device_fingerprint, get_spec
 from planner.ir import Category
 
 FAST = {"steps": 400, "n_members": 1}  # one network: the ensemble has its own tests
@@ -355,16 +361,50 @@ def test_schema_or_device_mismatch_warns_and_falls_back(tmp_path, fitted, spec):
         assert isinstance(load_corrected(tmp_path / "missing.json", "h100"), AnalyticalModel)
 
 
-def test_cpu_model_from_another_machine_falls_back(tmp_path, design):
-    cpu = get_spec("cpu")
+def test_cpu_model_from_another_machine_is_normalized_to_this_one(tmp_path, design, monkeypatch):
+    """A CPU correction from another machine (a faked foreign fingerprint) is used, not
+    refused: features on the training machine's figures, so the network predicts the same
+    correction, applied to this machine's roofline; the warning says by which figures."""
+    cpu = get_spec("cpu", measured=False)
     m = CorrectionMLP(**FAST).fit(design.X, design.y)
     save_model(m, tmp_path / "c.json", spec=cpu, device_fingerprints=("cpu-someotherbox",))
-    with pytest.warns(CostModelFallbackWarning, match="CPU"):
-        assert isinstance(load_corrected(tmp_path / "c.json", "cpu"), AnalyticalModel)
     save_model(m, tmp_path / "d.json", spec=cpu, device_fingerprints=(device_fingerprint("cpu"),))
     with warnings.catch_warnings():
-        warnings.simplefilter("error", CostModelFallbackWarning)
-        assert isinstance(load_corrected(tmp_path / "d.json", "cpu"), CorrectedModel)
+        warnings.simplefilter("error")  # this machine's own model: no warning at all
+        same = load_corrected(tmp_path / "d.json", "cpu")
+    assert isinstance(same, CorrectedModel) and not same.transferred
+    # no device-bench figures here: normalized by the estimate, and the message says so
+    monkeypatch.setattr("learned_cost.corrected.get_spec", lambda *a, **k: cpu)
+    with pytest.warns(CpuTransferWarning, match="ESTIMATED from /proc/cpuinfo"):
+        est = load_corrected(tmp_path / "c.json", "cpu")
+    assert isinstance(est, CorrectedModel) and est.transferred
+    # device-bench measured this machine at twice the bandwidth and half the launch cost
+    peaks = MeasuredPeaks(
+        matmul_flops=dict(cpu.matmul_flops),
+        mem_bw_Bps=2 * cpu.mem_bw_Bps,
+        launch_overhead_s=cpu.launch_overhead_s / 2,
+        device_fingerprint=device_fingerprint("cpu"),
+        torch_version=torch.__version__,
+        measured_at="now",
+        vector_flops=dict(cpu.vector_flops),
+    )
+    here = dataclasses.replace(cpu, measured=peaks)
+    monkeypatch.setattr("learned_cost.corrected.get_spec", lambda *a, **k: here)
+    with pytest.warns(CpuTransferWarning, match="measured by `fusion-plan device-bench`") as w:
+        moved = load_corrected(tmp_path / "c.json", "cpu")
+    assert "cpu-someotherbox" in str(w[0].message)
+    assert isinstance(moved, CorrectedModel) and moved.spec.bandwidth_Bps == 2 * cpu.mem_bw_Bps
+    assert moved.feature_spec.bandwidth_Bps == cpu.mem_bw_Bps
+    assert moved.version != same.version  # costs on other figures are other costs
+    g = graph("zoo:pointwise-chain", "N=1048576,STEPS=4")
+    groups = [frozenset({i}) for i in range(len(g.nodes))]
+    base_here = AnalyticalModel(here)
+    for a, b, nodes in zip(same.group_costs(g, groups), moved.group_costs(g, groups), groups):
+        if a.latency_s == 0:
+            continue
+        assert b.correction == pytest.approx(a.correction)  # the network saw the same features
+        assert b.latency_s == pytest.approx(base_here.group_cost(g, nodes).latency_s * a.correction)
+        assert b.latency_s < a.latency_s  # memory-bound pointwise ops: the faster memory shows
 
 
 def test_saved_figures_pin_the_analytical_base(tmp_path, fitted, spec):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from learned_fakes import fake_rows, graph
 
-from learned_cost.corrected import CorrectedModel, load_corrected
+from learned_cost.corrected import CorrectedModel, CpuTransferWarning, load_corrected
 from learned_cost.data import (
     Profiles,
     group_rows,
@@ -404,8 +404,12 @@ def test_committed_models_load_with_this_code(path):
     assert meta.command.startswith("fusion-plan cost train")
     assert meta.metrics["splits"], "a committed model carries its held-out metrics"
     if meta.device_kind == "cpu" and device_fingerprint("cpu") not in meta.device_fingerprints:
-        pytest.skip("CPU model of another machine: its fallback is tested in test_learned_cost")
-    model = load_corrected(path, meta.device)
+        # a CPU model of another machine: used normalized to this one, and says so
+        with pytest.warns(CpuTransferWarning, match="NORMALIZED"):
+            model = load_corrected(path, meta.device)
+        assert isinstance(model, CorrectedModel) and model.transferred
+    else:
+        model = load_corrected(path, meta.device)
     assert isinstance(model, CorrectedModel) and meta.model_id in model.version
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 from learned_cost.data import load_profiles
 from learned_cost.evaluate import MODELS
 from learned_cost.features import FEATURES, SCHEMA_HASH
+from learned_cost.heldout import StudyConfig
+from learned_cost.heldout_report import heldout_study, read_study, render_study
 from learned_cost.mlp import FORMS
 from learned_cost.persist import ModelMeta, read_meta
 from learned_cost.train import (
@@ -34,9 +36,12 @@ from learned_cost.train import (
     train,
 )
 from planner import hardware
+from planner.errors import CostModelError
 from planner.hardware import cache_dir
 from search.cli_common import device_name, positive_int
 from search.cost_models import COMMITTED_DIR
+
+STUDIES_DIR = COMMITTED_DIR.parent / "studies"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -113,6 +118,46 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                 "--model", default=None, help="a saved model whose MLP hyper-parameters to use"
             )
         v.set_defaults(run=run_train if verb == "train" else run_eval)
+    h = verbs.add_parser(
+        "heldout",
+        help="grouped CV by architecture and by graph group over several fold seeds, MLP form "
+        "chosen by nested CV; writes a study JSON the report shows (learned_cost/heldout.py)",
+    )
+    h.add_argument("--data", action="append", required=True, help="dataset-v1 Parquet")
+    h.add_argument("--device", default=None, help="device spec of the rows to use")
+    h.add_argument("--split", default="architecture,graph", help="default: %(default)s")
+    h.add_argument("--seeds", default="0,1,2", help="fold seeds, comma-separated")
+    h.add_argument("--folds", type=positive_int, default=5, help="outer folds (default 5)")
+    h.add_argument(
+        "--inner-folds", type=positive_int, default=2, help="inner folds choosing the MLP form"
+    )
+    h.add_argument(
+        "--model",
+        default=None,
+        help="a saved model whose MLP hyper-parameters to use (then --steps etc. override)",
+    )
+    h.add_argument("--steps", type=positive_int, default=None, help="MLP gradient steps")
+    h.add_argument("--members", type=positive_int, default=None, help="MLP ensemble size")
+    h.add_argument("--gbt-trees", type=positive_int, default=None, help="gbt n_estimators")
+    h.add_argument(
+        "--limit-rows",
+        type=positive_int,
+        default=None,
+        help="use every n-th group and plan row only (a quick look; the report says so)",
+    )
+    h.add_argument(
+        "--stored-descriptors",
+        action="store_true",
+        help="keep the descriptors stored at collection and skip the plan rows (no graph "
+        "is recaptured: much faster; no plan error or regret)",
+    )
+    h.add_argument(
+        "--out",
+        default=None,
+        help="default: studies/<device>.json in the user cache directory (the committed "
+        "studies live in learned_cost/studies/)",
+    )
+    h.set_defaults(run=run_heldout)
     r = verbs.add_parser(
         "report", help="the held-out results of saved models as Markdown (docs/learned_cost.md)"
     )
@@ -127,6 +172,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="-",
         help="Markdown file, or - for stdout; the committed report is rewritten only when "
         "named: --out docs/learned_cost.md",
+    )
+    r.add_argument(
+        "--studies",
+        nargs="*",
+        default=None,
+        help="held-out study JSON files (default: learned_cost/studies/*.json)",
     )
     r.set_defaults(run=run_report)
 
@@ -239,9 +290,81 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_heldout(args: argparse.Namespace) -> int:
+    device = (args.device or hardware.local_device_name()).lower()
+    params: dict = {}
+    if args.model:
+        meta = read_meta(args.model)
+        params = {
+            k: v for k, v in meta.params.items() if k not in ("form", "random_state", "twins")
+        }
+        params["hidden"] = tuple(params.get("hidden", (64, 64)))
+    if args.steps is not None:
+        params["steps"] = args.steps
+    if args.members is not None:
+        params["n_members"] = args.members
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(","))
+    except ValueError:
+        raise CostModelError(f"--seeds takes integers like 0,1,2; got {args.seeds!r}") from None
+    cfg = StudyConfig(
+        splits=tuple(s.strip() for s in args.split.split(",") if s.strip()),
+        seeds=seeds,
+        n_splits=args.folds,
+        inner_splits=args.inner_folds,
+        mlp_params=params,
+        baseline_params={"gbt": {"n_estimators": args.gbt_trees}} if args.gbt_trees else {},
+    )
+    out = Path(args.out or cache_dir() / "studies" / f"{device}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = _heldout_command(args, device, out)
+
+    ref = {"path": args.model, "params": read_meta(args.model).params} if args.model else None
+
+    def write(record: dict) -> None:  # after every (split, seed): a cut-short run keeps them
+        record = {**record, "command": command, "reference_model": ref}
+        out.write_text(json.dumps(record, indent=1, default=float) + "\n")
+
+    study = heldout_study(
+        args.data,
+        device,
+        cfg,
+        limit_rows=args.limit_rows,
+        on_progress=write,
+        recapture=not args.stored_descriptors,
+    )
+    write(study)
+    print(render_study({**study, "command": command}))
+    print(f"\nwrote {out}")
+    return 0
+
+
+def _heldout_command(args: argparse.Namespace, device: str, out: Path) -> str:
+    parts = ["fusion-plan", "cost", "heldout"]
+    for d in args.data:
+        parts += ["--data", d]
+    parts += ["--device", device, "--split", args.split, "--seeds", args.seeds]
+    parts += ["--folds", str(args.folds), "--inner-folds", str(args.inner_folds)]
+    for flag, v in (
+        ("--model", args.model),
+        ("--steps", args.steps),
+        ("--members", args.members),
+        ("--gbt-trees", args.gbt_trees),
+        ("--limit-rows", args.limit_rows),
+    ):
+        if v is not None:
+            parts += [flag, str(v)]
+    if args.stored_descriptors:
+        parts.append("--stored-descriptors")
+    return shlex.join([*parts, "--out", str(out)])
+
+
 # ---- docs ------------------------------------------------------------------------------------
-def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
-    """docs/learned_cost.md: every saved model's held-out tables, plus the feature schema."""
+def render_report(
+    metas: list[tuple[str, ModelMeta]], studies: list[tuple[str, dict]] | None = None
+) -> str:
+    """docs/learned_cost.md: the held-out studies (`cost heldout`) first, then every saved
+    model's own held-out tables, plus the feature schema."""
     lines = [
         "# Learned cost model: held-out results",
         "",
@@ -273,6 +396,26 @@ def render_report(metas: list[tuple[str, ModelMeta]]) -> str:
         "Models compared: " + "; ".join(f"**{n}**: {why}" for n, _, why in MODELS) + ".",
         "",
     ]
+    if studies:
+        lines += [
+            "# Held out by architecture and by graph group (`fusion-plan cost heldout`)",
+            "",
+            "The evaluation the targets are judged by (learned_cost/heldout.py): families "
+            "grouped by the model class their spec builds, graphs grouped with their dtype and "
+            "realization siblings, folds dealt by a seeded shuffle and repeated over several "
+            "fold seeds, the MLP form chosen by a nested CV that never sees the outer fold, "
+            "every model without and with twins. The per-model sections after these (the "
+            "evaluation `cost train` runs: GroupKFold over the family name and the graph key, "
+            "one fixed set of folds, form chosen on them) are kept for comparison.",
+            "",
+        ]
+        for path, study in studies:
+            committed = next(
+                (_committed(m.metrics) for _, m in metas if m.device == study.get("device")),
+                None,
+            )
+            lines += [render_study(study, committed), f"(study file: `{path}`)", ""]
+        lines += ["# The saved models and the evaluation they were trained with", ""]
     for path, m in metas:
         met = m.metrics
         noisy = met.get("n_noisy_dropped", {})
@@ -384,19 +527,28 @@ def _leaders(scores: list[dict]) -> str:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    root = COMMITTED_DIR.parent.parent
     if args.models:
         metas = [(p, read_meta(p)) for p in args.models]
     else:  # cited by the repo-relative path, wherever the command runs from
-        root = COMMITTED_DIR.parent.parent
         metas = [
             (str(p.relative_to(root)), read_meta(p)) for p in sorted(COMMITTED_DIR.glob("*.json"))
         ]
-    text = render_report(metas)
+    if args.studies is not None:
+        studies = [(p, read_study(p)) for p in args.studies]
+    else:
+        studies = [
+            (str(p.relative_to(root)), read_study(str(p)))
+            for p in sorted(STUDIES_DIR.glob("*.json"))
+        ]
+    text = render_report(metas, studies)
     if args.out == "-":
         sys.stdout.write(text)
         return 0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    print(f"wrote {out} ({len(metas)} model(s))", file=sys.stderr)
+    print(
+        f"wrote {out} ({len(metas)} model(s), {len(studies)} held-out stud(ies))", file=sys.stderr
+    )
     return 0
