@@ -76,7 +76,7 @@ def _real_models(name: str) -> Callable[[], str]:
 
 
 def _learned_cost_doc() -> str:
-    from learned_cost.heldout import read_study
+    from learned_cost.heldout_report import read_study
     from search.commands.cost import STUDIES_DIR, read_meta, render_report
     from search.cost_models import COMMITTED_DIR
 
