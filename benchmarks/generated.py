@@ -186,6 +186,12 @@ GENERATED: tuple[Generated, ...] = (
         _real_models("real_models_h100"),
         "python benchmarks/real_models.py --from-jsonl benchmarks/results/real_models_h100.jsonl",
     ),
+    Generated(
+        "benchmarks/results/real_models_bucket_h100.md",
+        _real_models("real_models_bucket_h100"),
+        "python benchmarks/real_models.py --from-jsonl "
+        "benchmarks/results/real_models_bucket_h100.jsonl",
+    ),
     Generated("docs/learned_cost.md", _learned_cost_doc, "fusion-plan cost report"),
     # Blocks of hand-written documents that quote measured figures.
     Generated(
