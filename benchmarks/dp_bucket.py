@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
+import zoo
 from learned_cost.analytical import AnalyticalModel
-from planner import zoo
-from planner.capture import capture
 from planner.distributed.dp import DDP_BUCKET_BYTES, backward_steps
 from planner.hardware import get_spec
+from planner.ir.capture import capture
 from profiling.commbench import fit_alpha_beta, measure_ddp, predict_s
 from search.bucket_search import search_bucket_size
 

@@ -43,15 +43,15 @@ from typing import Any
 
 import torch
 
-from planner import zoo
-from planner.capture import export_model
+import zoo
 from planner.cost import group_io
+from planner.fusion.partition import Partition
 from planner.hardware import get_spec, local_device_name
+from planner.ir.capture import export_model
 from planner.measurement import Measurement, PlanJob
-from planner.partition import Partition
-from planner.realize import realize
-from planner.realize_patterns import find_attention
-from planner.runtime_graph import capture_for_serving
+from planner.realize.kernels import find_attention
+from planner.realize.realizer import realize
+from planner.runtime.graph import capture_for_serving
 from profiling.runner import DeviceRunner, RealizedExecutor, ServedExecutor, first_call
 from profiling.timer import measure_interleaved
 from search.cost_models import cost_model_for
@@ -166,7 +166,7 @@ def run_one(
             m = runner.measure_callable(fn, inputs, label=mode, dtype=dname)
             rec.update(_timing_fields(m))
         emit(rec)
-    # a plan the backend serves is made on the backend's graph (planner.runtime_graph)
+    # a plan the backend serves is made on the backend's graph (planner.runtime.graph)
     capture = capture_for_serving if executor == "served" else export_model
     captured = capture(module, inputs)
     lb = roofline_lb_s(captured.graph, spec, dname)

@@ -76,8 +76,8 @@ def _real_models(name: str) -> Callable[[], str]:
 
 
 def _learned_cost_doc() -> str:
-    from learned_cost.heldout_report import read_study
-    from search.commands.cost import STUDIES_DIR, read_meta, render_report
+    from cli.commands.cost import STUDIES_DIR, read_meta, render_report
+    from learned_cost.study.heldout_report import read_study
     from search.cost_models import COMMITTED_DIR
 
     metas = [(str(p.relative_to(ROOT)), read_meta(p)) for p in sorted(COMMITTED_DIR.glob("*.json"))]

@@ -26,7 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_tests.md"
 # What the GPU tests cover: a change here wants a new recorded run.
-WATCHED = ("planner/realize*.py", "planner/runtime.py", "profiling/timer.py", "profiling/runner.py")
+WATCHED = (
+    "planner/realize*.py",
+    "planner/runtime/backend.py",
+    "profiling/timer.py",
+    "profiling/runner.py",
+)
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"]
 HEADER = """# GPU tests on the lent GPU
 

@@ -6,7 +6,7 @@ Steps around GPU collections (data/README.md has the exact commands of each run)
     python benchmarks/heldout_plans.py make --data data/h100_profiles.parquet --device h100 \
         --out data/h100_heldout_plans.json
     # 2. on the GPU: measure those plans (and their groups) on a copy of the dataset
-    python -m search.cli collect ... --resume --plans data/h100_heldout_plans.json
+    python -m cli.main collect ... --resume --plans data/h100_heldout_plans.json
     # 3. here: the pairs (each graph's best analytical and held-out plan) to re-time ...
     python benchmarks/heldout_plans.py pairs --data ... --plans data/h100_heldout_plans.json \
         --out data/h100_heldout_pairs.json
@@ -42,9 +42,9 @@ import numpy as np
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import CorrectedModel
 from learned_cost.data import group_rows, load_profiles, plan_rows
-from learned_cost.evaluate import MODELS, cross_validate
 from learned_cost.mlp import FORMS
-from learned_cost.plan_eval import GraphCache, current_descriptors, evaluate_plans
+from learned_cost.study.evaluate import MODELS, cross_validate
+from learned_cost.study.plan_eval import GraphCache, current_descriptors, evaluate_plans
 from planner.hardware import get_spec
 from search.planning import plan_maker
 

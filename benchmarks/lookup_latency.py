@@ -25,15 +25,15 @@ from typing import Any
 
 import torch
 
-from planner import zoo
-from planner.buckets import parse_dynamic
-from planner.cache import PlanCache
-from planner.capture import Captured, export_model
+import zoo
 from planner.errors import FusionPlannerError
+from planner.fusion.partition import Partition
 from planner.hardware import cpu_model_name
-from planner.partition import Partition
-from planner.plan import Plan
-from planner.runtime import fusion_planner_backend
+from planner.ir.capture import Captured, export_model
+from planner.plans.buckets import parse_dynamic
+from planner.plans.cache import PlanCache
+from planner.plans.plan import Plan
+from planner.runtime.backend import fusion_planner_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,8 +20,8 @@ import argparse
 import time
 
 from learned_cost.data import group_rows, load_profiles, plan_rows
-from learned_cost.evaluate import MODELS, cross_validate, group_metrics
-from learned_cost.plan_eval import GraphCache, current_descriptors, evaluate_plans
+from learned_cost.study.evaluate import MODELS, cross_validate, group_metrics
+from learned_cost.study.plan_eval import GraphCache, current_descriptors, evaluate_plans
 from planner.hardware import get_spec
 
 

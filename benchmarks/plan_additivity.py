@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from learned_cost.features import normalize_dtype
 from learned_cost.plan_context import fit_plan_context, fit_plan_context_groups, graph_footprint
-from learned_cost.plan_eval import GraphCache, plan_group_design
+from learned_cost.study.plan_eval import GraphCache, plan_group_design
 from planner.cost import group_io
 from planner.hardware import get_spec
 

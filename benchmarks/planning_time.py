@@ -8,7 +8,7 @@ Each cell is the median wall time over seeds of one `Strategy.plan` call (which 
 the final evaluation), with the modelled cost relative to the unfused graph. Exact runs
 under a time budget: a cell marked "gave up" returned its incumbent (the better of
 greedy and priority) without proving it optimal. The cost model is the analytical
-roofline on the H100 datasheet figures; graphs come from planner.randgraph.
+roofline on the H100 datasheet figures; graphs come from zoo.randgraph.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from pathlib import Path
 
 import torch
 
+import zoo
 from learned_cost.analytical import AnalyticalModel
-from planner import zoo
-from planner.capture import capture
 from planner.hardware import get_spec
-from planner.ir import OpGraph
+from planner.ir.capture import capture
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.randgraph import random_graph
 from search.strategies import get_strategy
 from search.strategy import Budget
+from zoo.randgraph import random_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 STRATEGIES = ("greedy", "priority", "exact")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "Median wall time of one `plan` call over seeds (in brackets: modelled cost / unfused,"
         " lower is better). Target: greedy and priority <= 10 s at 1000 nodes.",
         "",
-        "## Random graphs (planner.randgraph)",
+        "## Random graphs (zoo.randgraph)",
         "",
         "| nodes | " + " | ".join(STRATEGIES) + " |",
         "|---|" + "---|" * len(STRATEGIES),

@@ -59,12 +59,12 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks.models import OPTIONAL, SUITE, SuiteModel  # noqa: E402
-from planner.cache import PlanCache  # noqa: E402
+from planner.ir.pytrees import flat_values  # noqa: E402
 from planner.measurement import Measurement  # noqa: E402
-from planner.modelspec import parse_dtype, resolve  # noqa: E402
-from planner.pytrees import flat_values  # noqa: E402
-from planner.runtime import fusion_planner_backend  # noqa: E402
+from planner.plans.cache import PlanCache  # noqa: E402
+from planner.runtime.backend import fusion_planner_backend  # noqa: E402
 from profiling.runner import DeviceRunner, first_call  # noqa: E402
+from zoo.modelspec import parse_dtype, resolve  # noqa: E402
 
 MODES = (
     "eager",
@@ -132,7 +132,7 @@ def tune_cell(m: SuiteModel, shape: dict[str, int], args: Any, db: str) -> dict[
     cmd = [
         sys.executable,
         "-m",
-        "search.cli",
+        "cli.main",
         "tune",
         "--model",
         m.spec(tiny=args.tiny),

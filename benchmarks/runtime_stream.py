@@ -34,7 +34,7 @@ those after the first call), Inductor graph compiles (FX graph cache misses + hi
 bypasses), and for the planner backend its RuntimeStats (realizations, exact / bucket /
 default lookups, over-budget buckets, fallbacks, queued misses). Correctness: a few
 stream entries (shortest, longest, ...) against eager in the same process, with
-planner.realize_check's dtype-aware tolerance.
+planner.realize.check's dtype-aware tolerance.
 
 Writes a Markdown report (`--out`, default benchmarks/results/runtime_stream_<device>.md)
 and JSON lines beside it (.jsonl); progress goes to stderr. Imports neither optuna nor
@@ -112,7 +112,7 @@ def make_stream(n: int, lo: int, hi: int, seed: int) -> list[int]:
 
 
 def pow2_bucket(s: int) -> str:
-    """The runtime's default bucket (planner.buckets.Pow2) of a size, as text."""
+    """The runtime's default bucket (planner.plans.buckets.Pow2) of a size, as text."""
     top = 1 << (s - 1).bit_length() if s > 1 else 1
     return f"{top // 2 + 1}-{top}"
 
@@ -141,8 +141,8 @@ def _counts(be: Any) -> tuple[int, ...]:
 
 def _realize_unfused(captured: Any, plan: Any) -> Any:
     """The backend's realizer with the plan's partition replaced by the unfused one."""
-    from planner.partition import Partition
-    from planner.realize import realize
+    from planner.fusion.partition import Partition
+    from planner.realize.realizer import realize
 
     return realize(captured, Partition.singletons(captured.graph))
 
@@ -151,10 +151,10 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     """Run `name` over the stream (cfg["passes"] times) in this process; a JSON-able dict."""
     from torch._dynamo.utils import counters
 
-    from planner.cache import PlanCache
-    from planner.modelspec import parse_dtype, resolve
-    from planner.realize_check import compare_outputs, tolerance_for
-    from planner.runtime import fusion_planner_backend
+    from planner.plans.cache import PlanCache
+    from planner.realize.check import compare_outputs, tolerance_for
+    from planner.runtime.backend import fusion_planner_backend
+    from zoo.modelspec import parse_dtype, resolve
 
     if cfg.get("threads"):
         torch.set_num_threads(cfg["threads"])
@@ -429,7 +429,7 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         f"`--cache {meta['cache']}`: plans tuned beforehand (fusion-plan tune)"
         if meta["cache"]
         else "a fresh, empty plan cache: every new shape misses and runs the default "
-        "(rule-based, planner.fuse_rules) plan, realized once per bucket; no tuned plans"
+        "(rule-based, planner.fusion.fuse_rules) plan, realized once per bucket; no tuned plans"
     )
     where = (
         "its own Python process"
@@ -472,7 +472,7 @@ Per bucket (first call of the bucket in pass 1; median call of the steady state)
 - *pass 1 - steady*: what the cold pass cost over a steady one: compiles, plus, for the planner, one cache lookup (and queued miss) per new shape.
 - *calls that compiled*: calls during which dynamo compiled a frame, Inductor compiled a graph or the planner realized a plan (from torch._dynamo.utils.counters and RuntimeStats, read around each call).
 - *dynamo compiles (recompiles)*: frames dynamo compiled; in brackets, those after the first call. *Inductor graphs compiled*: FX graph cache misses + hits + bypasses (the planner compiles each fused group as its own graph).
-- *max abs err*: over {len(meta["check_lengths"])} stream entries ({meta["dim"]} = {", ".join(map(str, meta["check_lengths"]))}) against eager in the same process; ok = within planner.realize_check's tolerance for {meta["dtype"]}.
+- *max abs err*: over {len(meta["check_lengths"])} stream entries ({meta["dim"]} = {", ".join(map(str, meta["check_lengths"]))}) against eager in the same process; ok = within planner.realize.check's tolerance for {meta["dtype"]}.
 - Every call is {"synchronized (CUDA) and " if meta["device"] != "cpu" else ""}timed with perf_counter; pass totals include the per-call bookkeeping.
 """
 

@@ -4,7 +4,7 @@
     python benchmarks/search_quality.py --encoding-study [--out benchmarks/results/encoding_study.md]
 
 Graphs: the zoo models at several shapes (bf16, meta-device capture) and random DAGs of 10
-to 500 ops from planner.randgraph with seeds >= HELD_OUT_SEED, which the RL policy never
+to 500 ops from zoo.randgraph with seeds >= HELD_OUT_SEED, which the RL policy never
 saw (nor the zoo families in HELD_OUT_ZOO). Cost model: the analytical roofline on the H100
 datasheet figures (the inner objective every strategy optimizes here).
 
@@ -43,17 +43,17 @@ from typing import Any
 import optuna
 import torch
 
+import zoo
 from learned_cost.analytical import AnalyticalModel
-from planner import zoo
-from planner.capture import capture
 from planner.hardware import get_spec
-from planner.ir import OpGraph
+from planner.ir.capture import capture
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.randgraph import random_graph
 from search.encoding import build_encoding
 from search.rl_train import HELD_OUT_SEED, HELD_OUT_ZOO, TRAIN_ZOO
 from search.strategies import get_strategy
 from search.strategy import Budget
+from zoo.randgraph import random_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = 30  # "graphs of <= 30 nodes"

@@ -6,7 +6,7 @@ same units (e.g. one collected with compile workers beside the timer, one withou
 
 For the units (same key) in both: the ratio of their medians, overall and for groups under
 25 us. For each dataset, restricted to the families and dtypes of the first: the noise
-floor of learned_cost.evaluate.repeatability (identical groups measured in different
+floor of learned_cost.study.evaluate.repeatability (identical groups measured in different
 graphs, each predicted by its twins' median) on the twin rows the two have in common.
 """
 
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 
-from learned_cost.evaluate import repeatability
+from learned_cost.study.evaluate import repeatability
 
 SMALL_S = 25e-6
 

@@ -15,13 +15,13 @@ import warnings
 
 import torch
 
-from planner.realize import realize
-from planner.realize_check import (
+from planner.realize.check import (
     FLOOR_ULPS,
     LOW_PRECISION_MULTIPLIER,
     compare_outputs,
     fresh_inputs,
 )
+from planner.realize.realizer import realize
 from tests.test_accuracy import (
     chunks,
     eager,

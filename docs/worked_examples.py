@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
+import zoo
 from learned_cost.analytical import AnalyticalModel, bandwidth_saving, roofline, unfused_bytes
-from planner import zoo
-from planner.capture import capture
 from planner.cost import group_io
 from planner.hardware import GB, TFLOP, get_spec
+from planner.ir.capture import capture
 
 MB = 1e6
 

@@ -1,8 +1,8 @@
 """Cost models: the analytical roofline and its learned correction (docs/formulas.md §9, §11).
 
 The public surface below needs only torch, numpy and pyarrow. The modules that compare
-models and write reports (`learned_cost.baselines`, `learned_cost.evaluate`,
-`learned_cost.train`, `learned_cost.heldout`, `learned_cost.heldout_report`) also import
+models and write reports (`learned_cost.study.baselines`, `learned_cost.study.evaluate`,
+`learned_cost.study.train`, `learned_cost.study.heldout`, `learned_cost.study.heldout_report`) also import
 scikit-learn, scipy and matplotlib; import them by name.
 """
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from planner.cost import GroupCost, group_io
 from planner.hardware import DeviceSpec, get_spec
-from planner.ir import Category, OpGraph
-from planner.taxonomy import CONV_OPS
+from planner.ir.graph import Category, OpGraph
+from planner.ir.taxonomy import CONV_OPS
 
 VERSION = "analytical-2"  # 2: float32 convolutions at the TF32 rate where allowed
 

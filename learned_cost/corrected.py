@@ -45,9 +45,9 @@ from learned_cost.plan_context import PlanContext, graph_footprint
 from planner.cost import CostModel, GroupCost
 from planner.errors import CostModelError
 from planner.features import group_descriptor
+from planner.fusion.realization import realization_of
 from planner.hardware import DeviceSpec, device_fingerprint, get_spec
-from planner.ir import OpGraph
-from planner.realization import realization_of
+from planner.ir.graph import OpGraph
 
 RealizationOf = Callable[[OpGraph, frozenset[int]], str]
 
@@ -61,7 +61,7 @@ class CpuTransferWarning(UserWarning):
 
 
 def default_realization(graph: OpGraph, nodes: frozenset[int]) -> str:
-    """A group's realization label: planner.realization's rule, the one the Plan records,
+    """A group's realization label: planner.fusion.realization's rule, the one the Plan records,
     realize runs and the collector wrote into every training row, so the model sees at
     planning time the label it learned from."""
     return realization_of(graph, nodes)

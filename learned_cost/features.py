@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from planner.hardware import DeviceSpec
-from planner.ir import Category
+from planner.ir.graph import Category
 
 FEATURE_SCHEMA_VERSION = 5  # 3: TF32 convolutions; 4: GEMM waves; 5: anchor N, alignment
 _TINY = 1e-12  # floor for logs of seconds, FLOPs and bytes: log10(0) would be -inf
@@ -63,7 +63,7 @@ TRANSCENDENTAL_OPS = frozenset(
 GEMM_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "addbmm"})
 CONV_OPS = frozenset({"convolution", "conv1d", "conv2d", "conv3d", "_convolution"})
 DTYPES = ("float32", "bfloat16", "float16")
-# The labels of planner.realization.REALIZATIONS, in the order the trained models'
+# The labels of planner.fusion.realization.REALIZATIONS, in the order the trained models'
 # one-hot features were saved with (their names enter SCHEMA_HASH: a change is refused on
 # load; tests/test_realization.py checks the two lists hold the same labels).
 REALIZATIONS = ("inductor", "sdpa", "concat_gemm", "eager")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import CostModelError
-from planner.ir import OpGraph
+from planner.ir.graph import OpGraph
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import numpy as np
 
 from learned_cost.features import FEATURE_NAMES
 from planner.hardware import DeviceSpec
-from planner.ir import OpGraph
+from planner.ir.graph import OpGraph
 
 FLOOR = 0.2  # a group in a plan never costs less than this fraction of its alone-latency
 LOG_CAP = math.log(3.0)  # the feature-dependent factor stays within 1/3x..3x

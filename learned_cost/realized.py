@@ -1,4 +1,4 @@
-"""The roofline of a group as `planner.realize` runs it, not as an ideal fused kernel.
+"""The roofline of a group as `planner.realize.realizer` runs it, not as an ideal fused kernel.
 
 The analytical model (docs/formulas.md §9) charges a group its boundary bytes only: everything
 inside stays on chip. That holds for what Inductor generates itself (pointwise and
@@ -6,13 +6,13 @@ reduction chains), for SDPA (the score matrix never leaves the chip) and for one
 concatenated weights. It does not hold around a GEMM or a convolution: Inductor calls the
 vendor library for those (cuBLAS, cuDNN, oneDNN) and fuses what follows into a *separate*
 kernel that reads the GEMM's output back from memory, bias and, on CUDA in half
-precision, a following GELU excepted (the GEMM's own epilogue: planner.realize_patterns).
+precision, a following GELU excepted (the GEMM's own epilogue: planner.realize.kernels).
 On the H100 that made the planner prefer {O-projection GEMM, residual add} over
 {residual add, LayerNorm}, and the first is one kernel more and a pass over memory worse
 once realized.
 
 `RealizedRoofline` splits a group into the kernels its realization launches (the label of
-planner.realization, the one a Plan records and realize runs): each
+planner.fusion.realization, the one a Plan records and realize runs): each
 library call (a GEMM or convolution, with its bias and eligible GELU epilogue; an SDPA
 call; one concatenated GEMM), and each connected piece of what is left, which Inductor
 fuses. The group's cost is the roofline sum over those kernels, so values crossing from a
@@ -26,9 +26,9 @@ from collections.abc import Iterable
 
 from learned_cost.analytical import AnalyticalModel
 from planner.cost import GroupCost
-from planner.ir import Category, OpGraph
-from planner.realization import realization_of
-from planner.recognize import find_attention, find_sibling_gemms
+from planner.fusion.realization import realization_of
+from planner.fusion.recognize import find_attention, find_sibling_gemms
+from planner.ir.graph import Category, OpGraph
 
 VERSION = "realized-roofline-1"
 HALF = frozenset({"bfloat16", "float16"})

@@ -7,7 +7,7 @@ from typing import Any
 
 from learned_cost.analytical import bandwidth_saving, unfused_bytes
 from planner.cost import CostModel
-from planner.ir import Category, OpGraph
+from planner.ir.graph import Category, OpGraph
 
 
 @dataclass(frozen=True)

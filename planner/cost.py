@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from planner.ir import Category, OpGraph
+from planner.ir.graph import Category, OpGraph
 
 
 @dataclass(frozen=True)

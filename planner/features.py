@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from planner.cost import group_io
-from planner.ir import Category, OpGraph
-from planner.taxonomy import CONV_OPS
+from planner.ir.graph import Category, OpGraph
+from planner.ir.taxonomy import CONV_OPS
 
 DESCRIPTOR_VERSION = 3  # 2: flops_conv; 3: anchor_m/n/k
 CATEGORIES = tuple(c.value for c in Category)

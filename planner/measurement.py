@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 import torch
 
-from planner.buckets import Bucket, BucketSpec
-from planner.capture import Captured
-from planner.partition import Partition
-from planner.plan import Plan
+from planner.fusion.partition import Partition
+from planner.ir.capture import Captured
+from planner.plans.buckets import Bucket, BucketSpec
+from planner.plans.plan import Plan
 
 # What can go wrong, in the order a measurement meets it.
 ERROR_KINDS = (

@@ -29,13 +29,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.cost import CostModel, GroupCost, group_io
+from planner.fusion.legality import check
+from planner.fusion.partition import Partition, bits
+from planner.fusion.realization import (  # realization_of: re-exported
+    realization_of,
+    realizations_of,
+)
+from planner.fusion.resources import ResourceLimits
 from planner.hardware import DeviceSpec
-from planner.ir import OpGraph
-from planner.legality import check
-from planner.partition import Partition, bits
-from planner.plan import Plan
-from planner.realization import realization_of, realizations_of  # realization_of: re-exported
-from planner.resources import ResourceLimits
+from planner.ir.graph import OpGraph
+from planner.plans.plan import Plan
 
 INF = math.inf
 
@@ -203,7 +206,7 @@ class Objective:
         dtype: str,
         **kw: Any,
     ) -> Plan:
-        """A Plan record with each group's realization label (planner.realization: the
+        """A Plan record with each group's realization label (planner.fusion.realization: the
         label realize runs and the cost models scored)."""
         return Plan.from_partition(
             partition,

@@ -1,5 +1,5 @@
 """Times and byte counts for people: `58.6 ms` rather than `58579.89 us`, the unit chosen
-by magnitude, three significant digits. Used by the command line's tables (search.fmt)
+by magnitude, three significant digits. Used by the command line's tables (cli.fmt)
 and by the progress lines of long jobs; standard library only."""
 
 from __future__ import annotations

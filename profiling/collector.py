@@ -19,7 +19,7 @@ can be resumed by the next.
 
 profiling imports neither learned_cost nor search: the analytical prediction comes from
 a `planner.cost.CostModel` and the strategies' partitions from `plan_makers`, both passed
-in by the caller (search/commands/collect.py).
+in by the caller (cli/commands/collect.py).
 """
 
 from __future__ import annotations
@@ -38,18 +38,17 @@ from typing import Any
 
 import torch
 
-from planner import modelspec
 from planner import progress as progress_bars
 from planner import units as human
 from planner.cost import CostModel
 from planner.errors import FusionPlannerError, ModelSpecError
 from planner.features import group_descriptor
+from planner.fusion.partition import Partition
+from planner.fusion.realization import realization_of
 from planner.hardware import device_fingerprint, get_spec, local_device_name
-from planner.ir import Category, OpGraph
+from planner.ir.graph import Category, OpGraph
 from planner.measurement import Measurement
-from planner.partition import Partition
-from planner.plan import now_iso
-from planner.realization import realization_of
+from planner.plans.plan import now_iso
 from profiling.dataset import COLLECTOR_VERSION, ProfileStore, row_key
 from profiling.sampling import random_groups, random_partition
 from profiling.units import (
@@ -62,6 +61,7 @@ from profiling.units import (
     unit_runner,
 )
 from profiling.warm import WarmPool
+from zoo import modelspec
 
 PlanMaker = Callable[[OpGraph], Partition]
 WARM_WAIT_S = 120.0  # longest the measuring process waits for a job's warm-up compiles

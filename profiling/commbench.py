@@ -35,12 +35,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from planner import zoo
+import zoo
 from planner.distributed.comm_cost import link_from_collective
 from planner.distributed.links import AlphaBeta, MeasuredLink
 from planner.errors import FusionPlannerError
 from planner.hardware import device_fingerprint
-from planner.plan import now_iso
+from planner.plans.plan import now_iso
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -322,7 +322,7 @@ def _ddp_steps(
     reps: int,
     sizes: list[int],
 ) -> dict[str, Any]:
-    """On each rank: forward and forward+backward of planner.zoo's MLP without
+    """On each rank: forward and forward+backward of zoo's MLP without
     communication, a DDP training step per bucket cap, and all-reduce times per size for
     the α-β fit; all medians, the max over ranks."""
 
@@ -380,7 +380,7 @@ def measure_ddp(
     reps: int = 10,
     sizes: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """DDP step times of planner.zoo's MLP per bucket cap over gloo, with the compute-only
+    """DDP step times of zoo's MLP per bucket cap over gloo, with the compute-only
     forward and forward+backward times and all-reduce timings for a fit."""
     sizes = list(sizes or [1 << k for k in range(12, 25, 2)])
     return run_ranks(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from planner.hardware import TF32, MeasuredPeaks, device_fingerprint
-from planner.plan import now_iso
+from planner.plans.plan import now_iso
 from profiling.timer import measure
 
 

@@ -12,11 +12,11 @@ How a plan runs is the executor's business, and executors are pluggable:
   for a bucket): the backend's own lookup, export over the bucket, realization and
   per-call path. The latency it reports is what a user of that bucket gets. A plan the
   backend does not serve as given (a miss, a fallback to dynamo's graph) is an error.
-- `RealizedExecutor` calls the realized plan (planner.realize) directly on the capture's
+- `RealizedExecutor` calls the realized plan (planner.realize.realizer) directly on the capture's
   inputs, with no backend in front: the plan's own cost, for datasets and comparisons.
 
 Checking is profiling.verify's: the realized plan against the model on its inputs and on
-fresh random ones; groups responsible for a mismatch fall back alone (planner.realize).
+fresh random ones; groups responsible for a mismatch fall back alone (planner.realize.realizer).
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from typing import Any, Protocol
 
 import torch
 
-from planner.cache import PlanCache
-from planner.capture import Captured
 from planner.errors import FusionPlannerError
+from planner.fusion.partition import Partition
 from planner.hardware import device_fingerprint, local_device_name
+from planner.ir.capture import Captured
 from planner.measurement import MeasureError, Measurement, PlanJob, Timing
-from planner.partition import Partition
-from planner.plan import Plan
-from planner.realize import GroupCompiler, RealizedPlan, realize
-from planner.runtime import FusionPlannerBackend
+from planner.plans.cache import PlanCache
+from planner.plans.plan import Plan
+from planner.realize.realizer import GroupCompiler, RealizedPlan, realize
+from planner.runtime.backend import FusionPlannerBackend
 from profiling.timer import measure, measure_in_graph, measure_interleaved
 from profiling.verify import verify_against_eager
 

@@ -1,7 +1,7 @@
 """Which groups and partitions the collector measures, besides the strategies' own.
 
 Random legal groups (grown from a seed node through producer/consumer edges, each step
-kept only if `planner.legality` accepts the group) cover sizes and mixes the strategies
+kept only if `planner.fusion.legality` accepts the group) cover sizes and mixes the strategies
 would never propose, which is what a cost model needs to learn where fusion stops
 paying. Random partitions (random legal merges from the unfused one) give each graph
 several whole plans, so plan-level rankings can be scored.
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import random
 
+from planner.fusion.legality import can_merge, group_reasons
+from planner.fusion.partition import Partition, bits
 from planner.hardware import DeviceSpec
-from planner.ir import Category, OpGraph
-from planner.legality import can_merge, group_reasons
-from planner.partition import Partition, bits
+from planner.ir.graph import Category, OpGraph
 
 
 def _has_work(graph: OpGraph, mask: int) -> bool:

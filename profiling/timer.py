@@ -86,7 +86,7 @@ def cuda_graphed(fn: Callable[[], Any], warmup: int = 3, copies: int = 1) -> Cal
     """`fn` recorded in a CUDA graph (`copies` times, back to back); the returned
     callable replays it.
 
-    What a realized plan does on GPU (planner.realize), so a group timed alone runs as
+    What a realized plan does on GPU (planner.realize.realizer), so a group timed alone runs as
     inside its plan. Raises if `fn` cannot be captured.
     """
     if copies < 1:

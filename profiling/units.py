@@ -1,8 +1,8 @@
 """Timing one group alone, or one whole plan, on this machine's device.
 
 A group is cut out of the model's program exactly as a realized plan cuts it
-(planner.realize_graph), realized the same way ("auto": SDPA / concatenated GEMM /
-Inductor / eager, planner.realize_units), and run on the *real* boundary values of one
+(planner.realize.graph), realized the same way ("auto": SDPA / concatenated GEMM /
+Inductor / eager, planner.realize.units), and run on the *real* boundary values of one
 eager run of the model on random inputs: right shapes, dtypes and strides, and masks and
 indices that mean what they meant. Its outputs are checked against that eager run before
 anything is timed. On GPU the group is timed as copies of it back to back in one CUDA
@@ -27,17 +27,17 @@ from typing import Any
 
 import torch
 
-from planner import modelspec
-from planner.capture import Captured, export_model
+from planner.fusion.partition import Partition
+from planner.fusion.realization import realization_of
+from planner.ir.capture import Captured, export_model
 from planner.measurement import Measurement, PlanJob
-from planner.partition import Partition
-from planner.realization import realization_of
-from planner.realize import GroupCompiler, inductor_compiler
-from planner.realize_check import compare_outputs
-from planner.realize_graph import ProgramParts, group_graphs, take_apart
-from planner.realize_reference import run_in_high_precision
-from planner.realize_units import GroupUnit, fake_mode_of, prepare_unit, reference_values
+from planner.realize.check import compare_outputs
+from planner.realize.graph import ProgramParts, group_graphs, take_apart
+from planner.realize.realizer import GroupCompiler, inductor_compiler
+from planner.realize.reference import run_in_high_precision
+from planner.realize.units import GroupUnit, fake_mode_of, prepare_unit, reference_values
 from profiling.runner import DeviceRunner, RealizedExecutor, compute_dtype
+from zoo import modelspec
 
 # Timer settings for one unit: enough reps for a stable median, bounded so that a
 # collection covers many units in a device session.

@@ -1,10 +1,10 @@
 """Checking a realized plan against eager on fresh inputs, before its timings are trusted.
 
-`planner.realize` checks every plan on the capture's example inputs; this is the
+`planner.realize.realizer` checks every plan on the capture's example inputs; this is the
 measuring side's check: more trials, each on new random inputs of every kind (floats
 standard normal, token ids and other integers uniform over the example's range, masks as
-given: planner.realize_check.fresh_inputs), judged by the one accuracy rule of
-planner.realize_check (re-exported here; it lives in `planner` because the runtime needs
+given: planner.realize.check.fresh_inputs), judged by the one accuracy rule of
+planner.realize.check (re-exported here; it lives in `planner` because the runtime needs
 it and may not import profiling). A realized plan that fails on new inputs is repaired as
 realize repairs it: only the groups responsible fall back, and the report names them.
 """
@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from planner.realize import RealizedPlan
-from planner.realize_check import (
+from planner.realize.check import (
     FLOOR_ULPS,
     LOW_PRECISION_MULTIPLIER,
     MULTIPLIER,
@@ -32,6 +31,7 @@ from planner.realize_check import (
     short_reason,
     tolerance_for,
 )
+from planner.realize.realizer import RealizedPlan
 
 __all__ = [
     "TOLERANCES",

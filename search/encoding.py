@@ -34,13 +34,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from planner.errors import FusionPlannerError
-from planner.group_facts import never_legal_grown
-from planner.ir import OpGraph
-from planner.legality import group_reasons
+from planner.fusion.group_facts import never_legal_grown
+from planner.fusion.legality import group_reasons
+from planner.fusion.opkinds import Kind, kinds
+from planner.fusion.partition import Partition, bits
+from planner.fusion.patterns import Match, match_all, resolve
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.opkinds import Kind, kinds
-from planner.partition import Partition, bits
-from planner.patterns import Match, match_all, resolve
 from search.merge_env import MergeEnv, OutOfBudget
 from search.strategy import Clock
 
@@ -239,7 +239,7 @@ def _live_links(graph: OpGraph, env: MergeEnv) -> set[Link]:
 
 
 def _dead(env: MergeEnv, u: int, v: int) -> bool:
-    """No legal group can ever hold both u and v (planner.group_facts.never_legal_grown)."""
+    """No legal group can ever hold both u and v (planner.fusion.group_facts.never_legal_grown)."""
     st = env.base_state
     f = st.facts[u].combine(st.facts[v])
     return never_legal_grown(env.graph, f, st.limits.regs_per_thread)

@@ -34,11 +34,11 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from planner.ir import OpGraph
-from planner.legality import FusionState, free_mask
+from planner.fusion.legality import FusionState, free_mask
+from planner.fusion.opkinds import Kind, kinds
+from planner.fusion.partition import Partition, bits
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.opkinds import Kind, kinds
-from planner.partition import Partition, bits
 from search.strategy import Clock
 
 Pair = tuple[int, int]

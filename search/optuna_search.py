@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner import progress as progress_bars
-from planner.fuse_rules import default_partition
-from planner.ir import OpGraph
+from planner.fusion.fuse_rules import default_partition
+from planner.fusion.partition import Partition
+from planner.ir.graph import OpGraph
 from planner.objective import Evaluation, Objective
-from planner.partition import Partition
 from search.encoding import Encoding, build_encoding
 from search.merge_env import OutOfBudget
 from search.optuna_storage import (

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 from planner.errors import FusionPlannerError
 from planner.hardware import cache_dir
-from planner.ir import OpGraph
+from planner.ir.graph import OpGraph
 
 try:
     import optuna

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import FusionPlannerError
-from planner.ir import OpGraph
+from planner.fusion.partition import Partition
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.partition import Partition
 from search.optuna_storage import UNREACHABLE, run_workers, storage_kind
 from search.strategies import get_strategy
 from search.strategy import Budget, SearchResult

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.cost import CostModel
-from planner.ir import OpGraph
+from planner.fusion.partition import Partition
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.partition import Partition
-from planner.plan import Plan
+from planner.plans.plan import Plan
 from search.strategies import get_strategy
 from search.strategy import Budget
 

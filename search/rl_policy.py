@@ -36,11 +36,11 @@ import torch
 from torch import nn
 
 from planner.errors import FusionPlannerError
+from planner.fusion.opkinds import Kind, kinds
+from planner.fusion.partition import Partition, bits
 from planner.hardware import one_thread
-from planner.ir import OpGraph
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.opkinds import Kind, kinds
-from planner.partition import Partition, bits
 from search.encoding import pattern_matches
 from search.merge_env import MergeEnv, OutOfBudget
 from search.strategy import Clock

@@ -1,6 +1,6 @@
 """Training the RL policy across a corpus, evaluating it, and fine-tuning it on one graph.
 
-Corpus: random DAGs (planner.randgraph, 8 to 128 ops, seeds below HELD_OUT_SEED) and the
+Corpus: random DAGs (zoo.randgraph, 8 to 128 ops, seeds below HELD_OUT_SEED) and the
 zoo families in TRAIN_ZOO at a few shapes each. Held out, never trained on: the zoo
 families in HELD_OUT_ZOO and every random DAG with seed >= HELD_OUT_SEED (the benchmark's).
 
@@ -33,18 +33,18 @@ from typing import Any
 
 import torch
 
+import zoo
 from learned_cost.analytical import AnalyticalModel
 from planner import progress as progress_bars
-from planner import zoo
-from planner.capture import capture
-from planner.fuse_rules import default_partition
+from planner.fusion.fuse_rules import default_partition
+from planner.fusion.partition import Partition
 from planner.hardware import get_spec, one_thread
-from planner.ir import OpGraph
+from planner.ir.capture import capture
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.partition import Partition
-from planner.randgraph import random_graph
 from search.rl_policy import Episode, Policy, PolicyNet, log_probs, rollout
 from search.strategy import Clock
+from zoo.randgraph import random_graph
 
 log = logging.getLogger("search.rl")
 
@@ -214,7 +214,7 @@ def train(
     report = TrainReport(
         config=asdict(cfg),
         corpus={
-            "random_dags": f"planner.randgraph sizes {list(cfg.sizes)}, seeds 0..{cfg.seeds_per_size - 1}",
+            "random_dags": f"zoo.randgraph sizes {list(cfg.sizes)}, seeds 0..{cfg.seeds_per_size - 1}",
             "zoo": {k: [p or "defaults" for p in v] for k, v in TRAIN_ZOO.items()},
             "held_out_zoo": list(HELD_OUT_ZOO),
             "held_out_random_seeds": f">= {HELD_OUT_SEED} (validation: {VALIDATION_SEED}+)",

@@ -5,7 +5,7 @@ A strategy proposes partitions of an OpGraph and returns the best it found under
 registered strategy through it):
 
 - `plan(graph, objective, budget, seed) -> SearchResult`;
-- the returned partition is legal (planner.legality.check) — at worst the unfused one;
+- the returned partition is legal (planner.fusion.legality.check) — at worst the unfused one;
 - the budget is respected: `evals_used` (the objective's `n_evals` spent, i.e. partition
   evaluations plus group scorings) stays within `budget.max_evals` plus the one final
   evaluation of the result, and wall time within `max_seconds` plus one step;
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from planner.errors import FusionPlannerError
-from planner.ir import OpGraph
+from planner.fusion.partition import Partition
+from planner.ir.graph import OpGraph
 from planner.objective import Evaluation, Objective
-from planner.partition import Partition
 
 
 @dataclass(frozen=True)

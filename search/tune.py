@@ -1,8 +1,8 @@
 """The offline tuning job: for each shape bucket, search, realize, measure, keep the best.
 
 This is the composition root of the pipeline (docs/architecture.md): it wires the strategies
-(search), the cost model (learned_cost), realization (planner.realize), measurement
-(profiling) and the plan cache (planner.cache). Per bucket:
+(search), the cost model (learned_cost), realization (planner.realize.realizer), measurement
+(profiling) and the plan cache (planner.plans.cache). Per bucket:
 
 1. build the model at the bucket's representative shape on this machine's device and
    capture it (the graph's structure_key is the cache's model key);
@@ -37,23 +37,23 @@ import torch
 from learned_cost.online import Observation
 from planner import progress as progress_bars
 from planner import units
-from planner.buckets import Bucket, BucketSpec, parse_dynamic
-from planner.cache import PlanCache
-from planner.cache_admin import export_document, plan_record, spec_record
 from planner.cost import CostModel
 from planner.errors import CacheError, FusionPlannerError, is_out_of_memory
+from planner.fusion.partition import Partition
 from planner.hardware import cache_dir, device_fingerprint, local_device_name
 from planner.measurement import Measurement, PlanJob, Runner, Timing
-from planner.modelspec import ModelSpec, dtype_name
 from planner.objective import Objective
-from planner.partition import Partition
-from planner.plan import Plan
-from planner.runtime_graph import capture_for_serving
+from planner.plans.buckets import Bucket, BucketSpec, parse_dynamic
+from planner.plans.cache import PlanCache
+from planner.plans.cache_admin import export_document, plan_record, spec_record
+from planner.plans.plan import Plan
+from planner.runtime.graph import capture_for_serving
 from profiling.runner import DeviceRunner, ServedExecutor, first_call
 from search.optuna_storage import check_storage, storage_kind
 from search.parallel import OPTUNA_STRATEGIES, plan_through_outages, tune_parallel
 from search.strategies import get_strategy
 from search.strategy import Budget
+from zoo.modelspec import ModelSpec, dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class TuneConfig:
 
     spec: ModelSpec
     dynamic: str  # e.g. "S=128..4096"
-    buckets: str = "pow2"  # bucket policy text (planner.buckets.parse_policy)
+    buckets: str = "pow2"  # bucket policy text (planner.plans.buckets.parse_policy)
     strategy: str = "tpe"
     budget_evals: int | None = None
     budget_seconds: float | None = 30.0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from planner import zoo
+import zoo
 
 
 class Recording:
     """A realizer that runs the captured program as it is and records each plan (the
-    backend's choices are what these tests check; planner.realize has its own tests)."""
+    backend's choices are what these tests check; planner.realize.realizer has its own tests)."""
 
     def __init__(self):
         self.plans: list = []

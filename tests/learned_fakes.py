@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from learned_cost.features import analytical_parts
-from planner import modelspec
-from planner.capture import capture
 from planner.features import group_descriptor
 from planner.hardware import get_spec
-from planner.ir import OpGraph
+from planner.ir.capture import capture
+from planner.ir.graph import OpGraph
+from zoo import modelspec
 
 # (model, shape) pairs: small shapes so capture stays fast.
 GRAPHS = (

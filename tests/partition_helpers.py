@@ -7,14 +7,14 @@ import math
 
 import torch
 
+import zoo
 from learned_cost.analytical import AnalyticalModel
-from planner import zoo
-from planner.capture import capture
+from planner.fusion.legality import check, group_reasons
+from planner.fusion.partition import Partition
 from planner.hardware import get_spec
-from planner.ir import OpGraph
-from planner.legality import check, group_reasons
+from planner.ir.capture import capture
+from planner.ir.graph import OpGraph
 from planner.objective import Objective, TransferModel
-from planner.partition import Partition
 
 
 @functools.cache

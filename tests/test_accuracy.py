@@ -1,4 +1,4 @@
-"""The accuracy rule (planner.realize_check), localized fallback (planner.realize) and fresh
+"""The accuracy rule (planner.realize.check), localized fallback (planner.realize.realizer) and fresh
 verification inputs (profiling.verify), on a real bf16 LLaMA-style decoder from
 `transformers` (built from a config, no weights) and on zoo models.
 
@@ -16,12 +16,12 @@ import pytest
 import torch
 import torch.fx as fx
 
-from planner import zoo
-from planner.capture import export_model
-from planner.partition import Partition
-from planner.realize import RealizedPlan, RealizeWarning, realize
-from planner.realize_check import compare_outputs, compare_tensor, fresh_inputs
-from planner.realize_reference import reference_dtype, run_in_high_precision
+import zoo
+from planner.fusion.partition import Partition
+from planner.ir.capture import export_model
+from planner.realize.check import compare_outputs, compare_tensor, fresh_inputs
+from planner.realize.realizer import RealizedPlan, RealizeWarning, realize
+from planner.realize.reference import reference_dtype, run_in_high_precision
 from profiling.verify import verify_against_eager
 
 aten = torch.ops.aten
@@ -392,9 +392,9 @@ def test_fp32_zoo_block_a_one_percent_softmax_error_falls_back_alone():
 
 # ---- reporting through tune and measure -----------------------------------------------------
 def test_tune_and_measure_report_each_fallback_with_its_reason(tmp_path, monkeypatch, capsys):
-    import planner.runtime as runtime_mod
+    import planner.runtime.backend as runtime_mod
     import profiling.runner as runner_mod
-    from search.cli import main
+    from cli.main import main
 
     def off_at_first_linear(gm, fakes, fake_mode):
         if any(n.target == aten.linear.default for n in gm.graph.nodes):

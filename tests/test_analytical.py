@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import zoo
 from learned_cost.analytical import (
     AnalyticalModel,
     bandwidth_saving,
@@ -14,13 +15,12 @@ from learned_cost.analytical import (
 )
 from learned_cost.features import analytical_parts
 from learned_cost.report import analyze
-from planner import zoo
-from planner.capture import capture
 from planner.cost import group_io
 from planner.features import group_descriptor
 from planner.hardware import TF32, get_spec
-from planner.ir import Category, OpGraph, OpNode, TensorInfo
-from planner.taxonomy import CONV_OPS
+from planner.ir.capture import capture
+from planner.ir.graph import Category, OpGraph, OpNode, TensorInfo
+from planner.ir.taxonomy import CONV_OPS
 
 
 def relu_chain(n_ops: int, numel: int = 1 << 20, dtype: str = "float32") -> OpGraph:

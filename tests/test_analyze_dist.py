@@ -6,13 +6,13 @@ import json
 
 import pytest
 
+from cli.main import main
 from planner.distributed.comm_cost import (
     bubble_fraction,
     collective_time_s,
     hierarchical_all_reduce_s,
 )
 from planner.distributed.links import LINKS
-from search.cli import main
 
 SHAPE = "B=2,S=16,D=64,HID=256"
 

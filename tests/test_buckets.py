@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.buckets import (
+from planner.plans.buckets import (
     BucketError,
     BucketSpec,
     DynamicDim,

@@ -22,16 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from planner import zoo
-from planner.buckets import BucketSpec, Edges, parse_dynamic
-from planner.cache import PlanCache
-from planner.cache_sql import CacheWarning, SQLAlchemyStore, SQLiteStore, inspect_sqlite_file
-from planner.capture import capture
+import zoo
+from cli.main import main
 from planner.errors import CacheError
+from planner.fusion.partition import Partition
 from planner.hardware import device_fingerprint
-from planner.partition import Partition
-from planner.plan import Plan
-from search.cli import main
+from planner.ir.capture import capture
+from planner.plans.buckets import BucketSpec, Edges, parse_dynamic
+from planner.plans.cache import PlanCache
+from planner.plans.cache_sql import CacheWarning, SQLAlchemyStore, SQLiteStore, inspect_sqlite_file
+from planner.plans.plan import Plan
 
 DEV = "cpu-testdevice"
 DIMS = {"B": (0, 0)}

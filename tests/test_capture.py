@@ -10,10 +10,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from planner import zoo
-from planner.capture import UnknownOpWarning, capture, export_model, graph_from_program
+import zoo
 from planner.errors import CaptureError
-from planner.ir import Category
+from planner.ir.capture import UnknownOpWarning, capture, export_model, graph_from_program
+from planner.ir.graph import Category
 
 
 def _one(graph, op):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from planner.capture import capture
-from planner.ir import Category
+from planner.ir.capture import capture
+from planner.ir.graph import Category
 
 pytestmark = [pytest.mark.slow, pytest.mark.optional]
 

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli import fmt
+from cli.common import Resolved, capture_for_planning
+from cli.main import COMMANDS, build_parser, main
 from planner import progress
-from planner.buckets import parse_dynamic
-from planner.cache import PlanCache
+from planner.fusion.partition import Partition
 from planner.hardware import device_fingerprint
-from planner.modelspec import resolve
-from planner.partition import Partition
-from planner.plan import Plan
-from search import fmt
-from search.cli import COMMANDS, build_parser, main
-from search.cli_common import Resolved, capture_for_planning
+from planner.plans.buckets import parse_dynamic
+from planner.plans.cache import PlanCache
+from planner.plans.plan import Plan
+from zoo.modelspec import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _run(*argv: str, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "search.cli", *argv],
+        [sys.executable, "-m", "cli.main", *argv],
         capture_output=True,
         text=True,
         env=env,
@@ -52,7 +52,7 @@ def _parse_error(argv: list[str], capsys) -> str:
 def test_importing_the_cli_and_its_top_level_parser_loads_no_heavy_module():
     """`fusion-plan --help` stays fast because nothing heavy is imported to build it."""
     code = (
-        "import sys; from search.cli import build_parser; build_parser(); "
+        "import sys; from cli.main import build_parser; build_parser(); "
         "heavy = ('torch', 'torch._inductor', 'optuna', 'sklearn', 'matplotlib'); "
         "print([m for m in heavy if m in sys.modules])"
     )
@@ -158,7 +158,7 @@ def test_a_closed_pipe_ends_quietly(argv, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = [a.format(tmp=tmp_path) for a in argv]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "search.cli", *argv, "--format", "json"],
+        [sys.executable, "-m", "cli.main", *argv, "--format", "json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -172,7 +172,7 @@ def test_a_closed_pipe_ends_quietly(argv, tmp_path):
 def test_zoo_lists_every_model_with_its_dims(capsys):
     assert main(["zoo", "--format", "json"]) == 0
     models = {m["model"]: m for m in json.loads(capsys.readouterr().out)["models"]}
-    assert set(models) == {f"zoo:{n}" for n in __import__("planner.zoo").zoo.ZOO}
+    assert set(models) == {f"zoo:{n}" for n in __import__("zoo").ZOO}
     assert models["zoo:mlp"]["defaults"]["D"] > 0 and "B" in models["zoo:mlp"]["dynamic"]
     assert main(["zoo"]) == 0
     out = capsys.readouterr().out
@@ -300,7 +300,7 @@ def test_progress_bar_on_a_terminal_keeps_messages_off_the_bar():
 
 
 def test_log_records_during_a_bar_are_written_above_it():
-    from search.cli import _LogHandler
+    from cli.main import _LogHandler
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

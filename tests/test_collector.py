@@ -11,15 +11,15 @@ from dataclasses import replace
 import pyarrow.parquet as pq
 import pytest
 
+import zoo
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.data import group_rows, load_profiles, plan_groups, plan_rows
-from planner import zoo
-from planner.capture import export_model
 from planner.errors import FusionPlannerError
 from planner.features import group_descriptor
+from planner.fusion.legality import check, group_reasons
+from planner.fusion.partition import Partition, is_convex, mask_of
 from planner.hardware import get_spec
-from planner.legality import check, group_reasons
-from planner.partition import Partition, is_convex, mask_of
+from planner.ir.capture import export_model
 from profiling.collector import CollectConfig, Collector, Job, _work, jobs_for, plan_units
 from profiling.dataset import COLLECTOR_VERSION, COLUMNS, ProfileStore, row_key
 from profiling.sampling import random_groups, random_partition
@@ -238,7 +238,7 @@ def test_compile_workers_plan_and_warm_jobs_for_the_measuring_process(tmp_path):
 
 
 def test_measure_and_collect_commands_end_to_end(tmp_path, capsys):
-    from search.cli import main
+    from cli.main import main
 
     rc = main(
         [
@@ -308,11 +308,11 @@ def test_collect_measures_each_strategy_under_a_learned_model_too(tmp_path, caps
     """--learned adds STRATEGY@learned plans: each model's own best, for ranking tests."""
     from learned_fakes import fake_rows
 
+    from cli.main import main
     from learned_cost.features import design_matrix
     from learned_cost.mlp import CorrectionMLP
     from learned_cost.persist import save_model
     from planner.hardware import device_fingerprint, get_spec
-    from search.cli import main
 
     cpu = get_spec("cpu")
     d = design_matrix(fake_rows(10, seed=2, with_plans=False), lambda _n: cpu)
@@ -354,7 +354,7 @@ def test_collect_measures_each_strategy_under_a_learned_model_too(tmp_path, caps
 
 
 def test_plans_from_a_file_are_measured_with_their_groups(tmp_path):
-    from search.commands.collect import read_plans
+    from cli.commands.collect import read_plans
 
     g = graph_of("mlp", {"B": 4, "D": 16, "HID": 32, "L": 2})
     job = Job("zoo:mlp", "", "float32")

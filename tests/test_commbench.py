@@ -61,7 +61,7 @@ def test_measured_local_link_round_trips_and_predicts(tmp_path, monkeypatch) -> 
 
 
 def test_device_bench_comm_cli_fits_and_reports_heldout(tmp_path, monkeypatch, capsys) -> None:
-    from search.cli import main
+    from cli.main import main
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(

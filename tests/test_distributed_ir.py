@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from planner import zoo
-from planner.capture import capture, export_model
+import zoo
 from planner.distributed import parallel_models as pm
 from planner.distributed.collectives import collectives
 from planner.distributed.comm_cost import Algorithm, CollectiveKind
-from planner.ir import Category
-from planner.partition import Partition
-from planner.realize import realize
+from planner.fusion.partition import Partition
+from planner.ir.capture import capture, export_model
+from planner.ir.graph import Category
+from planner.realize.realizer import realize
 from profiling.commbench import run_ranks
 
 SMALL = {"B": 2, "S": 16, "D": 64}

@@ -22,17 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from planner import runtime, zoo
-from planner.buckets import parse_dynamic
-from planner.cache import PlanCache
-from planner.cache_sql import ReopeningStore
-from planner.capture import capture
+import zoo
+from cli.main import main
 from planner.errors import CacheError, FusionPlannerError, ModelSpecError
-from planner.modelspec import parse_shape, resolve
-from planner.partition import Partition
-from planner.plan import Plan
-from search.cli import main
+from planner.fusion.partition import Partition
+from planner.ir.capture import capture
+from planner.plans.buckets import parse_dynamic
+from planner.plans.cache import PlanCache
+from planner.plans.cache_sql import ReopeningStore
+from planner.plans.plan import Plan
+from planner.runtime import backend as runtime
 from tests.backend_helpers import Recording, run_shapes, small_block
+from zoo.modelspec import parse_shape, resolve
 
 DEV = "cpu-testdevice"
 DIMS = {"B": (0, 0)}
@@ -634,7 +635,7 @@ def test_the_backend_runs_the_model_right_when_its_cache_is_down():
     pytest.importorskip("sqlalchemy")
     import torch
 
-    from planner.runtime import fusion_planner_backend
+    from planner.runtime.backend import fusion_planner_backend
 
     torch._dynamo.reset()
     module = small_block()

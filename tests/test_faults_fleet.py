@@ -22,12 +22,13 @@ import warnings
 
 import pytest
 
-from planner import runtime, zoo
-from planner.buckets import parse_dynamic
-from planner.cache import PlanCache
-from planner.capture import capture
-from planner.partition import Partition
-from planner.plan import Plan
+import zoo
+from planner.fusion.partition import Partition
+from planner.ir.capture import capture
+from planner.plans.buckets import parse_dynamic
+from planner.plans.cache import PlanCache
+from planner.plans.plan import Plan
+from planner.runtime import backend as runtime
 from tests.backend_helpers import Recording, run_shapes, small_block
 
 DEV = "cpu-testdevice"
@@ -211,8 +212,8 @@ def test_tune_on_postgresql_with_a_killed_worker_and_a_server_restart(restartabl
 
     from learned_cost.analytical import AnalyticalModel
     from planner.hardware import get_spec
-    from planner.modelspec import resolve
     from search.tune import TuneConfig, tune
+    from zoo.modelspec import resolve
 
     url = restartable
     torch.set_num_threads(1)
@@ -272,8 +273,8 @@ def test_tune_on_postgresql_with_a_killed_worker_and_a_server_restart(restartabl
 def test_the_backend_uses_the_cache_once_the_server_is_back(restartable):
     import torch
 
-    from planner.capture import export_model
-    from planner.runtime import fusion_planner_backend
+    from planner.ir.capture import export_model
+    from planner.runtime.backend import fusion_planner_backend
 
     url = restartable
     PlanCache(url).close()  # the schema exists; the server then goes down

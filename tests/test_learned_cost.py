@@ -28,16 +28,16 @@ from learned_cost.corrected import (
     CpuTransferWarning,
     load_corrected,
 )
-from learned_cost.evaluate import MODELS
 from learned_cost.features import FEATURE_NAMES, design_matrix, feature_vector
 from learned_cost.mlp import CorrectionMLP
 from learned_cost.online import Observation, OnlineBias
 from learned_cost.persist import load_model, paths_for, read_meta, save_model
+from learned_cost.study.evaluate import MODELS
 from planner.cost import CostModel, GroupCost
 from planner.errors import CostModelError
 from planner.features import group_descriptor
 from planner.hardware import MeasuredPeaks, device_fingerprint, get_spec
-from planner.ir import Category
+from planner.ir.graph import Category
 
 FAST = {"steps": 400, "n_members": 1}  # one network: the ensemble has its own tests
 

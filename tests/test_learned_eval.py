@@ -16,6 +16,7 @@ import pytest
 import torch
 from learned_fakes import fake_rows, graph
 
+from cli.main import main
 from learned_cost.corrected import CorrectedModel, CpuTransferWarning, load_corrected
 from learned_cost.data import (
     Profiles,
@@ -25,7 +26,9 @@ from learned_cost.data import (
     plan_rows,
     plan_timing,
 )
-from learned_cost.evaluate import (
+from learned_cost.persist import read_meta
+from learned_cost.plan_context import PlanContext, fit_plan_context
+from learned_cost.study.evaluate import (
     MODEL_NAMES,
     MODELS,
     cross_validate,
@@ -33,13 +36,10 @@ from learned_cost.evaluate import (
     plan_metrics,
     repeatability,
 )
-from learned_cost.persist import read_meta
-from learned_cost.plan_context import PlanContext, fit_plan_context
-from learned_cost.plan_eval import GraphCache, evaluate_plans
-from learned_cost.train import TrainConfig, family_styles, train
+from learned_cost.study.plan_eval import GraphCache, evaluate_plans
+from learned_cost.study.train import TrainConfig, family_styles, train
 from planner.errors import CostModelError
 from planner.hardware import device_fingerprint, get_spec
-from search.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -243,7 +243,7 @@ def test_group_rows_are_described_as_the_planner_describes_them_today(rows):
     """Training recomputes each group's descriptor on today's capture of its graph: a
     stale stored descriptor is replaced, a group that now launches nothing (a cast that
     became a view) is left out, and a graph that no longer captures keeps what was stored."""
-    from learned_cost.plan_eval import current_descriptors
+    from learned_cost.study.plan_eval import current_descriptors
 
     g = [r for r in rows if r["kind"] == "group"][:3]
     stale = {**g[0], "desc_bytes_in": g[0]["desc_bytes_in"] * 10 + 1}
@@ -418,8 +418,8 @@ def test_the_report_shows_the_noise_floor_of_each_committed_model():
     (identical groups' repeat timings) is reported beside the model on the same rows."""
     import json
 
+    from cli.commands.cost import render_report
     from learned_cost.persist import load_model
-    from search.commands.cost import render_report
 
     metas = []
     for name in ("h100", "cpu"):
@@ -438,7 +438,7 @@ def test_auto_form_is_the_lower_mape_averaged_over_the_splits():
     """free wins the first split by a little and loses the second by more: auto is roofline."""
     from types import SimpleNamespace as NS
 
-    from learned_cost.train import choose_form
+    from learned_cost.study.train import choose_form
 
     def split(free: float, roofline: float, mixed: float = 1.0) -> NS:
         mape = {"mlp-free": free, "mlp-roofline": roofline, "mlp-mixed": mixed}

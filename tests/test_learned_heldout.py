@@ -1,4 +1,4 @@
-"""The held-out study (learned_cost/heldout.py): grouping by architecture and graph group,
+"""The held-out study (learned_cost/study/heldout.py): grouping by architecture and graph group,
 seeded grouped folds, nested choice of the MLP form, the report's tables.
 
 Rows are fakes (real zoo groups, made-up latencies: tests/learned_fakes.py)."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from learned_fakes import GRAPHS, fake_rows, graph
 
-from learned_cost import heldout
-from learned_cost.heldout import (
+from learned_cost.study import heldout
+from learned_cost.study.heldout import (
     NESTED,
     StudyConfig,
     architecture_of,
@@ -20,9 +20,9 @@ from learned_cost.heldout import (
     shuffled_group_folds,
     with_split_keys,
 )
-from learned_cost.heldout_report import read_study, render_study
-from learned_cost.hw_features import HW_NAMES, hw_matrix
-from learned_cost.plan_eval import GraphCache
+from learned_cost.study.heldout_report import read_study, render_study
+from learned_cost.study.hw_features import HW_NAMES, hw_matrix
+from learned_cost.study.plan_eval import GraphCache
 from planner.errors import CostModelError
 from planner.features import group_descriptor
 from planner.hardware import get_spec
@@ -164,7 +164,7 @@ def test_cost_heldout_cli_writes_a_study_the_report_shows(rows, tmp_path, capsys
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from search.cli import main
+    from cli.main import main
 
     data = tmp_path / "fake.parquet"
     keep = [{k: v for k, v in r.items() if k not in ("architecture", "graph_group")} for r in rows]

@@ -9,9 +9,9 @@ from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import CorrectedModel
 from learned_cost.features import design_matrix
 from learned_cost.mlp import CorrectionMLP
+from planner.fusion.partition import Partition
 from planner.hardware import get_spec
 from planner.objective import Objective
-from planner.partition import Partition
 from search.strategies import get_strategy
 from search.strategy import Budget
 

@@ -1,4 +1,4 @@
-"""Legality: every rule of planner.legality.RULES rejects its illegal case, with its reason."""
+"""Legality: every rule of planner.fusion.legality.RULES rejects its illegal case, with its reason."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.errors import LegalityError
-from planner.fuse_rules import default_partition
+from planner.fusion.fuse_rules import default_partition
+from planner.fusion.legality import RULES, FusionState, can_merge, check, group_reasons
+from planner.fusion.partition import Partition, mask_of
 from planner.hardware import get_spec
-from planner.legality import RULES, FusionState, can_merge, check, group_reasons
-from planner.partition import Partition, mask_of
-from planner.randgraph import GraphBuilder, random_graph
 from tests.partition_helpers import zoo_graph
+from zoo.randgraph import GraphBuilder, random_graph
 
 M = (1024, 1024)
 

@@ -8,12 +8,12 @@ import textwrap
 import pytest
 import torch
 
-from planner import modelspec
-from planner.buckets import parse_dynamic
-from planner.cache import PlanCache
-from planner.capture import capture
+from cli.main import main
 from planner.errors import FusionPlannerError, ModelSpecError
-from search.cli import main
+from planner.ir.capture import capture
+from planner.plans.buckets import parse_dynamic
+from planner.plans.cache import PlanCache
+from zoo import modelspec
 
 FACTORIES = """
 import torch

@@ -8,9 +8,10 @@ import textwrap
 import pytest
 import torch
 
-from planner import hardware, modelspec
+from cli.main import main
+from planner import hardware
 from planner.errors import DeviceSpecError, ModelSpecError
-from search.cli import main
+from zoo import modelspec
 
 
 def test_parse_shape_accepts_suffixes_and_powers():

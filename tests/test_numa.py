@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.capture import capture
 from planner.distributed.numa import (
     group_cost_s,
     migrate_or_read_remote,
@@ -15,6 +14,7 @@ from planner.distributed.numa import (
     place,
     two_node,
 )
+from planner.ir.capture import capture
 
 N = 1 << 18  # 1 MiB of fp32 per input
 

@@ -7,12 +7,12 @@ import math
 import pytest
 
 from planner.cost import GroupCost, group_io
-from planner.ir import OpGraph
+from planner.fusion.partition import Partition
+from planner.ir.graph import OpGraph
 from planner.objective import Objective, peak_boundary_bytes, realization_of
-from planner.partition import Partition
-from planner.randgraph import GraphBuilder, random_graph
 from search.strategies import get_strategy
 from tests.partition_helpers import h100_objective, zoo_graph
+from zoo.randgraph import GraphBuilder, random_graph
 
 M = (1024, 1024)  # fp32: 4 MiB per tensor
 MIB4 = 1024 * 1024 * 4

@@ -21,10 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.errors import FusionPlannerError
-from planner.legality import check
-from planner.opkinds import Kind, kinds
-from planner.partition import Partition
-from planner.randgraph import random_graph
+from planner.fusion.legality import check
+from planner.fusion.opkinds import Kind, kinds
+from planner.fusion.partition import Partition
 from search.encoding import build_encoding
 from search.merge_env import MergeEnv
 from search.optuna_storage import make_storage, open_study, storage_kind, study_name
@@ -34,6 +33,7 @@ from search.strategies.nsga2 import pareto_front
 from search.strategy import Budget
 from tests.partition_helpers import h100_objective, zoo_graph
 from tests.test_cache import pg_server  # noqa: F401  (fixture: a throwaway PostgreSQL)
+from zoo.randgraph import random_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 # A graph where priority's first choices block better ones: tpe finds a cheaper plan.
@@ -281,10 +281,10 @@ class Refuse:
             raise ImportError("optuna is blocked in this test")
 sys.meta_path.insert(0, Refuse())
 from planner.errors import FusionPlannerError
-from planner.randgraph import random_graph
+from zoo.randgraph import random_graph
 from tests.partition_helpers import h100_objective
 from search.strategies import STRATEGIES, get_strategy
-import search.commands.plan  # the CLI's plan command imports too
+import cli.commands.plan  # the CLI's plan command imports too
 assert {"priority", "tpe", "nsga2", "rl"} <= set(STRATEGIES)
 r = get_strategy("priority").plan(random_graph(40, 1), h100_objective())
 assert r.evaluation.legal and len(r.partition) < 40

@@ -7,16 +7,16 @@ import torch
 import torch.distributed._functional_collectives as fc
 
 from learned_cost.analytical import AnalyticalModel
-from planner.capture import capture
 from planner.distributed import parallel_models as pm
 from planner.distributed.comm_cost import collective_time_s
 from planner.distributed.dp import BackwardStep, dp_step_timeline, pack
 from planner.distributed.links import LINKS
 from planner.distributed.overlap import COMM, COMPUTE, Task, plan_tasks, schedule
 from planner.distributed.streams import evaluate_streams
+from planner.fusion.partition import Partition
 from planner.hardware import get_spec
+from planner.ir.capture import capture
 from planner.objective import Objective
-from planner.partition import Partition
 
 
 def test_collective_overlaps_independent_compute_and_blocks_its_consumer() -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from planner.ir import Category
-from planner.opkinds import Kind
-from planner.patterns import (
+from planner.fusion.opkinds import Kind
+from planner.fusion.patterns import (
     EW,
     LIBRARY,
     Alt,
@@ -22,8 +21,9 @@ from planner.patterns import (
     resolve,
     score,
 )
-from planner.randgraph import GraphBuilder
+from planner.ir.graph import Category
 from tests.partition_helpers import h100_objective, names, zoo_graph
+from zoo.randgraph import GraphBuilder
 
 M = (1024, 1024)
 
@@ -215,7 +215,7 @@ def test_gelu_epilogue_rewrite_matches_linear_gelu_and_only_where_it_may():
     """linear -> GELU becomes one _addmm_activation (on the CPU it computes the exact GELU,
     so the rewrite itself must match eager to rounding); fp32 and a linear with another
     user are left alone."""
-    from planner.realize_patterns import gelu_epilogue_sites, rewrite_gelu_epilogue
+    from planner.realize.kernels import gelu_epilogue_sites, rewrite_gelu_epilogue
 
     class M(torch.nn.Module):
         def __init__(self):

@@ -11,19 +11,19 @@ import pytest
 import torch
 from torch import nn
 
+from cli.common import Resolved, capture_for_planning
+from cli.main import main
 from learned_cost.analytical import AnalyticalModel
-from planner.cache import PlanCache
-from planner.capture import export_model, flat_module, trace_device
 from planner.errors import CaptureError, PlanError
+from planner.fusion.partition import Partition
 from planner.hardware import get_spec
-from planner.partition import Partition
-from planner.pytrees import Structure, flat_values
-from planner.realize import realize
-from planner.realize_check import compare_outputs
-from planner.runtime_graph import capture_for_serving
+from planner.ir.capture import export_model, flat_module, trace_device
+from planner.ir.pytrees import Structure, flat_values
+from planner.plans.cache import PlanCache
+from planner.realize.check import compare_outputs
+from planner.realize.realizer import realize
+from planner.runtime.graph import capture_for_serving
 from profiling.verify import verify_against_eager
-from search.cli import main
-from search.cli_common import Resolved, capture_for_planning
 from search.tune import TuneConfig, tune
 
 FAST_TIMER = {"warmup": 1, "min_reps": 3, "max_reps": 5, "max_seconds": 1.0}
@@ -217,7 +217,7 @@ def factory_file(tmp_path_factory):
 
 
 def _resolved(factory_file, name: str, shape: str = "") -> Resolved:
-    from planner.modelspec import resolve
+    from zoo.modelspec import resolve
 
     return Resolved(resolve(f"{factory_file}:{name}", shape), "cpu", torch.float32)
 

@@ -19,20 +19,20 @@ pytest.importorskip("transformers")
 
 from benchmarks.models import BY_NAME, SUITE
 from learned_cost.analytical import AnalyticalModel
-from planner.buckets import parse_dynamic
-from planner.cache import PlanCache
-from planner.capture import export_model
+from planner.fusion.legality import check
 from planner.hardware import get_spec
-from planner.legality import check
-from planner.modelspec import resolve, tensor_shapes
+from planner.ir.capture import export_model
+from planner.ir.pytrees import flat_values
+from planner.ir.taxonomy import Category
 from planner.objective import Objective
-from planner.pytrees import flat_values
-from planner.realize import realize
-from planner.runtime import fusion_planner_backend
-from planner.taxonomy import Category
+from planner.plans.buckets import parse_dynamic
+from planner.plans.cache import PlanCache
+from planner.realize.realizer import realize
+from planner.runtime.backend import fusion_planner_backend
 from profiling.verify import verify_against_eager
 from search.strategies import get_strategy
 from search.tune import TuneConfig, tune
+from zoo.modelspec import resolve, tensor_shapes
 
 pytestmark = pytest.mark.optional
 

@@ -1,4 +1,4 @@
-"""planner.realization: one rule labels every group, the Plan records it, realize runs it.
+"""planner.fusion.realization: one rule labels every group, the Plan records it, realize runs it.
 
 The labels a Plan records are checked against what `realize` actually ran for each group
 (the report, and the FX module the group runs: an SDPA call, a concatenated GEMM, a
@@ -18,19 +18,14 @@ import pytest
 import torch
 
 import learned_cost.features as learned_features
+import zoo
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.corrected import default_realization
 from learned_cost.realized import RealizedRoofline
-from planner import objective, realize_patterns, zoo
-from planner import realize as realize_mod
-from planner.capture import export_model
-from planner.hardware import get_spec
-from planner.objective import Objective
-from planner.partition import Partition
-from planner.patterns import LIBRARY, PatternDef, match_all
-from planner.plan import GroupPlan, Plan
-from planner.randgraph import GraphBuilder
-from planner.realization import (
+from planner import objective
+from planner.fusion.partition import Partition
+from planner.fusion.patterns import LIBRARY, PatternDef, match_all
+from planner.fusion.realization import (
     REALIZATION_RULES,
     REALIZATIONS,
     RULE_VERSION,
@@ -38,9 +33,16 @@ from planner.realization import (
     rule_for,
     unmet,
 )
-from planner.realize import RealizeWarning, realize
-from planner.recognize import find_attention, find_sibling_gemms
+from planner.fusion.recognize import find_attention, find_sibling_gemms
+from planner.hardware import get_spec
+from planner.ir.capture import export_model
+from planner.objective import Objective
+from planner.plans.plan import GroupPlan, Plan
+from planner.realize import kernels as realize_patterns
+from planner.realize import realizer as realize_mod
+from planner.realize.realizer import RealizeWarning, realize
 from search.strategies import get_strategy
+from zoo.randgraph import GraphBuilder
 
 TINY = {"B": 2, "S": 16, "D": 32, "H": 2}
 ZOO = {
@@ -256,7 +258,7 @@ def test_a_label_that_cannot_be_honoured_falls_back_with_a_logged_reason(caplog)
     groups[g] = dataclasses.replace(groups[g], realization="sdpa")  # as an older version might
     stale = dataclasses.replace(plan, groups=tuple(groups))
     asked = pytest.warns(RealizeWarning, match="asked for sdpa, runs as inductor")
-    with caplog.at_level(logging.WARNING, logger="planner.realize"), asked:
+    with caplog.at_level(logging.WARNING, logger="planner.realize.realizer"), asked:
         r = realize(c, stale, compiler=run_eagerly)
     gi = r.partition.groups.index(next(x for x in r.partition.groups
                                        if tuple(sorted(x)) == plan.groups[g].nodes))  # fmt: skip

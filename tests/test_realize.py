@@ -1,4 +1,4 @@
-"""planner.realize: plans become code that matches eager, groups fall back when they fail.
+"""planner.realize.realizer: plans become code that matches eager, groups fall back when they fail.
 
 Real torch models from the zoo, real torch.export, real Inductor (CPU C++ backend) where a
 test needs a compile; tests that only check the cutting, the rewrites or the fallback
@@ -13,14 +13,14 @@ from typing import ClassVar
 import pytest
 import torch
 
-from planner import realize_layout as layout
-from planner import zoo
-from planner.capture import export_model
-from planner.capture_dynamic import export_dynamic
+import zoo
 from planner.errors import PlanError
-from planner.partition import Partition
-from planner.realize import RealizeWarning, choose_realization, realize
-from planner.realize_patterns import find_attention, find_sibling_gemms
+from planner.fusion.partition import Partition
+from planner.ir.capture import export_model
+from planner.ir.capture_dynamic import export_dynamic
+from planner.realize import layout
+from planner.realize.kernels import find_attention, find_sibling_gemms
+from planner.realize.realizer import RealizeWarning, choose_realization, realize
 
 TINY = {"B": 2, "S": 16, "D": 32, "H": 2}
 TINY_PARAMS = {
@@ -360,7 +360,7 @@ class _FakeReplay:
 
 
 def test_shape_graphs_record_on_recurrence_evict_by_count_and_bytes(monkeypatch):
-    import planner.realize as realize_mod
+    import planner.realize.realizer as realize_mod
 
     monkeypatch.setattr(realize_mod, "_GraphReplay", _FakeReplay)
     monkeypatch.setattr(realize_mod.torch.cuda, "graph_pool_handle", lambda: "pool")
@@ -458,7 +458,7 @@ def test_gelu_epilogue_inside_a_compiled_group_compiles_and_matches(monkeypatch)
     """The cuBLASLt GELU epilogue is a CUDA rewrite; allowed on the CPU here (where
     _addmm_activation computes the exact GELU) it must compile inside an Inductor group
     (an inference compile: the op has no derivative) and match eager."""
-    from planner import realize_patterns
+    from planner.realize import kernels as realize_patterns
 
     monkeypatch.setattr(realize_patterns, "GELU_EPILOGUE_DEVICES", ("cpu", "cuda"))
     module, inputs, c = build("transformer-block", dtype=torch.bfloat16)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import zoo
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.realized import RealizedRoofline
-from planner import zoo
-from planner.capture import export_model
+from planner.fusion.partition import Partition
 from planner.hardware import get_spec
-from planner.partition import Partition
+from planner.ir.capture import export_model
 from search.planning import make_plan
 
 SHAPE = {"B": 8, "S": 512, "D": 768, "H": 12}

@@ -16,9 +16,9 @@ from xml.etree import ElementTree
 
 import pytest
 
-from search import report_graph
-from search.cli import main
-from search.report_charts import BucketTimes, Spread, timing_chart
+from cli import report_graph
+from cli.main import main
+from cli.report_charts import BucketTimes, Spread, timing_chart
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # A quiet, offline, throw-away browser: no sandbox (CI runs as root), no GPU, no network
@@ -66,6 +66,8 @@ def _tune_argv(tmp: Path, report: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     """(report path, the job's JSON output) of one small tuning job with a report."""
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz is not installed (Debian: apt-get install graphviz)")
     tmp = tmp_path_factory.mktemp("report")
     report = tmp / "report.html"
     out = io.StringIO()
@@ -117,6 +119,8 @@ def test_missing_graphviz_is_said_before_any_tuning(tmp_path, monkeypatch, capsy
 
 
 def test_an_unwritable_report_path_is_said_before_any_tuning(tmp_path, capsys):
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz is not installed (Debian: apt-get install graphviz)")
     argv = _tune_argv(tmp_path, tmp_path)  # a folder, not a file
     assert main(argv) == 2
     assert "cannot write the report" in capsys.readouterr().err

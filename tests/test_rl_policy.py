@@ -15,9 +15,8 @@ import pytest
 import torch
 
 from planner.errors import FusionPlannerError
-from planner.fuse_rules import default_partition
-from planner.legality import check
-from planner.randgraph import random_graph
+from planner.fusion.fuse_rules import default_partition
+from planner.fusion.legality import check
 from search.merge_env import MergeEnv
 from search.rl_policy import (
     DEFAULT_POLICY,
@@ -46,6 +45,7 @@ from search.rl_train import (
 from search.strategies import get_strategy
 from search.strategy import Budget
 from tests.partition_helpers import h100_objective, zoo_graph
+from zoo.randgraph import random_graph
 
 HELD_OUT = [(40, HELD_OUT_SEED + 1), (90, HELD_OUT_SEED + 2), (200, HELD_OUT_SEED + 3)]
 

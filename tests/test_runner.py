@@ -9,16 +9,16 @@ import math
 import pytest
 import torch
 
+from cli.main import build_parser, main
 from learned_cost.analytical import AnalyticalModel
-from planner.buckets import parse_dynamic
+from planner.fusion.partition import Partition
 from planner.hardware import device_fingerprint, get_spec
 from planner.measurement import ERROR_KINDS, MeasureError, Measurement, PlanJob, Timing
-from planner.modelspec import resolve
-from planner.partition import Partition
-from planner.runtime_graph import capture_for_serving
+from planner.plans.buckets import parse_dynamic
+from planner.runtime.graph import capture_for_serving
 from profiling.runner import DeviceRunner, RealizedExecutor, ServedExecutor
 from search import cost_models
-from search.cli import build_parser, main
+from zoo.modelspec import resolve
 
 TIMER = {"warmup": 1, "min_reps": 3, "max_reps": 6, "max_seconds": 1.0}
 
@@ -165,7 +165,7 @@ class ScriptedRunner:
 
 
 def test_tune_keeps_the_fastest_record_and_drops_failed_ones(tmp_path):
-    from planner.cache import PlanCache
+    from planner.plans.cache import PlanCache
     from search.tune import TuneConfig, tune
 
     spec = resolve("zoo:transformer-block", "B=1,D=32,H=2")

@@ -2,7 +2,7 @@
 
 Fast tests use tiny zoo models. Where a test checks the backend's bookkeeping (how many
 realizations, which partition each got) it passes a counting realizer/exporter around
-the real export; the tests marked slow run the real planner.realize (Inductor).
+the real export; the tests marked slow run the real planner.realize.realizer (Inductor).
 """
 
 from __future__ import annotations
@@ -14,22 +14,23 @@ import warnings
 import pytest
 import torch
 
-from planner import runtime, zoo
-from planner.buckets import BucketSpec, DynamicDim, Edges, Pow2, parse_dynamic
-from planner.cache import PlanCache
-from planner.capture import Captured, export_model
-from planner.ir import Category, OpGraph
-from planner.partition import Partition
-from planner.plan import Plan
-from planner.realize import realize
-from planner.runtime import (
+import zoo
+from planner.fusion.partition import Partition
+from planner.ir.capture import Captured, export_model
+from planner.ir.graph import Category, OpGraph
+from planner.plans.buckets import BucketSpec, DynamicDim, Edges, Pow2, parse_dynamic
+from planner.plans.cache import PlanCache
+from planner.plans.plan import Plan
+from planner.realize.realizer import realize
+from planner.runtime import backend as runtime
+from planner.runtime.backend import (
     PlannerRuntimeWarning,
     default_plan,
     fusion_planner_backend,
     lookup,
     plan_for,
 )
-from planner.runtime_graph import lift_graph
+from planner.runtime.graph import lift_graph
 
 BLOCK = {"B": 2, "S": 16, "D": 32, "H": 4}
 
@@ -135,7 +136,7 @@ def run_shapes(compiled, module, sizes, d=32, b=2):
 # ---- layering -------------------------------------------------------------------------------
 def test_runtime_imports_neither_optuna_nor_sklearn():
     code = (
-        "import sys, planner.runtime\n"
+        "import sys, planner.runtime.backend\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('optuna', 'sklearn'))\n"
         "print(bad)\n"
         "sys.exit(1 if bad else 0)\n"
@@ -388,7 +389,7 @@ def test_lift_keeps_attribute_parameters_as_parameters():
 
 # ---- real realization (Inductor) -----------------------------------------------------------------
 def test_backend_with_real_realization_matches_eager(cache):
-    """planner.realize (Inductor) and capture_dynamic for real: a tuned plan with a fused
+    """planner.realize.realizer (Inductor) and capture_dynamic for real: a tuned plan with a fused
     attention group, realized once for its bucket, matches eager over the bucket's shapes;
     misses run the (stand-in) default plan, also realized."""
     module = block()

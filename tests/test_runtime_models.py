@@ -12,21 +12,21 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-from planner import zoo
-from planner.buckets import parse_dynamic
-from planner.cache import PlanCache
-from planner.capture import Captured
-from planner.capture_dynamic import export_dynamic
-from planner.fuse_rules import default_partition
-from planner.modelspec import resolve
-from planner.partition import Partition
-from planner.plan import Plan
-from planner.realize import realize
-from planner.realize_graph import group_graphs, take_apart
-from planner.runtime import PlannerRuntimeWarning, fusion_planner_backend
-from planner.runtime_grad import recompute_blocker
-from planner.runtime_graph import capture_for_serving
-from search.cli import main
+import zoo
+from cli.main import main
+from planner.fusion.fuse_rules import default_partition
+from planner.fusion.partition import Partition
+from planner.ir.capture import Captured
+from planner.ir.capture_dynamic import export_dynamic
+from planner.plans.buckets import parse_dynamic
+from planner.plans.cache import PlanCache
+from planner.plans.plan import Plan
+from planner.realize.graph import group_graphs, take_apart
+from planner.realize.realizer import realize
+from planner.runtime.backend import PlannerRuntimeWarning, fusion_planner_backend
+from planner.runtime.grad import recompute_blocker
+from planner.runtime.graph import capture_for_serving
+from zoo.modelspec import resolve
 
 transformers = pytest.importorskip("transformers")
 

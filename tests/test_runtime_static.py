@@ -8,14 +8,14 @@ import threading
 import pytest
 import torch
 
-from planner import runtime
-from planner.buckets import parse_dynamic
-from planner.cache import PlanCache
-from planner.capture import export_model
-from planner.partition import Partition
-from planner.plan import Plan
-from planner.realize import realize
-from planner.runtime import fusion_planner_backend
+from planner.fusion.partition import Partition
+from planner.ir.capture import export_model
+from planner.plans.buckets import parse_dynamic
+from planner.plans.cache import PlanCache
+from planner.plans.plan import Plan
+from planner.realize.realizer import realize
+from planner.runtime import backend as runtime
+from planner.runtime.backend import fusion_planner_backend
 from tests.backend_helpers import small_block
 
 SPEC = "S=8..64"
@@ -171,7 +171,7 @@ def test_gradients_through_a_specialized_shape_are_eagers(cache):
 
 @pytest.mark.slow
 def test_real_static_specialization_matches_eager(cache):
-    """planner.realize for real (Inductor): the specialized plan is static and correct."""
+    """planner.realize.realizer for real (Inductor): the specialized plan is static and correct."""
     module = small_block()
     store_plan(module, cache)
     made = []

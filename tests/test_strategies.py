@@ -14,14 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.errors import FusionPlannerError
-from planner.legality import check
+from planner.fusion.legality import check
+from planner.fusion.partition import Partition
 from planner.objective import Objective
-from planner.partition import Partition
-from planner.randgraph import random_graph
 from search.strategies import STRATEGIES, get_strategy
 from search.strategy import Budget, SearchResult, Strategy
 from tests.partition_helpers import brute_force, h100_objective, zoo_graph
 from tests.test_objective import Broken, FixedModel
+from zoo.randgraph import random_graph
 
 ALL = sorted(STRATEGIES)
 SMALL = Budget(max_evals=400, max_seconds=5.0)

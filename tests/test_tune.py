@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cli.main import main
 from learned_cost.analytical import AnalyticalModel
-from planner.cache import PlanCache
-from planner.capture import capture
 from planner.hardware import get_spec
-from planner.modelspec import resolve
-from search.cli import main
+from planner.ir.capture import capture
+from planner.plans.cache import PlanCache
 from search.tune import TuneConfig, bucket_spec, tune
+from zoo.modelspec import resolve
 
 FAST_TIMER = {"warmup": 1, "min_reps": 3, "max_reps": 6, "max_seconds": 1.0}
 

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from learned_fakes import fake_rows
 
-from learned_cost.baselines import GBTCorrection, TwinsOver
 from learned_cost.corrected import load_corrected
-from learned_cost.evaluate import MODELS, cross_validate
 from learned_cost.features import design_matrix
 from learned_cost.mlp import CorrectionMLP
 from learned_cost.persist import load_model, paths_for, save_model
+from learned_cost.study.baselines import GBTCorrection, TwinsOver
+from learned_cost.study.evaluate import MODELS, cross_validate
 from learned_cost.twins import TwinTable
 from planner.errors import CostModelError
 from planner.hardware import get_spec

@@ -1,4 +1,4 @@
-"""Tolerances and the eager check (planner.realize_check, profiling.verify)."""
+"""Tolerances and the eager check (planner.realize.check, profiling.verify)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import math
 
 import torch
 
-from planner import zoo
-from planner.capture import export_model
-from planner.partition import Partition
-from planner.realize import realize
-from planner.realize_check import compare_tensor
+import zoo
+from planner.fusion.partition import Partition
+from planner.ir.capture import export_model
+from planner.realize.check import compare_tensor
+from planner.realize.realizer import realize
 from profiling.verify import (
     TOLERANCES,
     compare_outputs,

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from xml.etree import ElementTree
 
 import pytest
 
-from planner.fuse_rules import default_partition
-from planner.legality import check
-from search.cli import main
+from cli.main import main
+from planner.fusion.fuse_rules import default_partition
+from planner.fusion.legality import check
 from search.strategies import get_strategy
 from tests.partition_helpers import group_with, h100_objective, zoo_graph
 
@@ -122,7 +123,9 @@ def test_plan_cli_table_json_html_and_saved_plan(tmp_path, capsys):
     html, dot, saved = tmp_path / "p.html", tmp_path / "p.dot", tmp_path / "plan.json"
     argv = ["plan", "--model", "zoo:transformer-block", "--shape", "B=2,S=128,D=256,H=4"]
     argv += ["--device", "h100", "--dtype", "bf16", "--strategy", "priority"]
-    assert main([*argv, "--html", str(html), "--dot", str(dot), "--save-plan", str(saved)]) == 0
+    drawn = shutil.which("dot") is not None  # the HTML view is laid out by Graphviz
+    extra = ["--html", str(html)] if drawn else []
+    assert main([*argv, *extra, "--dot", str(dot), "--save-plan", str(saved)]) == 0
     table = capsys.readouterr().out
     assert "sdpa" in table and "concat_gemm" in table and "vs" in table and "unfused" in table
     assert main([*argv, "--format", "json"]) == 0
@@ -131,6 +134,10 @@ def test_plan_cli_table_json_html_and_saved_plan(tmp_path, capsys):
     assert out["totals"]["kernels"] < out["totals"]["unfused_kernels"]
     assert {r["realization"] for r in out["groups"]} >= {"sdpa", "concat_gemm", "inductor"}
     assert sum(len(r["nodes"]) for r in out["groups"]) == 25
+    assert dot.read_text().count("subgraph cluster_") == len(out["groups"])
+    assert json.loads(saved.read_text())["strategy"] == "priority"
+    if not drawn:
+        pytest.skip("the HTML plan view needs Graphviz (Debian: apt-get install graphviz)")
     page = html.read_text()
     graph = page[page.index("<svg", page.index('class="plan-graph"')) :]
     svg = ElementTree.fromstring(graph[: graph.index("</svg>") + 6])  # well-formed
@@ -145,8 +152,6 @@ def test_plan_cli_table_json_html_and_saved_plan(tmp_path, capsys):
     assert sorted(t.split(" · ")[1] for t in titles) == sorted(
         r["realization"] for r in out["groups"]
     )
-    assert dot.read_text().count("subgraph cluster_") == len(out["groups"])
-    assert json.loads(saved.read_text())["strategy"] == "priority"
 
 
 def test_plan_cli_exact_reports_a_budget_that_ran_out(capsys):

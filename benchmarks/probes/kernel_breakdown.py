@@ -12,11 +12,11 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+import zoo
 from learned_cost.analytical import AnalyticalModel
-from planner import zoo
-from planner.capture import export_model
 from planner.hardware import get_spec, local_device_name
-from planner.realize import realize
+from planner.ir.capture import export_model
+from planner.realize.realizer import realize
 from search.planning import make_plan
 
 

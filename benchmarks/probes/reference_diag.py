@@ -8,10 +8,10 @@ import sys
 
 import torch
 
-from planner.fuse_rules import default_partition
-from planner.modelspec import resolve
-from planner.realize import realize
-from planner.runtime_graph import capture_for_serving
+from planner.fusion.fuse_rules import default_partition
+from planner.realize.realizer import realize
+from planner.runtime.graph import capture_for_serving
+from zoo.modelspec import resolve
 
 device = sys.argv[1] if len(sys.argv) > 1 else "cuda"
 tiny = len(sys.argv) > 2 and sys.argv[2] == "tiny"

@@ -3,7 +3,7 @@ ranks, by which algorithm.
 
 Capture reads torch.distributed functional collectives (`_c10d_functional.all_reduce`,
 `all_gather_into_tensor`, `reduce_scatter_tensor`, `all_to_all_single`, `broadcast`) as
-`Category.COLLECTIVE` nodes (planner.taxonomy) and records the group's size as the
+`Category.COLLECTIVE` nodes (planner.ir.taxonomy) and records the group's size as the
 attribute `group_size`; `wait_tensor` is the point where the result is first needed and
 moves nothing. The algorithm is a planning decision, not something the graph says: it is
 the attribute `algorithm` where a plan set one, else the kind's default below.
@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from planner.distributed.comm_cost import Algorithm, CollectiveKind
 from planner.errors import FusionPlannerError
-from planner.ir import Category, OpGraph, OpNode
-from planner.taxonomy import packet_of
+from planner.ir.graph import Category, OpGraph, OpNode
+from planner.ir.taxonomy import packet_of
 
 # functional-collective op -> kind
 KIND_OF_OP: dict[str, CollectiveKind] = {

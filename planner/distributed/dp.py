@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from planner.distributed.overlap import COMM, COMPUTE, Task, Timeline, schedule
 from planner.errors import FusionPlannerError
-from planner.ir import Category, OpGraph
+from planner.ir.graph import Category, OpGraph
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # torch DDP's bucket_cap_mb default
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from planner.cost import group_io
 from planner.errors import FusionPlannerError
-from planner.ir import OpGraph
+from planner.ir.graph import OpGraph
 
 PAGE_BYTES = 4096
 

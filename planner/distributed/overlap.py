@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner.distributed.collectives import Collective, collective_of
-from planner.ir import Category, OpGraph
+from planner.ir.graph import Category, OpGraph
 
 COMPUTE, COMM = "compute", "comm"
 

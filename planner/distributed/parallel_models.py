@@ -151,7 +151,7 @@ class BucketedGradSync(nn.Module):
 
 
 def mlp_param_shapes(d: int, hidden: int, layers: int) -> list[tuple[int, ...]]:
-    """Parameter shapes of planner.zoo's MLP (weight, bias per layer), in model order."""
+    """Parameter shapes of zoo's MLP (weight, bias per layer), in model order."""
     dims = [d] + [hidden] * layers + [d]
     shapes: list[tuple[int, ...]] = []
     for a, b in itertools.pairwise(dims):

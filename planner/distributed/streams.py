@@ -13,8 +13,8 @@ from planner.distributed.collectives import Collective, require_group_size
 from planner.distributed.comm_cost import collective_time_s
 from planner.distributed.links import LinkSpec
 from planner.distributed.overlap import Timeline, plan_tasks, schedule
+from planner.fusion.partition import Partition, bits
 from planner.objective import Objective
-from planner.partition import Partition, bits
 
 
 def evaluate_streams(

@@ -34,9 +34,8 @@ from __future__ import annotations
 import heapq
 import math
 
-from planner.group_facts import never_legal_grown
-from planner.ir import OpGraph
-from planner.legality import (
+from planner.fusion.group_facts import never_legal_grown
+from planner.fusion.legality import (
     GROUP_RULES,
     FusionState,
     GroupFacts,
@@ -45,9 +44,10 @@ from planner.legality import (
     fused_region_of,
     node_facts,
 )
+from planner.fusion.partition import Partition, bits
+from planner.fusion.resources import ResourceLimits
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.partition import Partition, bits
-from planner.resources import ResourceLimits
 from search.strategies.greedy import GreedyStrategy
 from search.strategies.priority import PriorityStrategy, absorb_free_groups
 from search.strategy import Clock, Strategy, register

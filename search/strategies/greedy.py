@@ -1,4 +1,4 @@
-"""`greedy`: the rule-based TVM FuseOps-like partition (planner.fuse_rules), as a strategy.
+"""`greedy`: the rule-based TVM FuseOps-like partition (planner.fusion.fuse_rules), as a strategy.
 
 Deterministic, no cost model in the loop, one evaluation (the final one). It is the
 baseline the searching strategies must beat, and the plan the runtime serves on a miss.
@@ -6,10 +6,10 @@ baseline the searching strategies must beat, and the plan the runtime serves on 
 
 from __future__ import annotations
 
-from planner.fuse_rules import default_partition
-from planner.ir import OpGraph
+from planner.fusion.fuse_rules import default_partition
+from planner.fusion.partition import Partition
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.partition import Partition
 from search.strategy import Clock, Strategy, register
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from planner.ir import OpGraph
+from planner.fusion.partition import Partition
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.partition import Partition
 from search.optuna_search import OptunaSettings, optimize
 from search.optuna_storage import require_optuna
 from search.strategy import Budget, Clock, SearchResult, Strategy, register

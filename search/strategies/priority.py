@@ -2,7 +2,7 @@
 
 1. Known fused kernels first (as XLA rewrites attention into a fused custom call before
    its fusion passes): attention and sibling-GEMM matches, settled by the score of
-   docs/formulas.md §7 (planner.patterns.resolve), are applied where legal and where they
+   docs/formulas.md §7 (planner.fusion.patterns.resolve), are applied where legal and where they
    lower the modelled cost. Pairwise merges alone could never build an attention group:
    every intermediate step (GEMM + softmax, softmax + GEMM) is illegal.
 2. Every other view joins its producer's group (views are free, and a view left alone
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import heapq
 
-from planner.ir import OpGraph
-from planner.legality import FusionState, free_mask, group_reasons
+from planner.fusion.legality import FusionState, free_mask, group_reasons
+from planner.fusion.opkinds import Kind, kinds
+from planner.fusion.partition import Partition
+from planner.fusion.patterns import match_all, resolve
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.opkinds import Kind, kinds
-from planner.partition import Partition
-from planner.patterns import match_all, resolve
 from search.strategy import Clock, Strategy, register
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.ir import OpGraph
+from planner.fusion.partition import Partition
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.partition import Partition
 from search.rl_policy import DEFAULT_POLICY, Policy, load_policy, rollout
 from search.rl_train import finetune
 from search.strategy import Clock, Strategy, register

@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from planner.errors import FusionPlannerError
-from planner.ir import OpGraph
+from planner.fusion.partition import Partition
+from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from planner.partition import Partition
 from search.optuna_search import OptunaSettings, optimize
 from search.optuna_storage import require_optuna
 from search.strategy import Clock, Strategy, register

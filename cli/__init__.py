@@ -1,0 +1,1 @@
+"""The `fusion-plan` command line: one module per subcommand in `cli/commands/`, views and reports."""

@@ -1,0 +1,42 @@
+"""`fusion-plan analyze`: per-op roofline table and fusion bounds of a model, and with
+`--tp/--dp/--pp/--interconnect` its distributed breakdown (analyze_dist)."""
+
+from __future__ import annotations
+
+import argparse
+
+from cli.commands.analyze_dist import (
+    add_dist_args,
+    apply_tp,
+    distributed_report,
+    wants_distributed,
+)
+from cli.common import add_model_args, capture_for_planning, emit, resolve
+from learned_cost.analytical import AnalyticalModel
+from learned_cost.report import analyze, format_table
+from planner.hardware import get_spec
+from zoo import modelspec
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("analyze", help="per-op FLOPs, bytes, roofline bound and predicted time")
+    add_model_args(p)
+    add_dist_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if wants_distributed(args):
+        apply_tp(args, modelspec.resolve(args.model, args.shape).params)
+    r = resolve(args)
+    graph = capture_for_planning(r).graph
+    spec = get_spec(r.device_name)
+    report = analyze(graph, AnalyticalModel(spec), r.dtype_name)
+    data = {"model": r.spec.label, "dtype": r.dtype_name, **report.to_dict()}
+    text = format_table(report)
+    if wants_distributed(args):
+        times = [row.predicted_s for row in report.rows]
+        data["distributed"], dist_text = distributed_report(args, graph, times, spec.kind)
+        text += "\n" + dist_text
+    emit(args, data, text)
+    return 0

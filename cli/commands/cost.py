@@ -1,0 +1,554 @@
+"""`fusion-plan cost train|eval|report`: the learned correction of the analytical model.
+
+- `train`: grouped cross-validation of every model side by side (analytical, mean-bias,
+  ridge, gradient-boosted trees, MLP free, roofline-bounded and the two mixed), the MLP
+  form chosen, fitted on all rows, saved (JSON + npz) with its metrics; writes the
+  predicted-vs-measured PNG. One command does everything:
+  `fusion-plan cost train --data data/h100_profiles.parquet --device h100
+   --out learned_cost/models/h100.json`
+- `eval`: the same side-by-side table and plot without saving a model (with `--model`,
+  the MLP rows use that model's hyper-parameters).
+- `report`: docs/learned_cost.md from saved models' metadata (no retraining).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from cli.common import device_name, positive_int
+from learned_cost.data import load_profiles
+from learned_cost.features import FEATURES, SCHEMA_HASH
+from learned_cost.mlp import FORMS
+from learned_cost.persist import ModelMeta, read_meta
+from learned_cost.study.evaluate import MODELS
+from learned_cost.study.heldout import StudyConfig
+from learned_cost.study.heldout_report import heldout_study, read_study, render_study
+from learned_cost.study.train import (
+    SPLIT_LABELS,
+    TrainConfig,
+    committed_name,
+    evaluate_all,
+    plot_predictions,
+    render_run,
+    train,
+)
+from planner import hardware
+from planner.errors import CostModelError
+from planner.hardware import cache_dir
+from search.cost_models import COMMITTED_DIR
+
+STUDIES_DIR = COMMITTED_DIR.parent / "studies"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cost", help="train, evaluate and document the learned cost correction")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    for verb, helptext in (
+        ("train", "cross-validate all models, fit the MLP on all rows, save it"),
+        ("eval", "cross-validate all models side by side (nothing saved)"),
+    ):
+        v = verbs.add_parser(verb, help=helptext)
+        v.add_argument(
+            "--data", action="append", required=True, help="dataset-v1 Parquet (repeatable)"
+        )
+        v.add_argument(
+            "--device",
+            type=device_name,
+            default=None,
+            metavar="NAME",
+            help=f"device spec of the rows to use: {', '.join(hardware.known_devices())} "
+            "(default: this machine's)",
+        )
+        v.add_argument(
+            "--split",
+            default="family,graph_key",
+            help="grouped CV keys, comma-separated: family (unseen model families), "
+            "graph_key (unseen graphs) (default: %(default)s)",
+        )
+        v.add_argument(
+            "--folds", type=positive_int, default=5, help="GroupKFold splits (default 5)"
+        )
+        v.add_argument("--seed", type=int, default=0)
+        v.add_argument("--steps", type=positive_int, default=None, help="MLP gradient steps")
+        v.add_argument(
+            "--dropout",
+            type=_dropout,
+            default=None,
+            help="MLP dropout in [0, 1) (default 0.3: noisy data wants more)",
+        )
+        v.add_argument(
+            "--hidden",
+            type=_hidden,
+            default=None,
+            help="MLP hidden layer widths, comma-separated (default 64,64)",
+        )
+        v.add_argument(
+            "--form",
+            choices=("auto", *FORMS),
+            default="auto",
+            help="MLP form (mixed: the mean of a free and a roofline ensemble): auto picks "
+            "the lowest held-out MAPE, averaged over the splits",
+        )
+        v.add_argument(
+            "--no-twins",
+            action="store_true",
+            help="do not answer groups the training rows measured from those measurements "
+            "(learned_cost/twins.py); the networks alone predict every group",
+        )
+        v.add_argument(
+            "--plot",
+            default=None,
+            help="predicted-vs-measured PNG (default: "
+            + ("next to the model, OUT with .png)" if verb == "train" else "none)"),
+        )
+        v.add_argument("--format", choices=("table", "json"), default="table")
+        if verb == "train":
+            v.add_argument(
+                "--out",
+                default=None,
+                help="model path (.json + .npz); the shipped models are replaced only when "
+                "named (default: <user cache>/models/<device>.json)",
+            )
+        else:
+            v.add_argument(
+                "--model", default=None, help="a saved model whose MLP hyper-parameters to use"
+            )
+        v.set_defaults(run=run_train if verb == "train" else run_eval)
+    h = verbs.add_parser(
+        "heldout",
+        help="grouped CV by architecture and by graph group over several fold seeds, MLP form "
+        "chosen by nested CV; writes a study JSON the report shows (learned_cost/study/heldout.py)",
+    )
+    h.add_argument("--data", action="append", required=True, help="dataset-v1 Parquet")
+    h.add_argument("--device", default=None, help="device spec of the rows to use")
+    h.add_argument("--split", default="architecture,graph", help="default: %(default)s")
+    h.add_argument("--seeds", default="0,1,2", help="fold seeds, comma-separated")
+    h.add_argument("--folds", type=positive_int, default=5, help="outer folds (default 5)")
+    h.add_argument(
+        "--inner-folds", type=positive_int, default=2, help="inner folds choosing the MLP form"
+    )
+    h.add_argument(
+        "--model",
+        default=None,
+        help="a saved model whose MLP hyper-parameters to use (then --steps etc. override)",
+    )
+    h.add_argument("--steps", type=positive_int, default=None, help="MLP gradient steps")
+    h.add_argument("--members", type=positive_int, default=None, help="MLP ensemble size")
+    h.add_argument("--gbt-trees", type=positive_int, default=None, help="gbt n_estimators")
+    h.add_argument(
+        "--limit-rows",
+        type=positive_int,
+        default=None,
+        help="use every n-th group and plan row only (a quick look; the report says so)",
+    )
+    h.add_argument(
+        "--stored-descriptors",
+        action="store_true",
+        help="keep the descriptors stored at collection and skip the plan rows (no graph "
+        "is recaptured: much faster; no plan error or regret)",
+    )
+    h.add_argument(
+        "--out",
+        default=None,
+        help="default: studies/<device>.json in the user cache directory (the committed "
+        "studies live in learned_cost/studies/)",
+    )
+    h.set_defaults(run=run_heldout)
+    r = verbs.add_parser(
+        "report", help="the held-out results of saved models as Markdown (docs/learned_cost.md)"
+    )
+    r.add_argument(
+        "--models",
+        nargs="*",
+        default=None,
+        help="saved model JSON files (default: the models shipped with the package)",
+    )
+    r.add_argument(
+        "--out",
+        default="-",
+        help="Markdown file, or - for stdout; the committed report is rewritten only when "
+        "named: --out docs/learned_cost.md",
+    )
+    r.add_argument(
+        "--studies",
+        nargs="*",
+        default=None,
+        help="held-out study JSON files (default: learned_cost/studies/*.json)",
+    )
+    r.set_defaults(run=run_report)
+
+
+def _dropout(text: str) -> float:
+    try:
+        p = float(text)
+    except ValueError:
+        p = -1.0
+    if not 0.0 <= p < 1.0:
+        raise argparse.ArgumentTypeError(f"--dropout must be a number in [0, 1), got {text!r}")
+    return p
+
+
+def _hidden(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--hidden takes positive layer widths like 128,128; got {text!r}"
+        )
+    return widths
+
+
+def _config(args: argparse.Namespace, params: dict | None = None) -> TrainConfig:
+    device = (args.device or hardware.local_device_name()).lower()
+    mlp_params = dict(params or {})
+    if args.steps is not None:
+        mlp_params["steps"] = args.steps
+    if args.dropout is not None:
+        mlp_params["dropout"] = args.dropout
+    if args.hidden is not None:
+        mlp_params["hidden"] = args.hidden
+    return TrainConfig(
+        device=device,
+        form=args.form,
+        splits=tuple(s.strip() for s in args.split.split(",") if s.strip()),
+        n_splits=args.folds,
+        seed=args.seed,
+        mlp_params=mlp_params,
+        twins=not args.no_twins,
+    )
+
+
+def _command(args: argparse.Namespace, cfg: TrainConfig, out: str) -> str:
+    parts = ["fusion-plan", "cost", args.verb]
+    for d in args.data:
+        parts += ["--data", d]
+    parts += ["--device", cfg.device, "--split", ",".join(cfg.splits), "--folds", str(args.folds)]
+    parts += ["--seed", str(args.seed), "--form", args.form]
+    if args.steps is not None:
+        parts += ["--steps", str(args.steps)]
+    if args.dropout is not None:
+        parts += ["--dropout", f"{args.dropout:g}"]
+    if args.hidden is not None:
+        parts += ["--hidden", ",".join(map(str, args.hidden))]
+    if args.no_twins:
+        parts.append("--no-twins")
+    parts += ["--out", out]
+    return shlex.join(parts)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    out = args.out or str(cache_dir() / "models" / f"{cfg.device}.json")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    plot = args.plot or str(Path(out).with_suffix(".png"))
+    profiles = load_profiles(args.data)
+    _, run, meta, form = train(profiles, cfg, out, command=_command(args, cfg, out), plot=plot)
+    assert meta is not None
+    if args.format == "json":
+        json.dump(meta.to_json(), sys.stdout, indent=2, default=float)
+        sys.stdout.write("\n")
+        return 0
+    name = committed_name(form, cfg.twins)
+    print(render_run(run, name))
+    print(f"\nchose mlp-{form}; saved {name} as {meta.model_id} to {out} (+ .npz); plot {plot}")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    params = None
+    if args.model:
+        meta = read_meta(args.model)
+        params = {
+            k: v for k, v in meta.params.items() if k not in ("form", "random_state", "twins")
+        }
+        params["hidden"] = tuple(params.get("hidden", (64, 64)))
+    cfg = _config(args, params)
+    profiles = load_profiles(args.data)
+    run = evaluate_all(profiles, cfg)
+    plot = args.plot
+    if plot:
+        plot_predictions(run.splits[0], plot, title=cfg.device)
+    if args.format == "json":
+        payload = {
+            "device": run.device,
+            "splits": {sr.split: [s.to_dict() for s in sr.scores] for sr in run.splits},
+            "plot": plot,
+        }
+        json.dump(payload, sys.stdout, indent=2, default=float)
+        sys.stdout.write("\n")
+        return 0
+    form = args.form if args.form != "auto" else None
+    print(render_run(run, committed_name(form, cfg.twins) if form else None))
+    if plot:
+        print(f"\nplot: {plot}")
+    return 0
+
+
+def run_heldout(args: argparse.Namespace) -> int:
+    device = (args.device or hardware.local_device_name()).lower()
+    params: dict = {}
+    if args.model:
+        meta = read_meta(args.model)
+        params = {
+            k: v for k, v in meta.params.items() if k not in ("form", "random_state", "twins")
+        }
+        params["hidden"] = tuple(params.get("hidden", (64, 64)))
+    if args.steps is not None:
+        params["steps"] = args.steps
+    if args.members is not None:
+        params["n_members"] = args.members
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(","))
+    except ValueError:
+        raise CostModelError(f"--seeds takes integers like 0,1,2; got {args.seeds!r}") from None
+    cfg = StudyConfig(
+        splits=tuple(s.strip() for s in args.split.split(",") if s.strip()),
+        seeds=seeds,
+        n_splits=args.folds,
+        inner_splits=args.inner_folds,
+        mlp_params=params,
+        baseline_params={"gbt": {"n_estimators": args.gbt_trees}} if args.gbt_trees else {},
+    )
+    out = Path(args.out or cache_dir() / "studies" / f"{device}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = _heldout_command(args, device, out)
+
+    ref = {"path": args.model, "params": read_meta(args.model).params} if args.model else None
+
+    def write(record: dict) -> None:  # after every (split, seed): a cut-short run keeps them
+        record = {**record, "command": command, "reference_model": ref}
+        out.write_text(json.dumps(record, indent=1, default=float) + "\n")
+
+    study = heldout_study(
+        args.data,
+        device,
+        cfg,
+        limit_rows=args.limit_rows,
+        on_progress=write,
+        recapture=not args.stored_descriptors,
+    )
+    write(study)
+    print(render_study({**study, "command": command}))
+    print(f"\nwrote {out}")
+    return 0
+
+
+def _heldout_command(args: argparse.Namespace, device: str, out: Path) -> str:
+    parts = ["fusion-plan", "cost", "heldout"]
+    for d in args.data:
+        parts += ["--data", d]
+    parts += ["--device", device, "--split", args.split, "--seeds", args.seeds]
+    parts += ["--folds", str(args.folds), "--inner-folds", str(args.inner_folds)]
+    for flag, v in (
+        ("--model", args.model),
+        ("--steps", args.steps),
+        ("--members", args.members),
+        ("--gbt-trees", args.gbt_trees),
+        ("--limit-rows", args.limit_rows),
+    ):
+        if v is not None:
+            parts += [flag, str(v)]
+    if args.stored_descriptors:
+        parts.append("--stored-descriptors")
+    return shlex.join([*parts, "--out", str(out)])
+
+
+# ---- docs ------------------------------------------------------------------------------------
+def render_report(
+    metas: list[tuple[str, ModelMeta]], studies: list[tuple[str, dict]] | None = None
+) -> str:
+    """docs/learned_cost.md: the held-out studies (`cost heldout`) first, then every saved
+    model's own held-out tables, plus the feature schema."""
+    lines = [
+        "# Learned cost model: held-out results",
+        "",
+        "Generated by `fusion-plan cost report --out docs/learned_cost.md` from the metadata of "
+        "the saved models; "
+        "do not edit by hand. Each model was trained by the command shown; the tables are "
+        "grouped cross-validation (never split by row): every row is predicted by models "
+        "that did not see its model family (or graph). Plan rows are scored with the group "
+        "models of the fold that held their graph out: predicted plan = the plan's corrected "
+        "group costs, calibrated to plan context (scale, per-group and per-plan terms and "
+        "a per-group factor on the group's features and its graph's footprint against the "
+        "L2, fitted on the other folds' plans: "
+        "learned_cost/plan_context.py; analytical and mean-bias, which learn nothing from "
+        "features, keep scale and intercepts only); `plan error (plain sum)` "
+        "is the uncalibrated sum. Regret = measured latency of the plan the model ranks first "
+        "over the best measured candidate of that graph, minus 1 (mean over graphs with 2+ "
+        "measured plans). Rows timed while the machine was disturbed (median > 1.5x min) are "
+        "left out. Groups are timed alone (on GPU since collector version 3, groups and "
+        "plans alike as copies of their kernels in one CUDA graph: data/README.md); "
+        "`tau (within graph)` is the mean Kendall tau over the groups of one graph, which "
+        "the pooled tau flatters less.",
+        "",
+        "Measured elsewhere, by commands in the repo: how far a plan is from the sum of its "
+        "groups timed alone, the floor under any additive plan error "
+        "(`benchmarks/plan_additivity.py`, docs/design_notes.md), and whether the plans a held-out "
+        "model chooses run faster than the analytical model's "
+        "(`benchmarks/heldout_plans.py`, benchmarks/results/heldout_plans_h100.md).",
+        "",
+        "Models compared: " + "; ".join(f"**{n}**: {why}" for n, _, why in MODELS) + ".",
+        "",
+    ]
+    if studies:
+        lines += [
+            "# Held out by architecture and by graph group (`fusion-plan cost heldout`)",
+            "",
+            "The evaluation the targets are judged by (learned_cost/study/heldout.py): families "
+            "grouped by the model class their spec builds, graphs grouped with their dtype and "
+            "realization siblings, folds dealt by a seeded shuffle and repeated over several "
+            "fold seeds, the MLP form chosen by a nested CV that never sees the outer fold, "
+            "every model without and with twins. The per-model sections after these (the "
+            "evaluation `cost train` runs: GroupKFold over the family name and the graph key, "
+            "one fixed set of folds, form chosen on them) are kept for comparison.",
+            "",
+        ]
+        for path, study in studies:
+            committed = next(
+                (_committed(m.metrics) for _, m in metas if m.device == study.get("device")),
+                None,
+            )
+            lines += [render_study(study, committed), f"(study file: `{path}`)", ""]
+        lines += ["# The saved models and the evaluation they were trained with", ""]
+    for path, m in metas:
+        met = m.metrics
+        noisy = met.get("n_noisy_dropped", {})
+        lines += [
+            f"## {m.device} ({m.model_id})",
+            "",
+            f"- trained by: `{m.command}`",
+            f"- data: {', '.join(m.data_files)} (hash {m.data_hash}, {m.n_rows} group rows, "
+            f"{met.get('n_plan_rows', 0)} plan rows used; dropped as disturbed while timed, "
+            f"median > {noisy.get('max_noise', '?')}x min: {noisy.get('group', 0)} group, "
+            f"{noisy.get('plan', 0)} plan rows); families: {', '.join(met.get('families', []))}",
+            f"- torch {m.torch_version}; device figures: "
+            f"{'measured (device-bench)' if m.spec_figures.get('measured') else 'datasheet'}; "
+            f"saved at `{path}`",
+            f"- MLP form chosen: **{met.get('chosen_form')}** (lower held-out MAPE averaged over "
+            "the splits; the choice uses those folds, so its numbers are slightly optimistic); "
+            f"saved as **{_committed(met)}**",
+            f"- in-sample fit of the final model (all rows, for reference only): MAPE "
+            f"{100 * met.get('in_sample_final_fit', {}).get('mape', float('nan')):.1f}%",
+            "",
+        ]
+        for split, rec in met.get("splits", {}).items():
+            lines += [
+                f"### held out by {split}: {rec.get('label', SPLIT_LABELS.get(split, split))}",
+                "",
+                rec.get("table", ""),
+                "",
+                _leaders(rec.get("scores", [])),
+                "",
+                f"Targets for {_committed(met)}: "
+                + "; ".join(f"{k}: {v}" for k, v in rec.get("verdicts", {}).items()),
+                "",
+            ]
+            if rec.get("held_out"):
+                folds = ", ".join("{" + ", ".join(h) + "}" for h in rec["held_out"])
+                lines += [f"Folds (families held out together): {folds}", ""]
+        lines += _repeatability(met.get("repeatability"))
+        if met.get("plot"):
+            rel = Path(met["plot"]).relative_to("docs") if met["plot"].startswith("docs/") else None
+            lines += [f"![predicted vs measured, {m.device}]({rel or met['plot']})", ""]
+    lines += [
+        f"## Features (schema {SCHEMA_HASH})",
+        "",
+        "| feature | why |",
+        "|---|---|",
+        *(f"| {name} | {why} |" for name, _, why in FEATURES),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _committed(met: dict) -> str:
+    """The saved model's name in the tables (models saved before twins: the bare form)."""
+    return met.get("committed_model") or f"mlp-{met.get('chosen_form')}"
+
+
+def _repeatability(rep: dict | None) -> list[str]:
+    """The data's noise floor next to the model on the same rows (learned_cost.study.evaluate)."""
+    if not rep or not rep.get("twin_median"):
+        return []
+
+    def row(name: str, g: dict) -> str:
+        return (
+            f"| {name} | {g['n']} | {100 * g['mape']:.1f}% | {100 * g['median_ape']:.1f}% | "
+            f"{g['kendall_tau']:.3f} | {g['kendall_tau_within']:.3f} |"
+        )
+
+    return [
+        "### noise floor: identical groups measured more than once",
+        "",
+        f"{rep['n_rows']} group rows fall into {rep['n_sets']} sets of identical groups "
+        "(same descriptor, dtype, realization and device) measured in different graphs or "
+        "plans. Each row predicted by the median of its twins (leave-one-out) is roughly "
+        "the best any model that sees only the group can do; the chosen model, held out, on "
+        "the same rows:",
+        "",
+        "| predictor | rows | MAPE | median APE | tau (all) | tau (within graph) |",
+        "|---|---|---|---|---|---|",
+        row("twins' median", rep["twin_median"]),
+        *(
+            row(f"model, held out by {split}", g)
+            for split, g in rep.get("held_out_model_on_same_rows", {}).items()
+        ),
+        "",
+    ]
+
+
+def _leaders(scores: list[dict]) -> str:
+    """One line: the best model on each headline metric (computed, not written by hand)."""
+
+    def best(metric: str, key, higher: bool = False) -> str:
+        vals = [(key(s), s["name"]) for s in scores if key(s) is not None and key(s) == key(s)]
+        if not vals:
+            return f"{metric}: no data"
+        v, name = max(vals) if higher else min(vals)
+        return f"{metric}: {name} ({v:.3f})"
+
+    plans = [s for s in scores if s.get("plans")]
+    parts = [
+        best("lowest MAPE", lambda s: s["groups"]["mape"]),
+        best("highest tau within graph", lambda s: s["groups"]["kendall_tau_within"], True),
+    ]
+    if plans:
+        parts += [
+            best("lowest plan error", lambda s: (s.get("plans") or {}).get("plan_mape")),
+            best("lowest mean regret", lambda s: (s.get("plans") or {}).get("mean_regret")),
+        ]
+    return "Best: " + "; ".join(parts) + "."
+
+
+def run_report(args: argparse.Namespace) -> int:
+    root = COMMITTED_DIR.parent.parent
+    if args.models:
+        metas = [(p, read_meta(p)) for p in args.models]
+    else:  # cited by the repo-relative path, wherever the command runs from
+        metas = [
+            (str(p.relative_to(root)), read_meta(p)) for p in sorted(COMMITTED_DIR.glob("*.json"))
+        ]
+    if args.studies is not None:
+        studies = [(p, read_study(p)) for p in args.studies]
+    else:
+        studies = [
+            (str(p.relative_to(root)), read_study(str(p)))
+            for p in sorted(STUDIES_DIR.glob("*.json"))
+        ]
+    text = render_report(metas, studies)
+    if args.out == "-":
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(
+        f"wrote {out} ({len(metas)} model(s), {len(studies)} held-out stud(ies))", file=sys.stderr
+    )
+    return 0

@@ -1,0 +1,170 @@
+"""`fusion-plan plan`: partition a model's graph with one strategy and show the plan.
+
+    fusion-plan plan --model zoo:transformer-block --shape B=8,S=512 --device h100 \
+        --dtype bf16 --strategy priority [--budget-evals N] [--budget-seconds S] [--seed 0]
+        [--format json] [--html out.html] [--dot out.dot] [--save-plan plan.json]
+
+Prints each group (ops, realization, predicted time, bound, boundary bytes) in execution
+order and the totals against the unfused graph (one kernel per op). The cost model is the
+one `--cost-model` names (search.cost_models; the same default as every command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from cli import fmt
+from cli.commands.analyze_dist import add_link_arg, streams_report
+from cli.common import (
+    add_model_args,
+    capture_for_planning,
+    emit,
+    positive_float,
+    positive_int,
+    resolve,
+)
+from cli.search_options import add_search_options, run_search
+from cli.views import group_rows, render_dot, render_html
+from planner.distributed.collectives import collectives
+from planner.hardware import get_spec
+from planner.objective import Evaluation, Objective
+from search.cost_models import add_cost_model_arg, cost_model_for
+from search.strategies import STRATEGIES
+from search.strategy import Budget, SearchResult
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="partition a model into fused groups with one strategy")
+    add_model_args(p)
+    add_link_arg(p)
+    p.add_argument("--strategy", default="priority", choices=sorted(STRATEGIES))
+    p.add_argument("--budget-evals", type=positive_int, default=None, help="objective evaluations")
+    p.add_argument("--budget-seconds", type=positive_float, default=None, help="wall-clock seconds")
+    p.add_argument("--seed", type=int, default=0)
+    add_cost_model_arg(p)
+    p.add_argument(
+        "--latency-bound-us",
+        type=positive_float,
+        default=None,
+        help="longest allowed critical path through the groups, in µs",
+    )
+    p.add_argument(
+        "--memory-bound-mb", type=positive_float, default=None, help="peak boundary memory"
+    )
+    p.add_argument("--html", default=None, help="write the coloured graph as an HTML page")
+    p.add_argument("--dot", default=None, help="write the coloured graph as Graphviz DOT")
+    p.add_argument("--save-plan", default=None, help="write the Plan record as JSON")
+    add_search_options(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    r = resolve(args)
+    graph = capture_for_planning(r).graph
+    model = cost_model_for(args.cost_model, r.device_name)
+    objective = Objective(
+        model,
+        spec=get_spec(r.device_name),
+        latency_bound_s=args.latency_bound_us * 1e-6 if args.latency_bound_us else None,
+        memory_bound_bytes=int(args.memory_bound_mb * 1e6) if args.memory_bound_mb else None,
+    )
+    budget = Budget(args.budget_evals, args.budget_seconds)
+    result = run_search(args, graph, objective, budget)
+    unfused = objective.unfused(graph)
+    plan = objective.make_plan(
+        result.partition,
+        result.evaluation,
+        strategy=args.strategy,
+        device=r.device_name,
+        dtype=r.dtype_name,
+        notes=result.notes,
+    )
+    title = f"{r.spec.label} on {r.device_name} ({r.dtype_name}), strategy {args.strategy}"
+    summary = _summary_lines(result, unfused)
+    if args.html:
+        Path(args.html).write_text(
+            render_html(
+                result.partition, result.evaluation, title=title, summary="; ".join(summary)
+            )
+        )
+    if args.dot:
+        Path(args.dot).write_text(render_dot(result.partition, result.evaluation))
+    if args.save_plan:
+        Path(args.save_plan).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+    rows = group_rows(result.partition, result.evaluation)
+    payload = {
+        "model": r.spec.label,
+        "device": r.device_name,
+        "dtype": r.dtype_name,
+        "strategy": args.strategy,
+        "cost_model": objective.cost_model_label,
+        "groups": rows,
+        "totals": _totals(result, unfused),
+        "plan": plan.to_json(),
+    }
+    if args.interconnect or collectives(graph):
+        payload["streams"], streams_text = streams_report(
+            args, objective, result.partition, get_spec(r.device_name).kind
+        )
+        summary += "\n" + streams_text
+    emit(args, payload, _table(title, rows, summary))
+    return 0
+
+
+def _totals(result: SearchResult, unfused: Evaluation) -> dict[str, Any]:
+    ev = result.evaluation
+    return {
+        "predicted_s": ev.total_s,
+        "unfused_s": unfused.total_s,
+        "speedup": unfused.total_s / ev.total_s if ev.total_s else None,
+        "transfer_s": ev.transfer_s,
+        "groups": ev.n_groups,
+        "kernels": ev.n_kernels,
+        "unfused_kernels": unfused.n_kernels,
+        "boundary_bytes": ev.boundary_bytes,
+        "unfused_boundary_bytes": unfused.boundary_bytes,
+        "critical_path_s": ev.critical_path_s,
+        "peak_memory_bytes": ev.peak_memory_bytes,
+        "feasible": ev.feasible,
+        "reasons": list(ev.reasons),
+        "evals": result.evals_used,
+        "planning_s": result.seconds,
+        "complete": result.complete,
+        "notes": result.notes,
+    }
+
+
+def _summary_lines(result: SearchResult, unfused: Evaluation) -> list[str]:
+    """The totals against the unfused graph, one short line per figure."""
+    ev = result.evaluation
+    speed = unfused.total_s / ev.total_s if ev.total_s else float("nan")
+    return [
+        f"predicted      {fmt.time_s(ev.total_s)} vs {fmt.time_s(unfused.total_s)} unfused "
+        f"({speed:.2f}x)",
+        f"kernels        {ev.n_kernels} vs {unfused.n_kernels} unfused",
+        f"boundary bytes {fmt.bytes_(ev.boundary_bytes)} vs "
+        f"{fmt.bytes_(unfused.boundary_bytes)} unfused",
+        f"critical path  {fmt.time_s(ev.critical_path_s)}; peak boundary memory "
+        f"{fmt.bytes_(ev.peak_memory_bytes)}",
+        f"planned in     {fmt.time_s(result.seconds)}, {result.evals_used} evaluations "
+        f"({result.notes})",
+    ]
+
+
+def _table(title: str, rows: list[dict[str, Any]], summary: list[str]) -> str:
+    lines = [
+        title,
+        f"{'#':>3}  {'realization':11}  {'predicted':>10}  {'bound':7}  {'in':>9}  {'out':>9}  ops",
+    ]
+    for row in rows:
+        ops = ", ".join(row["ops"])
+        lines.append(
+            f"{row['group']:>3}  {row['realization']:11}  {fmt.time_s(row['predicted_s']):>10}  "
+            f"{row['bound']:7}  {fmt.bytes_(row['bytes_in']):>9}  {fmt.bytes_(row['bytes_out']):>9}  "
+            f"{ops if len(ops) <= 80 else ops[:77] + '...'}"
+        )
+    lines += ["totals:", *(f"  {line}" for line in summary)]
+    return "\n".join(lines)

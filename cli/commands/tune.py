@@ -1,0 +1,272 @@
+"""`fusion-plan tune`: the offline tuning job over shape buckets (search/tune.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from cli import fmt
+from cli.common import (
+    Resolved,
+    add_device_arg,
+    add_dtype_arg,
+    add_format_arg,
+    add_storage_arg,
+    add_threads_arg,
+    apply_threads,
+    capture_for_planning,
+    check_local_device,
+    emit,
+    positive_float,
+    positive_int,
+)
+from cli.report_graph import require_dot
+from cli.report_html import check_writable, job_from_tune, write_report
+from planner import progress
+from planner.hardware import get_spec, local_device_name
+from planner.plans.cache import PlanCache
+from planner.realize.check import short_reason
+from search.cost_models import add_cost_model_arg, cost_model_for
+from search.strategies import STRATEGIES
+from search.tune import BucketResult, TuneConfig, bucket_spec, tune
+from zoo.modelspec import dtype_name, parse_dtype, resolve
+
+
+def bucket_policy(text: str) -> str:
+    """argparse type: the bucket policies `tune` can enumerate before it has seen any
+    traffic: pow2, or edges:a,b,c. Learned policies (kmeans:k, quantile:k) need a
+    histogram of observed shapes, which `tune` does not take: refused here."""
+    name, _, arg = text.partition(":")
+    if name == "pow2" and not arg:
+        return text
+    if name == "edges":
+        try:
+            edges = [int(x) for x in arg.split(",") if x.strip()]
+        except ValueError:
+            edges = []
+        if edges and min(edges) >= 1:
+            return text
+        raise argparse.ArgumentTypeError(f"bad edges {arg!r}: expected e.g. edges:128,512,2048")
+    raise argparse.ArgumentTypeError(
+        f"unknown bucket policy {text!r}: use pow2 or edges:a,b,c (buckets learned from "
+        "observed shapes are not available to tune)"
+    )
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune", help="search, realize and measure plans per shape bucket; cache them"
+    )
+    p.add_argument(
+        "--model",
+        default="zoo:transformer-block",
+        help="zoo:<name> (see `fusion-plan zoo`) or file.py:fn",
+    )
+    p.add_argument("--shape", default="", help="fixed shape parameters, e.g. B=8,D=768,H=12")
+    p.add_argument("--dynamic", default="S=128..1024", help="dynamic dims, e.g. S=128..4096")
+    p.add_argument(
+        "--buckets",
+        type=bucket_policy,
+        default="pow2",
+        help="bucket policy: pow2 (powers of two) or edges:a,b,c (explicit upper edges)",
+    )
+    p.add_argument("--strategy", default="tpe", choices=sorted(STRATEGIES))
+    p.add_argument("--budget-evals", type=positive_int, default=None, help="objective evaluations")
+    p.add_argument(
+        "--budget-seconds", type=positive_float, default=30.0, help="search seconds per bucket"
+    )
+    p.add_argument("--trials", type=positive_int, default=None, help="Optuna trials (tpe, nsga2)")
+    p.add_argument("--top-k", type=positive_int, default=3, help="candidates realized and measured")
+    add_device_arg(p, measures=True)
+    add_dtype_arg(p)
+    add_threads_arg(p)
+    p.add_argument(
+        "--cache",
+        default=None,
+        help="plan cache: a path, sqlite:///path or a database URL "
+        "(default: plans.sqlite in the user's cache directory)",
+    )
+    add_storage_arg(p)
+    p.add_argument(
+        "--heartbeat",
+        type=positive_int,
+        default=None,
+        metavar="SECONDS",
+        help="database storages: trial heartbeat interval; a worker silent for 3 intervals "
+        "has its trial failed and retried (default: 60)",
+    )
+    p.add_argument(
+        "--workers", type=positive_int, default=1, help="local worker processes per study"
+    )
+    add_cost_model_arg(p)
+    p.add_argument(
+        "--cost-model-out", default=None, help="save the online-updated learned model here"
+    )
+    p.add_argument(
+        "--from-queue", action="store_true", help="only the buckets the runtime queued as misses"
+    )
+    p.add_argument(
+        "--no-compile-baseline", action="store_true", help="skip timing torch.compile per bucket"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    add_format_arg(p)
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="FILE.html",
+        help="also write an HTML report: timings per bucket, a roofline, each plan drawn "
+        "(needs Graphviz's dot)",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.report:  # said before the search and measurements, not after them
+        require_dot()
+        check_writable(args.report)
+    device = check_local_device(args)
+    apply_threads(args)
+    gpu = device != "cpu"
+    dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
+    spec = resolve(args.model, args.shape)
+    cost_model = cost_model_for(args.cost_model, device)
+    cfg = TuneConfig(
+        spec=spec,
+        dynamic=args.dynamic,
+        buckets=args.buckets,
+        strategy=args.strategy,
+        budget_evals=args.budget_evals,
+        budget_seconds=args.budget_seconds,
+        trials=args.trials,
+        top_k=args.top_k,
+        dtype=dtype,
+        storage=args.storage,
+        workers=args.workers,
+        heartbeat_s=args.heartbeat,
+        seed=args.seed,
+        compile_baseline=not args.no_compile_baseline,
+    )
+    with PlanCache(args.cache) as cache:
+        only = None
+        if args.from_queue:
+            only = _queued_buckets(cache, cfg)
+        results = tune(cfg, cost_model, cache, only_buckets=only, progress=progress.say)
+        if args.cost_model_out and hasattr(cost_model, "save"):
+            cost_model.save(args.cost_model_out)
+        label = _label(spec, args.dynamic)
+        dims = bucket_spec(cfg).dims
+        emit(
+            args,
+            {
+                "model": label,
+                "device": device,
+                "dtype": str(dtype),
+                "cache": cache.url,
+                "buckets": [_row(r, dims) for r in results],
+            },
+            _table(label, device, cache.url, results, dims),
+        )
+        if args.report:
+            job = job_from_tune(
+                results,
+                model=label,
+                device=get_spec(device),
+                dtype=dtype_name(dtype),
+                cost_model=cost_model,
+                strategy=args.strategy,
+                cache=cache.url,
+            )
+            print(f"report: {write_report(job, args.report)}", file=sys.stderr)
+    ok = all(r.plan is not None and not r.stored.startswith("NOT stored") for r in results)
+    return 0 if ok else 1
+
+
+def _label(spec: Any, dynamic: str) -> str:
+    """The model with its dynamic dims shown as ranges, e.g. zoo:mlp[B=2..4,D=16]."""
+    params: dict[str, Any] = dict(spec.params)
+    for part in dynamic.split(","):
+        if "=" in part:
+            name, rng = part.split("=", 1)
+            params[name.strip()] = rng.strip()
+    return f"{spec.spec}[{','.join(f'{k}={v}' for k, v in params.items())}]"
+
+
+def _queued_buckets(cache: PlanCache, cfg: TuneConfig) -> set[str]:
+    """Buckets holding shapes the runtime met without a plan (its tuning queue)."""
+    resolved = Resolved(cfg.spec, local_device_name(), cfg.dtype)
+    key = capture_for_planning(resolved).graph.structure_key  # the runtime's key
+    return {b.key for b, _count in cache.pending_buckets(key, bucket_spec(cfg))}
+
+
+def _row(r: BucketResult, dims: Any) -> dict[str, Any]:
+    best = r.best
+    return {
+        "bucket": r.bucket.key,
+        "bucket_label": fmt.bucket(r.bucket.key, dims),
+        "params": r.params,
+        "plan": r.plan.to_json() if r.plan else None,
+        "eager_s": r.eager.median_s if r.eager else None,
+        "compile_s": r.compiled.median_s if r.compiled else None,
+        "best_s": best.measured.median_s if best else None,
+        "best_strategy": best.strategy if best else None,
+        "timings": {
+            "eager": fmt.timing_dict(r.eager),
+            "compile": fmt.timing_dict(r.compiled),
+            "plan": fmt.timing_dict(best.measured if best else None),
+        },
+        "speedup_vs_eager_unstable": (
+            fmt.speedup_unstable(r.eager, best.measured) if best and r.eager else None
+        ),
+        "speedup_vs_compile_unstable": (
+            fmt.speedup_unstable(r.compiled, best.measured) if best and r.compiled else None
+        ),
+        "candidates": [
+            {
+                "strategy": c.strategy,
+                "groups": len(c.partition),
+                "predicted_s": c.predicted_s,
+                "measured_s": c.measured.median_s if c.measured else None,
+                "measured": fmt.timing_dict(c.measured),
+                "error": c.error,
+                "fallbacks": {str(g): why for g, why in c.fallbacks.items()},
+            }
+            for c in r.candidates
+        ],
+        "search_s": r.search_s,
+        "realize_s": r.realize_s,
+        "stored": r.stored,
+    }
+
+
+def _table(label: str, device: str, cache_url: str, results: list[BucketResult], dims: Any) -> str:
+    """Per bucket: the best plan's time next to eager and torch.compile, each as median
+    ±half the IQR, and the speed-ups, marked where a rerun may not agree."""
+    head = (
+        f"{'bucket':<16} {'plan':<9} {'groups':>6} {'plan':>16} {'eager':>16} "
+        f"{'compile':>16} {'vs eager':>9} {'vs compile':>10} {'fell back':>9}"
+    )
+    lines = [f"tuned {label} on {device}; plans in {cache_url}", head, "-" * len(head)]
+    flagged = False
+    for r in results:
+        name = fmt.bucket(r.bucket.key, dims)
+        best = r.best
+        if best is None or r.eager is None:
+            lines.append(f"{name:<16} {'(none)':<9}  {r.stored}")
+            continue
+        t = best.measured
+        cells = [fmt.timing(t), fmt.timing(r.eager), fmt.timing(r.compiled)]
+        ups = [fmt.speedup(r.eager, t), fmt.speedup(r.compiled, t)]
+        flagged |= any(fmt.UNSTABLE_MARK in c for c in cells + ups)
+        lines.append(
+            f"{name:<16} {best.strategy:<9} {len(best.partition):>6} {cells[0]:>16} "
+            f"{cells[1]:>16} {cells[2]:>16} {ups[0]:>9} {ups[1]:>10} {len(best.fallbacks):>9}"
+        )
+        for g, why in best.fallbacks.items():  # one short reason per group
+            lines.append(f"{'':<4}group {g} runs eagerly: {short_reason(why, 100)}")
+        if r.stored.startswith("NOT stored"):
+            lines.append(f"  {r.stored}")
+    lines.append("times: median ±half the interquartile range")
+    if flagged:
+        lines.append(fmt.UNSTABLE_NOTE)
+    return "\n".join(lines)

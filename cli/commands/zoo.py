@@ -1,0 +1,39 @@
+"""`fusion-plan zoo`: the built-in models, their shape parameters and which are dynamic."""
+
+from __future__ import annotations
+
+import argparse
+
+import zoo
+from cli.common import add_format_arg, emit
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "zoo",
+        help="list the built-in models and their shape parameters",
+        description="The models `--model zoo:NAME` builds. Shape parameters take --shape "
+        "NAME=VALUE; those marked dynamic can vary in `tune --dynamic` (input, axis).",
+    )
+    add_format_arg(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    models = [
+        {
+            "model": f"zoo:{m.name}",
+            "description": m.description,
+            "defaults": dict(m.defaults),
+            "dynamic": {k: list(v) for k, v in m.dims.items()},
+        }
+        for m in zoo.ZOO.values()
+    ]
+    width = max(len(m["model"]) for m in models)
+    lines = [f"{'model':<{width}}  {'shape parameters (defaults)':<36}  dynamic  description"]
+    for m in models:
+        shape = ",".join(f"{k}={v}" for k, v in m["defaults"].items())
+        dyn = ",".join(m["dynamic"]) or "-"
+        lines.append(f"{m['model']:<{width}}  {shape:<36}  {dyn:<7}  {m['description']}")
+    emit(args, {"models": models}, "\n".join(lines))
+    return 0

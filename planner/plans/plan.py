@@ -1,0 +1,174 @@
+"""The Plan record: a partition, how each group is realized, and what it was made under.
+
+Plans are what strategies return, what realization executes, what the plan cache
+stores and what the runtime looks up. They persist as JSON (never pickle), with a schema
+version so an old or foreign record is recognised rather than misread.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+
+from planner.errors import PlanError
+from planner.fusion.partition import Partition
+from planner.fusion.realization import REALIZATIONS, RULE_VERSION, realizations_of
+from planner.ir.graph import OpGraph
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One group: its nodes, how it runs (planner.fusion.realization; "" = not recorded, derived
+    by the rule when realized) and its predicted latency."""
+
+    nodes: tuple[int, ...]
+    realization: str = ""
+    predicted_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.realization and self.realization not in REALIZATIONS:
+            raise PlanError(f"unknown realization {self.realization!r}; use one of {REALIZATIONS}")
+
+
+def versions() -> dict[str, str]:
+    """The versions every plan and measurement records."""
+    return {
+        "torch": torch.__version__.split("+")[0],
+        "planner_schema": str(SCHEMA_VERSION),
+        "realization_rule": RULE_VERSION,
+    }
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A fusion plan for one graph on one device.
+
+    `predicted_s` is the objective's value under `cost_model`; `measured_s` and
+    `measured_p99_s` are filled in once the plan ran on the device (profiling).
+    """
+
+    graph_key: str
+    structure_key: str
+    device: str  # device spec name, e.g. "h100"
+    dtype: str
+    groups: tuple[GroupPlan, ...]
+    strategy: str
+    cost_model: str  # "name/version" of the model that predicted it
+    predicted_s: float
+    measured_s: float | None = None
+    measured_p99_s: float | None = None
+    eager_s: float | None = None
+    device_fingerprint: str = ""
+    versions: dict[str, str] = field(default_factory=versions)
+    created_at: str = field(default_factory=now_iso)
+    notes: str = ""
+
+    @classmethod
+    def from_partition(
+        cls,
+        partition: Partition,
+        *,
+        device: str,
+        dtype: str,
+        strategy: str,
+        cost_model: str,
+        predicted_s: float,
+        group_costs: tuple[float, ...] | None = None,
+        realizations: tuple[str, ...] | None = None,
+        **kw: Any,
+    ) -> Plan:
+        """The plan of `partition`; `realizations` per group default to the realization
+        rule's labels (planner.fusion.realization), the ones realize runs."""
+        n = len(partition)
+        costs = group_costs or (0.0,) * n
+        reals = realizations or realizations_of(partition.graph, partition.groups)
+        if len(reals) != n:
+            raise PlanError(f"{len(reals)} realizations for {n} groups")
+        groups = tuple(
+            GroupPlan(tuple(sorted(g)), r, c) for g, r, c in zip(partition.groups, reals, costs)
+        )
+        g = partition.graph
+        return cls(
+            graph_key=g.key,
+            structure_key=g.structure_key,
+            device=device,
+            dtype=dtype,
+            groups=groups,
+            strategy=strategy,
+            cost_model=cost_model,
+            predicted_s=predicted_s,
+            **kw,
+        )
+
+    def partition(self, graph: OpGraph) -> Partition:
+        """The partition of `graph` this plan describes; the graph must be the plan's."""
+        if graph.key != self.graph_key:
+            raise PlanError(
+                f"plan was made for graph {self.graph_key} but was given {graph.key} "
+                "(another model or other shapes): look up or make a plan for this graph"
+            )
+        return Partition.from_groups(graph, (gp.nodes for gp in self.groups))
+
+    def partition_for(self, graph: OpGraph) -> Partition:
+        """The plan's partition applied to `graph`, the same model at other shapes.
+
+        A plan made at a shape bucket's representative shape serves every shape of the
+        bucket (planner.plans.cache, planner.runtime.backend): the graph must have the plan's
+        `structure_key` (same ops, topology and parameters) and node count, so node
+        indices mean the same ops; its activation shapes may differ.
+        """
+        if graph.structure_key != self.structure_key or len(graph.nodes) != sum(
+            len(gp.nodes) for gp in self.groups
+        ):
+            raise PlanError(
+                f"plan was made for model structure {self.structure_key} "
+                f"({sum(len(gp.nodes) for gp in self.groups)} ops) but was given "
+                f"{graph.structure_key} ({len(graph.nodes)} ops): another model, dtype or "
+                "parameter shape; look up or make a plan for this model"
+            )
+        return Partition.from_groups(graph, (gp.nodes for gp in self.groups))
+
+    def with_measurement(
+        self, median_s: float, p99_s: float | None = None, eager_s: float | None = None, **kw: Any
+    ) -> Plan:
+        return replace(
+            self,
+            measured_s=median_s,
+            measured_p99_s=p99_s,
+            eager_s=eager_s if eager_s is not None else self.eager_s,
+            **kw,
+        )
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.groups)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["schema"] = SCHEMA_VERSION
+        return d
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        if data.get("schema") != SCHEMA_VERSION:
+            raise PlanError(
+                f"plan record has schema {data.get('schema')}, expected {SCHEMA_VERSION}"
+            )
+        d = {k: v for k, v in data.items() if k != "schema"}
+        try:
+            d["groups"] = tuple(
+                GroupPlan(tuple(g["nodes"]), g.get("realization") or "", g["predicted_s"])
+                for g in d["groups"]
+            )
+            return cls(**d)
+        except (KeyError, TypeError) as e:
+            raise PlanError(f"plan record is malformed: {e}") from e

@@ -1,0 +1,383 @@
+"""One group as an executable unit: rewrite (SDPA, concatenated GEMM), compile, fall back.
+
+`prepare_unit` turns a group's subgraph (planner.realize.graph.GroupGraph) into a
+`GroupUnit` whose `run(*call_inputs)` returns the group's boundary outputs. The call
+signature is fixed when the unit is made (the group's inputs, then any tensors a rewrite
+added, e.g. concatenated weights), so a unit can fall back to eager later without the
+top-level program changing.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from planner.errors import PlanError
+from planner.ir import taxonomy
+from planner.ir.graph import Category, OpGraph
+from planner.realize import kernels as patterns
+from planner.realize.graph import GroupGraph, ProgramParts
+from planner.realize.layout import (
+    as_layout,
+    bindings,
+    drop_empty_cat_inputs,
+    propagate,
+    same_strides,
+)
+
+log = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+
+
+def fake_mode_of(parts: ProgramParts) -> Any:
+    """The fake mode (and shape environment) export traced the program in."""
+    for node in parts.gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch._subclasses.fake_tensor.FakeTensor):
+            return val.fake_mode
+    raise PlanError("the program carries no fake tensors (meta['val']); export it again")
+
+
+def work_ops(gm: fx.GraphModule) -> int:
+    """Ops of a subgraph that do work (not views, not getitem)."""
+    n = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        rule = taxonomy.lookup(str(node.target))
+        if rule is None or rule.category is not Category.VIEW:
+            n += 1
+    return n
+
+
+def _clone(gm: fx.GraphModule) -> fx.GraphModule:
+    g = fx.Graph()
+    out = g.graph_copy(gm.graph, {})
+    g.output(out)
+    return fx.GraphModule(torch.nn.Module(), g, class_name=type(gm).__name__)
+
+
+def _settle_layout(
+    gm: fx.GraphModule,
+    fakes: Sequence[Any],
+    fake_mode: Any,
+    want: Sequence[Any],
+    replaced: Sequence[tuple[fx.Node, Any]],
+) -> None:
+    """Propagate fake values through a rewritten subgraph (so it is known to trace) and
+    make each boundary output keep the layout the rest of the plan was compiled for.
+
+    A fused kernel may lay its result out differently (a column slice of a concatenated
+    GEMM, SDPA's output): where a boundary output's strides change, the replaced nodes
+    whose layout changed are copied to the original (contiguous) layout first.
+    """
+
+    def outputs_ok() -> bool:
+        outs = FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
+        return all(same_strides(a, b) for a, b in zip(outs, want))
+
+    if outputs_ok():
+        return
+    fixed = False
+    for node, orig in replaced:
+        val = node.meta.get("val")
+        if val is None or same_strides(val, orig) or not orig.is_contiguous():
+            continue
+        users = list(node.users)
+        with gm.graph.inserting_after(node):
+            copy = gm.graph.call_function(
+                aten.clone.default, (node,), {"memory_format": torch.contiguous_format}
+            )
+        for u in users:
+            u.replace_input_with(node, copy)
+        fixed = True
+    gm.recompile()
+    if not fixed or not outputs_ok():
+        raise PlanError("the rewrite changes the layout of a boundary output")
+
+
+def _pick(fn: Callable[..., Any], index: tuple[int, ...], n: int) -> Callable[..., Any]:
+    """fn over the call inputs at `index` (identity when index is 0..n-1)."""
+    if index == tuple(range(n)):
+        return fn
+
+    def run(*args: Any) -> Any:
+        return fn(*[args[i] for i in index])
+
+    return run
+
+
+@dataclass(frozen=True)
+class GroupReport:
+    """What happened to one group: asked for, used, compile time, why it fell back."""
+
+    index: int
+    nodes: tuple[int, ...]
+    requested: str
+    realization: str
+    compiled: bool
+    compile_s: float
+    fallback: str = ""  # "" when the group runs as requested (else: why it runs eagerly)
+    note: str = ""  # e.g. why a requested rewrite was not applied
+
+
+class GroupUnit:
+    """A group ready to run; mutable only through `to_eager` (a fallback)."""
+
+    def __init__(self, group: GroupGraph, requested: str, extra: dict[str, torch.Tensor]):
+        self.group = group
+        self.requested = requested
+        self.extra_state = extra
+        self.inputs = group.inputs + tuple(extra)  # the fixed call signature
+        self.realization = "eager"
+        self.compiled = False
+        self.compile_s = 0.0
+        self.fallback = ""
+        self.note = ""
+        self.is_eager = True
+        self.run = _pick(group.module.forward, tuple(range(len(group.inputs))), len(self.inputs))
+        # the layouts the unit's outputs have at run time (set by prepare_unit); consumers
+        # prepared after it are traced and compiled for them
+        self.out_fakes: tuple[Any, ...] = ()
+        self.module: fx.GraphModule = group.module  # what runs (compiled or not) ...
+        self.module_fakes: tuple[Any, ...] = tuple(group.fakes)  # ... and its inputs
+
+    def predicted_outputs(self, fake_mode: Any) -> list[Any]:
+        """The layouts of the outputs as the unit now runs (fake values)."""
+        return propagate(self.module, self.module_fakes, fake_mode)
+
+    def use(self, realization: str, fn: Callable[..., Any], names: Sequence[str], compiled: bool):
+        index = tuple(self.inputs.index(n) for n in names)
+        self.run = _pick(fn, index, len(self.inputs))
+        self.realization, self.compiled, self.is_eager = realization, compiled, False
+
+    def to_eager(self, reason: str) -> None:
+        """Run the group's aten ops as they are (`eager_runner`) from now on."""
+        self.run = self.eager_runner()
+        self.realization, self.compiled, self.is_eager = "eager", False, True
+        self.fallback = reason
+
+    def eager_runner(self) -> Callable[..., Any]:
+        """The group's aten ops as they are, over the unit's call inputs. Consumers may have
+        been compiled for the layouts the unit promised (out_fakes): eager's results are
+        laid out so first."""
+        eager_fwd = fwd = self.group.module.forward
+        promised = self.out_fakes
+        if promised:
+            try:
+                eager = propagate(self.group.module, self.group.fakes, _fake_mode(promised))
+            except Exception:
+                eager = []
+            if len(eager) != len(promised) or not all(
+                same_strides(a, b) for a, b in zip(eager, promised)
+            ):
+                fakes_in = self.group.fakes
+
+                def relaid(*args: Any) -> Any:
+                    bound = bindings(fakes_in, args)
+                    return tuple(as_layout(o, f, bound) for o, f in zip(eager_fwd(*args), promised))
+
+                fwd = relaid
+        return _pick(fwd, tuple(range(len(self.group.inputs))), len(self.inputs))
+
+    def report(self) -> GroupReport:
+        return GroupReport(
+            self.group.index,
+            self.group.nodes,
+            self.requested,
+            self.realization,
+            self.compiled,
+            self.compile_s,
+            self.fallback,
+            self.note,
+        )
+
+
+def _fake_mode(fakes: Sequence[Any]) -> Any:
+    return next(f.fake_mode for f in fakes if hasattr(f, "fake_mode"))
+
+
+def _rewrite(
+    graph: OpGraph,
+    parts: ProgramParts,
+    gg: GroupGraph,
+    realization: str,
+    fake_mode: Any,
+    keep_layout: bool = True,
+) -> tuple[fx.GraphModule, list[str], list[Any], dict[str, torch.Tensor]] | None:
+    """The group's subgraph with its pattern rewritten, or None when there is none."""
+    names, fakes = list(gg.inputs), list(gg.fakes)
+    extra: dict[str, torch.Tensor] = {}
+    replaced: list[tuple[fx.Node, str]] = []
+    if realization == "sdpa":
+        matches = patterns.find_attention(graph, gg.nodes)
+        if not matches:
+            return None
+        gm = _clone(gg.module)
+        for m in matches:
+            replaced += patterns.rewrite_attention(gm, m, parts.op_names)
+    elif realization == "concat_gemm":
+        sibs = patterns.find_sibling_gemms(graph, gg.nodes)
+        if not sibs:
+            return None
+        gm = _clone(gg.module)
+        for k, s in enumerate(sibs):
+            ws = [parts.state[graph.tensors[t].name] for t in s.weights]
+            w_name = f"concat_w_{gg.index}_{k}"
+            extra[w_name] = torch.cat(ws, 0)
+            b_name = None
+            if s.biases:
+                b_name = f"concat_b_{gg.index}_{k}"
+                extra[b_name] = torch.cat([parts.state[graph.tensors[t].name] for t in s.biases])
+            sizes = tuple(int(w.shape[0]) for w in ws)
+            replaced += patterns.rewrite_concat_gemm(gm, s, parts.op_names, w_name, b_name, sizes)
+            names.append(w_name)
+            fakes.append(fake_mode.from_tensor(extra[w_name]))
+            if b_name is not None:
+                names.append(b_name)
+                fakes.append(fake_mode.from_tensor(extra[b_name]))
+    else:
+        return None
+    # drop placeholders the rewrite left unused (e.g. the separate weights)
+    for node in list(gm.graph.nodes):
+        if node.op == "placeholder" and not node.users:
+            i = names.index(node.target)
+            del names[i], fakes[i]
+            gm.graph.erase_node(node)
+    gm.recompile()
+    if keep_layout:
+        want = [parts.by_name[n].meta["val"] for n in gg.outputs]
+        _settle_layout(
+            gm, fakes, fake_mode, want, [(n, parts.by_name[o].meta["val"]) for n, o in replaced]
+        )
+    else:  # layouts propagate: the consumers are traced with whatever this computes
+        propagate(gm, fakes, fake_mode)
+    return gm, names, fakes, extra
+
+
+def prepare_unit(
+    graph: OpGraph,
+    parts: ProgramParts,
+    gg: GroupGraph,
+    requested: str,
+    compile_group: Callable[[fx.GraphModule, tuple[Any, ...], Any], Callable[..., Any]],
+    fake_mode: Any,
+    warning: type[Warning] = UserWarning,
+    keep_layout: bool = True,
+) -> GroupUnit:
+    """Make group `gg` runnable as `requested` (see the module doc); never raises for a
+    group that fails to rewrite or compile: it runs eagerly instead, with a warning.
+
+    `keep_layout`: every boundary output keeps eager's strides (a rewrite's results are
+    copied back where they differ); False when realize propagates layouts
+    (planner.realize.layout): outputs keep the layout their kernel computes, and the
+    caller records them in the unit's `out_fakes` (`predicted_outputs`).
+    """
+    if requested == "eager" or work_ops(gg.module) == 0:
+        return GroupUnit(gg, requested, {})
+    realization, module, names, fakes = requested, gg.module, list(gg.inputs), list(gg.fakes)
+    extra: dict[str, torch.Tensor] = {}
+    note = ""
+    if requested in ("sdpa", "concat_gemm"):
+        try:
+            rewritten = _rewrite(graph, parts, gg, requested, fake_mode, keep_layout)
+        except Exception as e:  # a rewrite that does not trace: compile the group as is
+            rewritten = None
+            note = f"{requested} rewrite failed ({type(e).__name__}: {str(e)[:160]})"
+        if rewritten is None:
+            realization = "inductor"
+            note = note or f"no {requested} pattern in the group"
+            msg = f"group {gg.index} asked for {requested}, runs as inductor: {note}"
+            log.warning(msg)
+            warnings.warn(msg, warning, stacklevel=3)
+        else:
+            module, names, fakes, extra = rewritten
+    if realization != "eager":
+        trimmed = _clone(module)
+        if drop_empty_cat_inputs(trimmed):
+            module = trimmed
+    alone = realization != "inductor"
+    if realization in ("inductor", "sdpa", "concat_gemm") and patterns.gelu_epilogue_sites(module):
+        try:
+            fused = _clone(module)
+            n = patterns.rewrite_gelu_epilogue(fused)
+            propagate(fused, fakes, fake_mode)
+            module, alone = fused, True
+            note = "; ".join(filter(None, [note, f"{n} GEMM+bias+GELU as one cuBLASLt call"]))
+        except Exception as e:  # keep the group as it was
+            why = f"GELU epilogue rewrite failed ({type(e).__name__}: {str(e)[:160]})"
+            note = "; ".join(filter(None, [note, why]))
+    unit = GroupUnit(gg, requested, extra)
+    unit.note = note
+    unit.module, unit.module_fakes = module, tuple(fakes)
+    if alone and work_ops(module) <= 1:
+        unit.use(realization, module.forward, names, compiled=False)  # the kernel alone
+        return unit
+    t0 = time.perf_counter()
+    try:
+        fn = compile_group(module, tuple(fakes), fake_mode)
+    except Exception as e:
+        unit.compile_s = time.perf_counter() - t0
+        reason = f"compile failed: {type(e).__name__}: {str(e).strip()[:300]}"
+        unit.module, unit.module_fakes = gg.module, tuple(gg.fakes)
+        unit.to_eager(reason)
+        warnings.warn(f"group {gg.index} runs eagerly: {reason}", warning, stacklevel=3)
+        return unit
+    unit.compile_s = time.perf_counter() - t0
+    unit.use(realization, fn, names, compiled=True)
+    return unit
+
+
+class _Keeper(fx.Interpreter):
+    """Runs the program eagerly, keeping the values named in `keep`."""
+
+    def __init__(self, gm: fx.GraphModule, keep: set[str]):
+        super().__init__(gm)
+        self.keep = keep
+        self.kept: dict[str, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        if n.name in self.keep:
+            self.kept[n.name] = out
+        return out
+
+
+def reference_values(
+    parts: ProgramParts, inputs: Sequence[Any], keep: set[str] | None = None
+) -> tuple[dict[str, Any], list[Any]]:
+    """Eager values of the program on `inputs`: ({name: value} of `keep`, user outputs).
+
+    By default keeps every value that crosses a group boundary, which is what checking
+    each group alone against eager needs.
+    """
+    if keep is None:
+        keep = set()
+        for node in parts.gm.graph.nodes:
+            g = parts.group_of.get(node.name)
+            if any(parts.group_of.get(u.name) != g for u in node.users):
+                keep.add(node.name)
+            elif isinstance(node.meta.get("val"), torch.SymInt):
+                keep.add(node.name)  # a size a group may take as an input of its own
+    keep |= {v.name for v in parts.outputs if isinstance(v, fx.Node)}
+    user = dict(zip(parts.user_inputs, inputs))
+    args = [
+        parts.state[n.name] if n.name in parts.state else user[n.name]
+        for n in parts.gm.graph.nodes
+        if n.op == "placeholder"
+    ]
+    keeper = _Keeper(parts.gm, keep)
+    with torch.no_grad():
+        keeper.run(*args)
+    outs = [keeper.kept[v.name] if isinstance(v, fx.Node) else v for v in parts.outputs]
+    return keeper.kept, outs

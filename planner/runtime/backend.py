@@ -1,0 +1,684 @@
+"""The runtime: a `torch.compile` backend that runs each shape bucket's tuned plan.
+
+    model = torch.compile(model, backend=fusion_planner_backend(), dynamic=True)
+
+On each call the backend finds the bucket of the actual input shapes, looks the plan up
+in the plan cache (exact shape, then bucket, then the default plan: never an error),
+realizes it once per bucket (one compile serves every shape of the bucket) and reuses
+it. A miss runs the default plan (`planner.fusion.fuse_rules.default_partition`) and records
+the shape in the cache's tuning queue, so the next offline `fusion-plan tune` covers it.
+`compile_budget` bounds how many realizations the process pays for; past it, new
+buckets run dynamo's graph as it is (bound the recompiles: docs/runtime.md).
+
+Correctness comes first: if anything on the way fails (lifting dynamo's graph, export,
+a plan that does not fit, a realization), that bucket runs dynamo's graph unchanged
+and a warning says why, once. The user's model always runs and gives the right answer.
+In grad mode the plan's forward is served with gradients recomputed eagerly, or the graph
+is declined to Inductor with one warning (planner.runtime.grad): never lost gradients.
+
+For users who drive their own execution: `lookup(structure_key, shapes, device)` and
+`plan_for(graph)`. This module imports neither optuna nor scikit-learn, even
+transitively (tests/test_runtime.py checks): a deployed model pays for torch, the
+stdlib and the cache only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.fx as fx
+from torch._dynamo.backends.registry import lookup_backend
+
+from planner.errors import FusionPlannerError
+from planner.fusion.fuse_rules import default_partition as _rule_based_partition
+from planner.fusion.partition import Partition
+from planner.hardware import device_fingerprint, local_device_name
+from planner.ir.capture import Captured, export_model
+from planner.ir.capture_dynamic import export_dynamic
+from planner.ir.graph import OpGraph
+from planner.plans.buckets import Bucket, BucketSpec, DynamicDim, Policy, Pow2, exact_key
+from planner.plans.cache import DEFAULT, EXACT, LookupResult, PlanCache
+from planner.plans.plan import Plan
+from planner.realize.realizer import realize
+from planner.runtime.grad import PlannedForward, needs_grad, recompute_blocker
+from planner.runtime.graph import LiftedGraph, lift_graph
+
+log = logging.getLogger(__name__)
+
+MEMO_MAX = 1 << 16  # distinct dynamic-size tuples remembered per graph
+MAX_RUN_FAILURES = 3  # shapes a realization may fail on before its bucket runs eager
+# One realization at a time per process: Inductor's compile state is not made for two
+# compiles at once, and a static specialization may build in a background thread.
+_REALIZE_LOCK = threading.Lock()
+
+
+class PlannerRuntimeWarning(UserWarning):
+    """The runtime fell back to dynamo's graph, or ran past its compile budget."""
+
+
+class Realizer(Protocol):
+    """Turns a captured program and a plan for its graph into a callable over the
+    program's user inputs (positional). The plan has been fitted to `captured.graph`
+    (`plan.graph_key == captured.graph.key`), so `plan.partition(captured.graph)` and each
+    group's realization label apply as they are. May raise: the backend then runs eager.
+    A realizer that takes a `cuda_graphs` keyword (as planner.realize.realizer does) lets static
+    specializations build in a background thread; others build them on the calling one."""
+
+    def __call__(self, captured: Captured, plan: Plan) -> Callable[..., Any]: ...
+
+
+class Exporter(Protocol):
+    """Exports `module` over a bucket: `dims` = {input: {axis: (lo, hi)}}."""
+
+    def __call__(
+        self,
+        module: torch.nn.Module,
+        inputs: tuple[Any, ...],
+        dims: dict[int, dict[int, tuple[int, int]]],
+    ) -> Captured: ...
+
+
+def default_partition(graph: OpGraph) -> Partition:
+    """The safe plan on a miss: the rule-based, deterministic greedy fusion of
+    planner.fusion.fuse_rules (no cost model, no search)."""
+    return _rule_based_partition(graph)
+
+
+def _default_realizer(captured: Captured, plan: Plan, **options: Any) -> Callable[..., Any]:
+    """planner.realize.realizer: each group one compiled unit, verified against eager."""
+    return realize(captured, plan, **options)
+
+
+def _takes_cuda_graphs(realizer: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(realizer).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "cuda_graphs" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _default_exporter(
+    module: torch.nn.Module, inputs: tuple[Any, ...], dims: dict[int, dict[int, tuple[int, int]]]
+) -> Captured:
+    """planner.ir.capture_dynamic: one export whose symbolic sizes span the bucket."""
+    return export_dynamic(module, inputs, dims)
+
+
+# ---- the plain API ------------------------------------------------------------------------
+_shared: dict[str, PlanCache] = {}
+_shared_lock = threading.Lock()
+
+
+def open_cache(cache: PlanCache | str | None = None) -> PlanCache:
+    """A PlanCache: `cache` itself, or one shared per URL in this process (None: default).
+
+    Never raises for a database that is down, missing or damaged: the shared cache opens
+    its database on first use and again after a failure (`PlanCache(reopen=True)`), so its
+    lookups read as misses until the database answers, and then find plans again."""
+    if isinstance(cache, PlanCache):
+        return cache
+    key = cache or ""
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = PlanCache(cache, reopen=True)
+        return _shared[key]
+
+
+def _fingerprint(device: str | torch.device | None) -> str:
+    if isinstance(device, str) and device.startswith(("cpu-", "cuda-")):
+        return device  # already a fingerprint
+    return device_fingerprint(device)
+
+
+def lookup(
+    structure_key: str,
+    shapes: Sequence[Sequence[int]],
+    device: str | torch.device | None = None,
+    *,
+    cache: PlanCache | str | None = None,
+    spec: BucketSpec | None = None,
+) -> LookupResult:
+    """The plan for a model (its `OpGraph.structure_key`) at `shapes` on `device` (a torch
+    device or a device fingerprint; None: this machine's). Exact shape, then bucket, then
+    `source == "default"` with no plan: run `plan_for(graph)`'s default. Never raises."""
+    try:
+        c = open_cache(cache)
+        return c.lookup(structure_key, shapes, _fingerprint(device), spec=spec)
+    except Exception as e:  # a lookup must never take the model down
+        _warn_once(f"cache:{cache}", f"plan cache unavailable ({e}); using default plans")
+        return LookupResult(None, DEFAULT, None)
+
+
+def plan_for(
+    graph: OpGraph,
+    device: str | torch.device | None = None,
+    *,
+    cache: PlanCache | str | None = None,
+    spec: BucketSpec | None = None,
+) -> tuple[Plan, str]:
+    """A plan for `graph` (and where it came from: exact / bucket / default). Never raises
+    for a cache problem; the default is built from `default_partition(graph)`."""
+    result = lookup(graph.structure_key, graph.input_shapes, device, cache=cache, spec=spec)
+    if result.plan is not None:
+        try:
+            result.plan.partition_for(graph)
+            return result.plan, result.source
+        except Exception as e:  # a plan that does not fit this graph: the default runs
+            _warn_once(f"fit:{graph.structure_key}", f"cached plan does not fit ({e})")
+    return default_plan(graph, device), DEFAULT
+
+
+def default_plan(graph: OpGraph, device: str | torch.device | None = None) -> Plan:
+    """The default plan of `graph` as a Plan record (no cost model, nothing measured)."""
+    dtypes = [t.dtype for t in graph.tensors if t.kind == "input"] or ["float32"]
+    return Plan.from_partition(
+        default_partition(graph),
+        device=_spec_name(device),
+        dtype=dtypes[0],
+        strategy="default",
+        cost_model="none",
+        predicted_s=0.0,
+        device_fingerprint=_fingerprint(device),
+    )
+
+
+def _spec_name(device: str | torch.device | None) -> str:
+    if isinstance(device, str) and device.startswith(("cpu-", "cuda-")):
+        device = device.split("-")[0]  # a fingerprint names the kind of device only
+        if device == "cuda" and not torch.cuda.is_available():
+            return "cuda"
+    return local_device_name(device)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, PlannerRuntimeWarning, stacklevel=3)
+        log.warning(message)
+
+
+# ---- the backend --------------------------------------------------------------------------
+@dataclass
+class RuntimeStats:
+    """What the backend did; read it to see hits, misses and compiles."""
+
+    graphs: int = 0
+    realized: int = 0  # realizations paid for (each counts against the compile budget)
+    exact: int = 0  # new shapes served by an exact-shape plan
+    bucket: int = 0  # ... by their bucket's plan
+    default: int = 0  # ... by the default plan (a miss)
+    over_budget: int = 0  # new buckets run as dynamo's graph, the budget being spent
+    fallbacks: list[str] = field(default_factory=list)  # why a bucket ran dynamo's graph
+    queued: int = 0  # misses recorded in the tuning queue
+    grad_graphs: int = 0  # graphs served in grad mode (plan forward, eager recomputed backward)
+    static: int = 0  # recurring shapes given a static specialization of their bucket's plan
+    static_failed: list[str] = field(default_factory=list)  # why a specialization was not made
+    declined: list[str] = field(default_factory=list)  # grad-mode graphs given to Inductor: why
+
+
+class FusionPlannerBackend:
+    """The `torch.compile` backend object. One instance may serve several models and
+    graphs; the compile budget and the stats are shared between them."""
+
+    def __init__(
+        self,
+        cache: PlanCache | str | None = None,
+        *,
+        device: str | torch.device | None = None,
+        bucket_policy: BucketSpec | Policy | None = None,
+        compile_budget: int = 8,
+        record_misses: bool = True,
+        realizer: Realizer | None = None,
+        exporter: Exporter | None = None,
+        static_after: int | None = 3,
+        static_budget: int = 8,
+        static_background: bool | None = None,
+    ):
+        self._cache_arg = cache
+        self._cache: PlanCache | None = None
+        self._cache_failed = False
+        self.device = device
+        self.bucket_policy = bucket_policy
+        self.compile_budget = compile_budget
+        self.record_misses = record_misses
+        self.realizer: Realizer = realizer or _default_realizer
+        self.exporter: Exporter = exporter or _default_exporter
+        if static_after is not None and static_after < 1:
+            raise ValueError(f"static_after must be >= 1 or None, got {static_after}")
+        self.static_after = static_after
+        self.static_budget = static_budget
+        self.static_background = static_background
+        self.stats = RuntimeStats()
+        self._lock = threading.Lock()
+        self._static_taken = 0
+        self._pending: list[threading.Thread] = []
+
+    def take_static_budget(self) -> bool:
+        with self._lock:
+            if self._static_taken >= self.static_budget:
+                return False
+            self._static_taken += 1
+            return True
+
+    def background_for(self, device: torch.device) -> bool:
+        """Whether a static specialization builds in a background thread. Off unless asked
+        for: torch's tracer keeps process-wide state (torch.fx's current make_fx tracer), so
+        an export in the background can break a torch.compile that the serving thread
+        starts meanwhile (seen on an H100: "s33 is not tracked with proxy for
+        _ModuleStackTracer" in a model compiled while a specialization was exporting). Ask
+        for it only where nothing else compiles while specializations build."""
+        del device
+        return bool(self.static_background)
+
+    def wait_static(self, timeout: float | None = None) -> bool:
+        """Wait for static specializations building in the background; True if none is left."""
+        with self._lock:
+            pending = list(self._pending)
+        for th in pending:
+            th.join(timeout)
+        with self._lock:
+            self._pending = [th for th in self._pending if th.is_alive()]
+            return not self._pending
+
+    @property
+    def cache(self) -> PlanCache | None:
+        if self._cache is None and not self._cache_failed:
+            try:
+                self._cache = open_cache(self._cache_arg)
+            except FusionPlannerError as e:
+                self._cache_failed = True
+                _warn_once("backend-cache", f"plan cache unavailable ({e}); default plans only")
+        return self._cache
+
+    def take_budget(self) -> bool:
+        with self._lock:
+            if self.stats.realized >= self.compile_budget:
+                return False
+            self.stats.realized += 1
+            return True
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        self.stats.graphs += 1
+        grad = needs_grad(example_inputs)
+        if grad:
+            blocker = recompute_blocker(gm)
+            if blocker is not None:
+                return self._decline(gm, example_inputs, blocker)
+        try:
+            lifted = lift_graph(gm, list(example_inputs))
+        except Exception as e:
+            reason = f"{type(e).__name__}: {e}"
+            self.stats.fallbacks.append(f"lift: {reason}")
+            _warn_once(f"lift:{reason}", f"fusion-planner runs dynamo's graph as is: {reason}")
+            return gm.forward
+        planned = _PlannedGraph(self, gm, lifted)
+        if grad:
+            self.stats.grad_graphs += 1
+            return planned.call_with_grad
+        return planned
+
+    def _decline(
+        self, gm: fx.GraphModule, example_inputs: list[Any], reason: str
+    ) -> Callable[..., Any]:
+        """Grad mode on a graph whose plan cannot give eager's gradients
+        (planner.runtime.grad): torch.compile's default backend runs it."""
+        self.stats.declined.append(reason)
+        _warn_once(
+            f"decline:{reason}",
+            f"fusion-planner declines a graph in grad mode ({reason}: the served forward "
+            "could not be recomputed for the backward pass); torch.compile's default "
+            "backend (Inductor) compiles it, forward and backward",
+        )
+        try:
+            return lookup_backend("inductor")(gm, example_inputs)
+        except Exception as e:  # autograd through dynamo's graph is still eager's
+            log.warning("Inductor failed on a declined graph (%s); running it eagerly", e)
+            return gm.forward
+
+
+def fusion_planner_backend(
+    cache: PlanCache | str | None = None,
+    *,
+    device: str | torch.device | None = None,
+    bucket_policy: BucketSpec | Policy | None = None,
+    compile_budget: int = 8,
+    record_misses: bool = True,
+    **kw: Any,
+) -> FusionPlannerBackend:
+    """A backend for `torch.compile(model, backend=..., dynamic=True)`; see the module doc.
+
+    `bucket_policy`: a BucketSpec over the model's inputs, or one Policy for every
+    dynamic dim; None uses the spec the tuning job stored for the model, else pow2.
+    Keyword options of FusionPlannerBackend: `static_after` (calls of one shape before it
+    gets a static specialization of its bucket's plan; None: never), `static_budget` (how
+    many specializations the process pays for), `static_background` (build them in a
+    background thread; off by default, see FusionPlannerBackend.background_for).
+    """
+    return FusionPlannerBackend(
+        cache,
+        device=device,
+        bucket_policy=bucket_policy,
+        compile_budget=compile_budget,
+        record_misses=record_misses,
+        **kw,
+    )
+
+
+class _PlannedGraph:
+    """Dynamo's graph, served per bucket. `__call__` is the hot path: one tuple of the
+    dynamic sizes, one dict probe, then the chosen callable."""
+
+    def __init__(self, backend: FusionPlannerBackend, gm: fx.GraphModule, lifted: LiftedGraph):
+        self.backend, self.gm, self.lifted = backend, gm, lifted
+        self._dyn = tuple((lifted.user_positions[i], a) for i, a in lifted.dynamic)
+        self._memo: dict[tuple[int, ...], Callable[[tuple[Any, ...]], Any]] = {}
+        self._realized: dict[str, Callable[[tuple[Any, ...]], Any]] = {}
+        self._bucket_plans: dict[str, Plan] = {}  # plans realized symbolically, per bucket key
+        self._lock = threading.RLock()
+        self._identity: tuple[str, str, BucketSpec] | None = None
+        self._spec_settled = True  # False while the bucket spec could not be read
+        self._first_static: Captured | None = None  # the capture made to identify the model
+        self._default: Plan | None = None  # the model's default plan (fuse_rules)
+        self._broken = False
+
+    def __call__(self, *args: Any) -> Any:
+        sizes = tuple([args[p].shape[a] for p, a in self._dyn])
+        fn = self._memo.get(sizes)
+        if fn is None:
+            fn = self._resolve(sizes, args)
+        return fn(args)
+
+    def call_with_grad(self, *args: Any) -> Any:
+        """`__call__` in grad mode: the plan's forward, gradients from recomputing dynamo's
+        graph with autograd (planner.runtime.grad). A bucket that runs dynamo's graph
+        anyway runs it under autograd directly."""
+        sizes = tuple([args[p].shape[a] for p, a in self._dyn])
+        fn = self._memo.get(sizes)
+        if fn is None:
+            with torch.no_grad():
+                fn = self._resolve(sizes, args)
+        if fn == self._eager:
+            return self.gm.forward(*args)
+        return PlannedForward.apply(fn, self.gm.forward, *args)
+
+    # -- the slow path: once per new dynamic-size tuple --
+    def _eager(self, args: tuple[Any, ...]) -> Any:
+        return self.gm.forward(*args)
+
+    def _resolve(self, sizes: tuple[int, ...], args: tuple[Any, ...]) -> Callable[..., Any]:
+        with self._lock:
+            fn = self._memo.get(sizes)
+            if fn is None:
+                fn, plan = self._choose(args)
+                if plan is not None and self.backend.static_after is not None:
+                    fn = _Recurring(self, sizes, fn, plan)
+                if len(self._memo) >= MEMO_MAX:
+                    self._memo.clear()
+                self._memo[sizes] = fn
+            return fn
+
+    def _fallback(self, where: str, e: BaseException) -> Callable[..., Any]:
+        reason = f"{where}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        self.backend.stats.fallbacks.append(reason)
+        _warn_once(reason, f"fusion-planner runs dynamo's graph for this bucket ({reason})")
+        return self._eager
+
+    def _choose(self, args: tuple[Any, ...]) -> tuple[Callable[..., Any], Plan | None]:
+        """The callable for a new size tuple, and the plan a recurring shape of it may be
+        specialized with (None when it runs dynamo's graph or is static already)."""
+        stats = self.backend.stats
+        if self._broken:
+            return self._eager, None
+        user = tuple(args[p] for p in self.lifted.user_positions)
+        shapes = tuple(tuple(int(d) for d in t.shape) for t in user)
+        try:
+            model_key, dev, spec = self._identify(user)
+        except Exception as e:
+            self._broken = True
+            return self._fallback("capture", e), None
+        bucket = spec.bucket_of(shapes)
+        cache = self.backend.cache
+        result = (
+            cache.lookup(model_key, shapes, dev, spec=spec)
+            if cache is not None
+            else LookupResult(None, DEFAULT, bucket)
+        )
+        exact = f"{result.source}:{exact_key(shapes)}"
+        if result.source == EXACT or bucket is None:
+            key, region = exact, None
+        else:
+            key, region = f"{result.source}:{bucket.key}", bucket
+        if result.source == DEFAULT and cache is not None and self.backend.record_misses:
+            try:
+                cache.record_miss(
+                    model_key, shapes, device_fp=dev, bucket=bucket, label=self._label()
+                )
+                stats.queued += 1
+            except Exception as e:  # the queue is a courtesy; never fail the call
+                _warn_once("queue", f"could not record a miss in the tuning queue: {e}")
+        setattr(stats, result.source, getattr(stats, result.source) + 1)
+        fn = self._realized.get(key)
+        if fn is not None:
+            return fn, self._bucket_plans.get(key)
+        fn = self._realized.get(exact)
+        if fn is not None:
+            return fn, None
+        plan = result.plan or self._default
+        if plan is None or all(len(g.nodes) == 1 for g in plan.groups):
+            # Nothing fused (no fuse_rules, or nothing to fuse): dynamo's graph is that
+            # plan already, without paying for a realization.
+            self._realized[key] = self._eager
+            return self._eager, None
+        if not self.backend.take_budget():
+            stats.over_budget += 1
+            _warn_once(
+                "budget",
+                f"fusion-planner compile budget ({self.backend.compile_budget}) spent: new "
+                "buckets run dynamo's graph (raise compile_budget or tune fewer buckets)",
+            )
+            self._realized[key] = self._eager
+            return self._eager, None
+        fn, whole_bucket, static = self._realize(plan, region, user)
+        if static or not whole_bucket or fn == self._eager:
+            self._realized[exact if not whole_bucket else key] = fn
+            return fn, None
+        self._realized[key] = fn
+        self._bucket_plans[key] = plan
+        return fn, plan
+
+    def _label(self) -> str:
+        return f"runtime:{self.lifted.module.__class__.__name__}"
+
+    def _identify(self, user: tuple[Any, ...]) -> tuple[str, str, BucketSpec]:
+        """Model key, device fingerprint and bucket spec: worked out once per graph."""
+        if self._identity is not None and not self._spec_settled:
+            model_key, dev, _ = self._identity  # the cache was down: ask it again
+            self._identity = (model_key, dev, self._spec(model_key, dev))
+        if self._identity is None:
+            static = export_model(self.lifted.module, user, name="runtime")
+            device = self.backend.device if self.backend.device is not None else user[0].device
+            dev = _fingerprint(device)
+            model_key = static.graph.structure_key
+            self._identity = (model_key, dev, self._spec(model_key, dev))
+            self._first_static = static
+            # The default partition depends on the model's structure, not on its shapes:
+            # worked out once, applied to every bucket through Plan.partition_for.
+            self._default = default_plan(static.graph, dev)
+        return self._identity
+
+    def _spec(self, model_key: str, dev: str) -> BucketSpec:
+        policy = self.backend.bucket_policy
+        if isinstance(policy, BucketSpec):
+            return policy
+        dims = tuple(DynamicDim(f"in{i}.{a}", i, a) for i, a in self.lifted.dynamic)
+        if policy is not None:
+            return BucketSpec.uniform(dims, policy)
+        cache = self.backend.cache
+        if cache is None:
+            return BucketSpec.uniform(dims, Pow2())
+        errors = cache.stats["errors"]
+        stored = cache.bucket_spec(model_key, dev)
+        # A spec read that failed (the cache is down) is not the answer "none stored": the
+        # next new shape asks again, so a cache that comes back buckets as tuning did.
+        self._spec_settled = stored is not None or cache.stats["errors"] == errors
+        return stored or BucketSpec.uniform(dims, Pow2())
+
+    def _static(self, user: tuple[Any, ...]) -> Captured:
+        first = self._first_static
+        if first is not None and first.graph.input_shapes == tuple(tuple(t.shape) for t in user):
+            self._first_static = None  # used once; do not keep the program alive
+            return first
+        return export_model(self.lifted.module, user, name="runtime")
+
+    def _realize(
+        self, plan: Plan, bucket: Bucket | None, user: tuple[Any, ...]
+    ) -> tuple[Callable[..., Any], bool, bool]:
+        """(callable over dynamo's args, whether it serves the whole bucket, whether it was
+        realized for static shapes: a bucket of one shape, or a shape realized alone)."""
+        whole_bucket = False
+        try:
+            captured = None
+            if bucket is not None:
+                try:
+                    captured = self.backend.exporter(self.lifted.module, user, bucket.ranges())
+                    whole_bucket = True
+                except Exception as e:  # no dynamic export: this shape alone, statically
+                    log.info(
+                        "dynamic export over %s failed (%s): realizing one shape", bucket.key, e
+                    )
+            if captured is None:
+                captured = self._static(user)
+            graph = captured.graph
+            plan.partition_for(graph)  # checked against, then re-keyed to, this graph
+            fitted = dataclasses.replace(plan, graph_key=graph.key)
+            realized = self.backend.realizer(captured, fitted)
+        except Exception as e:
+            return self._fallback("realize", e), whole_bucket, False
+        static = bool(getattr(realized, "static_shapes", not whole_bucket))
+        return self._runner(realized, self._eager), whole_bucket, static
+
+    def _runner(
+        self, realized: Callable[..., Any], instead: Callable[[tuple[Any, ...]], Any]
+    ) -> Callable[[tuple[Any, ...]], Any]:
+        """`realized` over dynamo's args; a shape it fails on runs `instead` from then on,
+        and after a few such shapes every call does."""
+        positions = self.lifted.user_positions
+        failures: list[str] = []
+
+        def run(args: tuple[Any, ...]) -> Any:
+            if len(failures) >= MAX_RUN_FAILURES:
+                return instead(args)
+            try:
+                return realized(*[args[p] for p in positions])
+            except Exception as e:
+                # This shape cannot run here (e.g. size 1 in a bucket exported from 2).
+                failures.append(str(e))
+                self._fallback("run", e)
+                self._memo[tuple([args[p].shape[a] for p, a in self._dyn])] = instead
+                return instead(args)
+
+        return run
+
+    # -- static specialization of a recurring shape --
+    def _specialize(self, rec: _Recurring, args: tuple[Any, ...]) -> None:
+        """Realize `rec`'s plan statically at its shape (layouts propagated across groups,
+        static-only epilogues, one CUDA graph), in a background thread on CUDA; the shape
+        keeps being served by its bucket's realization until the specialization is ready."""
+        backend, stats = self.backend, self.backend.stats
+        if not backend.take_static_budget():
+            stats.static_failed.append(f"{rec.sizes}: static budget spent")
+            _warn_once(
+                "static-budget",
+                f"fusion-planner static budget ({backend.static_budget}) spent: further "
+                "recurring shapes keep their bucket's realization",
+            )
+            return
+        user = tuple(args[p] for p in self.lifted.user_positions)
+        device = next((t.device for t in user if isinstance(t, torch.Tensor)), None)
+        if (
+            device is None
+            or not backend.background_for(device)
+            or (device.type == "cuda" and not _takes_cuda_graphs(backend.realizer))
+        ):
+            self._build_static(rec, user, background=False)
+            return
+        # the caller may reuse or free its tensors: the thread works on copies
+        copies = tuple(t.detach().clone() if isinstance(t, torch.Tensor) else t for t in user)
+        th = threading.Thread(
+            target=self._build_static,
+            args=(rec, copies, True),
+            daemon=True,
+            name="fusion-planner-static",
+        )
+        with backend._lock:
+            backend._pending.append(th)
+        th.start()
+
+    def _build_static(self, rec: _Recurring, user: tuple[Any, ...], background: bool) -> None:
+        stats = self.backend.stats
+        try:
+            with _REALIZE_LOCK, torch.no_grad():
+                captured = export_model(self.lifted.module, user, name="runtime-static")
+                rec.plan.partition_for(captured.graph)
+                fitted = dataclasses.replace(rec.plan, graph_key=captured.graph.key)
+                if background and _takes_cuda_graphs(self.backend.realizer):
+                    # A CUDA graph is recorded on the serving thread: recording one here
+                    # would forbid that thread's allocations while it lasts.
+                    realized = self.backend.realizer(captured, fitted, cuda_graphs=False)
+                else:
+                    realized = self.backend.realizer(captured, fitted)
+        except Exception as e:  # the bucket's realization goes on serving this shape
+            reason = (
+                f"{rec.sizes}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            )
+            stats.static_failed.append(reason)
+            log.info("no static specialization for %s", reason)
+            return
+        run = self._runner(realized, rec.fn)
+        record = getattr(realized, "capture_cuda_graph", None) if background else None
+        if record is None:
+            self._memo[rec.sizes] = run
+        else:
+            positions = self.lifted.user_positions
+
+            def first(args: tuple[Any, ...]) -> Any:
+                self._memo[rec.sizes] = run
+                record([args[p] for p in positions], True)
+                return run(args)
+
+            self._memo[rec.sizes] = first
+        stats.static += 1
+
+
+class _Recurring:
+    """A new shape served by its bucket's realization, counting its calls: at the
+    backend's `static_after`-th call it asks for a static specialization."""
+
+    __slots__ = ("calls", "fn", "graph", "plan", "sizes")
+
+    def __init__(
+        self,
+        graph: _PlannedGraph,
+        sizes: tuple[int, ...],
+        fn: Callable[[tuple[Any, ...]], Any],
+        plan: Plan,
+    ):
+        self.graph, self.sizes, self.fn, self.plan = graph, sizes, fn, plan
+        self.calls = 0
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        self.calls += 1
+        if self.calls == self.graph.backend.static_after:
+            self.graph._specialize(self, args)
+        return self.fn(args)

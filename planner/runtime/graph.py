@@ -1,0 +1,263 @@
+"""Dynamo's graph -> a module over the user's inputs, capturable like the user's own model.
+
+A `torch.compile` backend receives dynamo's torch-level GraphModule, whose placeholders
+are a mix of: sizes (SymInts, with `dynamic=True`), the user's tensors, the model's
+parameters and buffers (lifted as inputs, in first-use order), and float attributes
+turned into 0-d tensors read with `.item()` (e.g. LayerNorm's eps under torch 2.13).
+`torch.export` cannot trace `.item()` on an input, and a plan cache keyed on the model
+needs the parameters to be parameters, not inputs.
+
+`lift_graph` rebuilds the graph so that only the user's tensors are inputs: sizes become
+`aten.sym_size` reads of the user tensors they came from, parameters and buffers are
+registered on the module (sharing storage with the model: weight updates are seen),
+and `.item()` of a 0-d attribute is baked in as a constant. Exported, the result is the
+same aten program as exporting the user's model directly (same ops, same order, same
+`OpGraph.structure_key`): that is what lets the runtime find plans tuned offline.
+
+It needs the `grapharg` metadata dynamo attaches while the backend is being called, so
+call it from inside the backend. Anything it does not recognise raises `LiftError`; the
+backend then runs dynamo's graph as it is.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._dynamo import source as dsource
+
+from planner.errors import CaptureError, FusionPlannerError
+from planner.ir.capture import Captured, _as_args, _quiet_torch, export_model
+
+
+class LiftError(FusionPlannerError):
+    """Dynamo's graph has an input the runtime cannot map onto the user's tensors."""
+
+
+@dataclass(frozen=True)
+class LiftedGraph:
+    """A module over user inputs and how dynamo's call arguments map onto them.
+
+    `user_positions[i]`: the index, among dynamo's call arguments, of user input i.
+    `dynamic`: (user input, axis) pairs that dynamo left symbolic (they may vary).
+    """
+
+    module: fx.GraphModule
+    user_positions: tuple[int, ...]
+    dynamic: tuple[tuple[int, int], ...]
+    user_names: tuple[str, ...]
+
+
+def _source_chain(node: fx.Node) -> list[Any]:
+    """Dynamo's source of a placeholder, outermost first (`L['x'][0]` -> [GetItem, Local])."""
+    src = getattr(node.meta.get("grapharg"), "source", None)
+    chain = []
+    while src is not None:
+        chain.append(src)
+        src = getattr(src, "base", None)
+    return chain
+
+
+def _source_name(source: Any) -> str:
+    name = source.name  # a property in torch 2.13, a method in older releases
+    return str(name() if callable(name) else name)
+
+
+# Sources that reach a tensor by indexing the frame's arguments: the user's inputs
+# (`L['x']`, `L['args'][1]`, `L['kwargs']['input_ids']`).
+_ARGUMENT_SOURCES = (dsource.LocalSource, dsource.GetItemSource, dsource.DictGetItemSource)
+# Sources that reach a tensor through a module or a global: the model's state.
+_STATE_SOURCES = tuple(
+    getattr(dsource, name)
+    for name in (
+        "NNModuleSource",
+        "ParamBufferSource",
+        "UnspecializedParamBufferSource",
+        "GlobalSource",
+    )
+    if hasattr(dsource, name)  # all present in torch 2.11 and 2.13; older ones lack some
+)
+
+
+def _is_state(node: fx.Node, example: Any) -> bool:
+    """Model state (parameters, buffers, module attributes, globals), not a user input.
+
+    Decided on dynamo's source for the placeholder, not on its name: Hugging Face models
+    wrap `forward` in decorators, so `self` reaches dynamo as `L['args'][0]` and a
+    parameter's source reads `L['args'][0]._modules[...]`, while the user's tensor is
+    `L['args'][1]`. A tensor reached some other way (an attribute of a user object) is
+    neither: it raises LiftError, since baking it in as state would serve stale values.
+    """
+    if isinstance(example, torch.nn.Parameter):
+        return True
+    chain = _source_chain(node)
+    if not chain:
+        return False
+    if any(isinstance(s, _STATE_SOURCES) for s in chain):
+        return True
+    name = _source_name(chain[0])
+    if name.startswith(("L['self']", "G[", "___")) or "._buffers[" in name:
+        return True
+    if all(isinstance(s, _ARGUMENT_SOURCES) for s in chain):
+        return False
+    raise LiftError(
+        f"input {node.name} reaches dynamo's graph as {name}, neither an argument of "
+        "forward nor model state: the runtime plans tensor arguments only"
+    )
+
+
+def _sym_expr(v: Any) -> Any:
+    return v.node.expr if isinstance(v, torch.SymInt) else None
+
+
+def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
+    """See the module docstring. `example_inputs` are the backend's real arguments."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        raise LiftError(
+            f"dynamo's graph has {len(placeholders)} inputs but {len(example_inputs)} "
+            "example inputs came with it"
+        )
+    root = torch.nn.Module()
+    g = fx.Graph()
+    env: dict[fx.Node, Any] = {}
+    user: list[tuple[int, fx.Node, Any]] = []  # (argument index, new placeholder, fake value)
+    symbols: list[tuple[fx.Node, Any]] = []
+    for pos, (node, real) in enumerate(zip(placeholders, example_inputs)):
+        fake = node.meta.get("example_value", real)
+        if isinstance(fake, torch.SymInt) or isinstance(real, int | torch.SymInt):
+            symbols.append((node, fake))
+            continue
+        if not isinstance(real, torch.Tensor):
+            raise LiftError(f"input {node.name} is a {type(real).__name__}, not a tensor or size")
+        if _is_state(node, real):
+            attr = f"state_{len(root._parameters) + len(root._buffers)}_{node.name}"[:120]
+            if isinstance(real, torch.nn.Parameter):
+                root.register_parameter(attr, real)
+            elif (
+                real.dim() == 0
+                and node.users
+                and all(u.op == "call_method" and u.target == "item" for u in node.users)
+            ):
+                for u in node.users:  # a float attribute: bake it as the model's constant
+                    env[u] = real.item()
+                continue
+            else:
+                root.register_buffer(attr, real)
+            env[node] = g.get_attr(attr)
+        else:
+            env[node] = g.placeholder(node.name)
+            env[node].meta = dict(node.meta)
+            user.append((pos, env[node], fake))
+    dynamic: set[tuple[int, int]] = set()
+    for node, fake in symbols:
+        expr = _sym_expr(fake)
+        hit = next(
+            (
+                (ui, axis)
+                for ui, (_, _, uf) in enumerate(user)
+                for axis, size in enumerate(getattr(uf, "shape", ()))
+                if expr is not None and _sym_expr(size) == expr
+            ),
+            None,
+        )
+        if hit is None:
+            raise LiftError(
+                f"size input {node.name} ({expr}) is not a dimension of any user tensor "
+                "(an int argument to forward?): the runtime plans tensor shapes only"
+            )
+        ui, axis = hit
+        env[node] = g.call_function(torch.ops.aten.sym_size.int, (user[ui][1], axis))
+    for ui, (_, _, uf) in enumerate(user):
+        for axis, size in enumerate(getattr(uf, "shape", ())):
+            if _sym_expr(size) is not None and not _sym_expr(size).is_number:
+                dynamic.add((ui, axis))
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" or node in env:
+            continue
+        if node.op == "get_attr":  # state dynamo kept as attributes (older torch, constants)
+            value = operator.attrgetter(str(node.target))(gm)
+            attr = "attr_" + str(node.target).replace(".", "_")
+            if isinstance(value, torch.nn.Parameter):
+                root.register_parameter(attr, value)
+            elif isinstance(value, torch.Tensor):
+                root.register_buffer(attr, value)
+            else:
+                raise LiftError(f"dynamo's graph reads a non-tensor attribute {node.target}")
+            env[node] = g.get_attr(attr)
+            continue
+        if node.op == "call_module":
+            raise LiftError(f"dynamo's graph calls a submodule ({node.target}); not supported")
+        env[node] = g.node_copy(node, lambda a: env[a])
+    module = fx.GraphModule(root, g, class_name="LiftedDynamoGraph")
+    return LiftedGraph(
+        module,
+        tuple(pos for pos, _, _ in user),
+        tuple(sorted(dynamic)),
+        tuple(p.name for _, p, _ in user),
+    )
+
+
+def trace_as_served(module: torch.nn.Module, example_inputs: Any) -> tuple[LiftedGraph, tuple]:
+    """Dynamo's graph of `module` on `example_inputs`, lifted: the program the runtime
+    backend serves, and the user tensors (in the lifted module's input order).
+
+    One graph is required (`fullgraph=True`); shapes are traced static. Raises
+    CaptureError when dynamo breaks the graph or the graph cannot be lifted.
+    """
+    args = _as_args(example_inputs)
+    seen: list[tuple[LiftedGraph, tuple[Any, ...]]] = []
+
+    def record(gm: fx.GraphModule, example: list[Any]) -> Any:
+        lifted = lift_graph(gm, list(example))
+        seen.append((lifted, tuple(example[p] for p in lifted.user_positions)))
+        return gm.forward
+
+    # Each capture adds a cache entry for the model's forward; a tuning job captures the
+    # same model once per bucket, which must not run into dynamo's recompile limit.
+    limits = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 << 20}
+    try:
+        with _quiet_torch(), torch.no_grad(), torch._dynamo.config.patch(limits):
+            torch.compile(module, backend=record, fullgraph=True, dynamic=False)(*args)
+    except Exception as e:  # dynamo raises many types; the caller needs one
+        cause = e.__cause__ if isinstance(e.__cause__, LiftError) else e
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        raise CaptureError(
+            f"torch.compile could not trace {type(module).__name__} as one graph "
+            f"({type(cause).__name__}: {first[:300]})"
+        ) from e
+    if len(seen) != 1:
+        raise CaptureError(f"dynamo gave {len(seen)} graphs for {type(module).__name__}, not 1")
+    return seen[0]
+
+
+def capture_for_serving(
+    module: torch.nn.Module,
+    example_inputs: Any,
+    *,
+    name: str = "",
+    meta: dict[str, Any] | None = None,
+    trace_as: str | torch.device | None = None,
+) -> Captured:
+    """The capture the runtime backend plans and looks plans up with: dynamo's graph of
+    `module` (`trace_as_served`), exported (`planner.ir.capture.export_model`; `trace_as`
+    as there: exported without data as if on that device, for planning only).
+
+    Models may trace differently under `torch.export` and under `torch.compile`
+    (Hugging Face models build an explicit attention mask while exporting and leave it to
+    SDPA's `is_causal` while compiling), so a plan made on `export_model(module)` would
+    not fit the graph the backend meets. Offline tuning captures through this function so
+    that its plans are keyed and partitioned on the backend's graph. A model dynamo cannot
+    trace as one graph is exported directly (the backend then meets several graphs, which
+    only ever get default plans).
+    """
+    try:
+        lifted, user = trace_as_served(module, example_inputs)
+    except CaptureError:
+        return export_model(module, example_inputs, name=name, meta=meta, trace_as=trace_as)
+    return export_model(
+        lifted.module, user, name=name or type(module).__name__, meta=meta, trace_as=trace_as
+    )
