@@ -45,6 +45,11 @@ from profiling.verify import verify_against_eager
 
 # Default timer settings for a whole plan: a stable median within a few seconds.
 PLAN_TIMER: dict[str, Any] = {"warmup": 3, "min_reps": 10, "max_reps": 100, "max_seconds": 5.0}
+# A served plan is timed as serving runs it, calls back to back (the host's launch work
+# overlaps the device's), with the settings of the benchmarks' interleaved timer
+# (benchmarks/real_models.py): the latency `tune` stores is then measured the way the
+# benchmarks measure the backend, not as isolated synchronized calls.
+STEADY_TIMER: dict[str, Any] = {"rounds": 15, "round_s": 0.025, "warmup": 3}
 # Dynamo's limits while the serving executor compiles: a tuning job compiles the same
 # model once per candidate, which must not run into the recompile limit (dynamo would
 # then run the model eagerly, and the timing would be eager's).
@@ -253,7 +258,9 @@ def _not_served(backend: FusionPlannerBackend, made: list[Any], plan: Plan) -> s
 class DeviceRunner:
     """The runner (see the module doc). `timer`: profiling.timer.measure's settings;
     `trials`: inputs each plan is checked on; `kernels_in_graph`: on GPU, time a plan's
-    kernels alone as copies in one CUDA graph (and keep the whole call as `call_s`)."""
+    kernels alone as copies in one CUDA graph (and keep the whole call as `call_s`);
+    `steady`: profiling.timer.measure_interleaved's settings for served plans (timed as
+    calls back to back, as serving runs them)."""
 
     def __init__(
         self,
@@ -263,10 +270,12 @@ class DeviceRunner:
         timer: Mapping[str, Any] | None = None,
         trials: int = 3,
         kernels_in_graph: bool = False,
+        steady: Mapping[str, Any] | None = None,
     ):
         self.executor: Executor = executor or ServedExecutor()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.timer = dict(PLAN_TIMER if timer is None else timer)
+        self.steady = dict(STEADY_TIMER if steady is None else steady)
         self.trials = trials
         self.kernels_in_graph = kernels_in_graph
         self._context = {
@@ -329,7 +338,13 @@ class DeviceRunner:
         if not check.ok:
             return self.failed(label, "accuracy", str(check), dtype, **about)
         try:
-            call, _ = self._timed(p.call, dtype)
+            if self.executor.name == "served":
+                with torch.no_grad():
+                    call = measure_interleaved(
+                        {"plan": p.call}, device=self.device, dtype=dtype, **self.steady
+                    )["plan"]
+            else:
+                call, _ = self._timed(p.call, dtype)
         except Exception as e:
             return self.failed(label, "run", e, dtype, **about)
         timing, call_s = call, math.nan
