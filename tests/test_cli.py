@@ -139,7 +139,8 @@ def test_bad_values_are_refused_at_parse_time(argv, message, capsys):
 
 
 def test_the_committed_cost_model_is_found_from_any_directory(tmp_path, monkeypatch):
-    from search.cost_models import committed_model, cost_model_arg
+    from search.cost_models import committed_model
+    from search.flags import cost_model_arg
 
     monkeypatch.chdir(tmp_path)
     assert cost_model_arg("learned") == "learned" and committed_model("cpu").is_file()
