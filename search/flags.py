@@ -1,7 +1,8 @@
 """Command-line vocabulary of the search layer that a parser needs: strategy names and the
 `--cost-model` flag. Pure Python (no torch, Optuna or scikit-learn), so building a
-command's parser, `--help` and a bad flag's error are immediate; `search.strategies` and
-`search.cost_models` check their registries against these names.
+command's parser, `--help` and a bad flag's error are immediate. `search.cost_models`
+takes its names from here; tests/test_cli.py checks STRATEGY_NAMES against
+`search.strategies.STRATEGIES`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The parser of `fusion-plan analyze`; the command itself is cli/commands/analyze.py, imported
-when it runs."""
+"""The parser of `fusion-plan analyze`, built without torch; the command itself,
+cli/commands/analyze.py, is imported when it runs."""
 
 from __future__ import annotations
 

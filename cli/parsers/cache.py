@@ -1,5 +1,5 @@
-"""The parser of `fusion-plan cache`; the command itself is cli/commands/cache.py, imported
-when it runs."""
+"""The parser of `fusion-plan cache`, built without torch; the command itself,
+cli/commands/cache.py, is imported when it runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The parser of `fusion-plan collect`; the command itself is cli/commands/collect.py, imported
-when it runs."""
+"""The parser of `fusion-plan collect`, built without torch; the command itself,
+cli/commands/collect.py, is imported when it runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The parser of `fusion-plan cost`; the command itself is cli/commands/cost.py, imported
-when it runs."""
+"""The parser of `fusion-plan cost`, built without torch; the command itself,
+cli/commands/cost.py, is imported when it runs."""
 
 from __future__ import annotations
 

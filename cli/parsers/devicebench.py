@@ -1,5 +1,5 @@
-"""The parser of `fusion-plan devicebench`; the command itself is cli/commands/devicebench.py, imported
-when it runs."""
+"""The parser of `fusion-plan devicebench`, built without torch; the command itself,
+cli/commands/devicebench.py, is imported when it runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The parser of `fusion-plan measure`; the command itself is cli/commands/measure.py, imported
-when it runs."""
+"""The parser of `fusion-plan measure`, built without torch; the command itself,
+cli/commands/measure.py, is imported when it runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The parser of `fusion-plan plan`; the command itself is cli/commands/plan.py, imported
-when it runs."""
+"""The parser of `fusion-plan plan`, built without torch; the command itself,
+cli/commands/plan.py, is imported when it runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The parser of `fusion-plan report`; the command itself is cli/commands/report.py, imported
-when it runs."""
+"""The parser of `fusion-plan report`, built without torch; the command itself,
+cli/commands/report.py, is imported when it runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The parser of `fusion-plan train-policy`; the command itself is cli/commands/train_policy.py, imported
-when it runs."""
+"""The parser of `fusion-plan train-policy`, built without torch; the command itself,
+cli/commands/train_policy.py, is imported when it runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The parser of `fusion-plan tune`; the command itself is cli/commands/tune.py, imported
-when it runs."""
+"""The parser of `fusion-plan tune`, built without torch; the command itself,
+cli/commands/tune.py, is imported when it runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The parser of `fusion-plan zoo`; the command itself is cli/commands/zoo.py, imported
-when it runs."""
+"""The parser of `fusion-plan zoo`, built without torch; the command itself,
+cli/commands/zoo.py, is imported when it runs."""
 
 from __future__ import annotations
 
