@@ -1,8 +1,10 @@
-"""The `fusion-plan` command line. Each subcommand lives in `cli/commands/`.
+"""The `fusion-plan` command line. Each subcommand lives in `cli/commands/`, its parser in
+`cli/parsers/`.
 
-Start-up is kept short: `fusion-plan --help` and `--version` import no command module
-(those pull in torch, Inductor, Optuna or scikit-learn, seconds at start-up); the one
-command on the command line is imported to build its parser and run it.
+Start-up is kept short: `fusion-plan --help` and `--version` build no command's parser;
+`fusion-plan COMMAND --help` and a bad flag's error build only that command's parser,
+which imports neither torch nor Optuna, scikit-learn or matplotlib. The command's module
+(with torch, Inductor and the rest) is imported only when it runs.
 
 Global options (`-v`, `-q`, `--progress`) are accepted before or after the subcommand,
 as in git and pip. Logging is configured once, to stderr: warnings only by default,
@@ -22,8 +24,8 @@ import warnings
 from planner import progress
 from planner.errors import FusionPlannerError, is_out_of_memory
 
-# Command name -> (its module in cli/commands/, one line of help). The module
-# registers its own parser with `add_parser(subparsers)` and is imported only when run.
+# Command name -> (its module in cli/commands/ and cli/parsers/, one line of help). The
+# parser module registers the parser with `add_parser(subparsers)`.
 COMMANDS = {
     "analyze": ("analyze", "per-op FLOPs, bytes, roofline bound and predicted time"),
     "plan": ("plan", "partition a model into fused groups with one strategy"),
@@ -113,7 +115,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, (module, helptext) in COMMANDS.items():
         if name == only:
-            importlib.import_module(f"cli.commands.{module}").add_parser(sub)
+            importlib.import_module(f"cli.parsers.{module}").add_parser(sub)
         else:
             sub.add_parser(name, help=helptext)
     return p

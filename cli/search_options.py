@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cli.common import add_storage_arg, positive_int
 from planner.errors import FusionPlannerError
 from planner.ir.graph import OpGraph
 from planner.objective import Objective
@@ -21,17 +20,6 @@ from search.optuna_storage import check_storage
 from search.parallel import OPTUNA_STRATEGIES, tune_parallel
 from search.strategies import get_strategy
 from search.strategy import Budget, SearchResult
-
-
-def add_search_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--trials", type=positive_int, default=None, help="tpe/nsga2: trials (per worker)"
-    )
-    add_storage_arg(p)
-    p.add_argument(
-        "--workers", type=positive_int, default=1, help="local processes sharing the study"
-    )
-    p.add_argument("--bucket", default="adhoc", help="shape-bucket id: one study per bucket")
 
 
 def strategy_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -21,11 +21,15 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import DeviceSpecError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that use it: the CLI reads the device names
+# (`known_devices`) to build its parsers, and `--help` must not wait for torch.
 
 TFLOP = 1e12
 GB = 1e9
@@ -128,6 +132,8 @@ def tf32_allowed(conv: bool) -> bool:
     `torch.backends.cuda.matmul.allow_tf32` for matmuls (False by default;
     `torch.set_float32_matmul_precision("high")` sets it). Read when a cost is computed,
     so the planner follows the flags of the process it plans for."""
+    import torch
+
     if conv:
         return bool(torch.backends.cudnn.allow_tf32)
     return bool(torch.backends.cuda.matmul.allow_tf32)
@@ -342,12 +348,16 @@ def _mem_total() -> int:
 # ---- which device is this ------------------------------------------------------------
 def device_fingerprint(device: str | torch.device | None = None) -> str:
     """A stable id of the physical device kind (not of torch's version)."""
+    import torch
+
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return _fingerprint(str(dev))
 
 
 @lru_cache(maxsize=16)
 def _fingerprint(device: str) -> str:
+    import torch
+
     dev = torch.device(device)
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
@@ -360,6 +370,8 @@ def _fingerprint(device: str) -> str:
 
 def local_device_name(device: str | torch.device | None = None) -> str:
     """The spec name of this machine's device: "h100", "a100", ..., or "cpu"."""
+    import torch
+
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type != "cuda":
         return "cpu"
@@ -447,6 +459,8 @@ def one_thread() -> Iterator[None]:
     """Run torch on one intra-op thread, restored afterwards: for tiny networks (the
     learned cost MLP, the RL policy) thread hand-offs cost more than the arithmetic
     (training the MLP: 7x slower on 2 busy cores; a policy step: 1.3 ms vs 0.25 ms)."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

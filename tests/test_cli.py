@@ -63,6 +63,67 @@ def test_importing_the_cli_and_its_top_level_parser_loads_no_heavy_module():
     assert out.stdout.strip() == "[]"
 
 
+def test_each_command_help_and_parse_error_load_no_heavy_module():
+    """`fusion-plan COMMAND --help` and a bad flag's error build only that command's
+    parser, in one fresh interpreter per command: none of them imports torch, Optuna,
+    scikit-learn or matplotlib, and each still prints its help or its error."""
+    code = (
+        "import sys\n"
+        "from cli.main import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        "heavy = ('torch', 'optuna', 'sklearn', 'matplotlib')\n"
+        "print(code, [m for m in heavy if m in sys.modules], file=sys.stderr)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name in COMMANDS:
+        for argv, want_code, want_text in (
+            ([name, "--help"], 0, f"usage: fusion-plan {name}"),
+            ([name, "--no-such-flag"], 2, "error: "),
+        ):
+            out = subprocess.run(
+                [sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env
+            )
+            last = out.stderr.strip().splitlines()[-1]
+            assert last == f"{want_code} []", (argv, out.stderr[-2000:])
+            assert want_text in out.stdout + out.stderr, argv
+    # values the command's parser refuses (choices, the option types): cheap too
+    for argv, flag in (
+        (["tune", "--top-k", "0"], "--top-k"),
+        (["plan", "--strategy", "nope"], "--strategy"),
+        (["measure", "--cost-model", "nope"], "--cost-model"),
+        (["tune", "--buckets", "learned"], "--buckets"),
+        (["analyze", "--device", "nope"], "--device"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env
+        )
+        assert out.stderr.strip().splitlines()[-1] == "2 []", (argv, out.stderr[-2000:])
+        assert f"fusion-plan {argv[0]}: error: argument {flag}" in out.stderr, argv
+
+
+def test_names_the_parsers_spell_out_match_the_registries():
+    """The parsers name strategies, dtypes, MLP forms and defaults without importing the
+    modules that define them (those import torch): the copies agree with the originals."""
+    from cli.options import DTYPE_NAMES
+    from cli.parsers.cost import MLP_FORMS
+    from cli.parsers.train_policy import RL_ITERS, SHIPPED_POLICY
+    from learned_cost.mlp import FORMS
+    from search.flags import STRATEGY_NAMES
+    from search.rl_policy import DEFAULT_POLICY
+    from search.rl_train import TrainConfig
+    from search.strategies import STRATEGIES
+    from zoo.modelspec import DTYPES
+
+    assert sorted(STRATEGY_NAMES) == sorted(STRATEGIES)
+    assert sorted(DTYPE_NAMES) == sorted(DTYPES)
+    assert MLP_FORMS == FORMS
+    assert TrainConfig.rl_iters == RL_ITERS
+    assert SHIPPED_POLICY.resolve() == DEFAULT_POLICY.resolve()
+
+
 def test_version_and_top_level_help(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
@@ -139,7 +200,8 @@ def test_bad_values_are_refused_at_parse_time(argv, message, capsys):
 
 
 def test_the_committed_cost_model_is_found_from_any_directory(tmp_path, monkeypatch):
-    from search.cost_models import committed_model, cost_model_arg
+    from search.cost_models import committed_model
+    from search.flags import cost_model_arg
 
     monkeypatch.chdir(tmp_path)
     assert cost_model_arg("learned") == "learned" and committed_model("cpu").is_file()

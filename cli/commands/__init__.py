@@ -1,1 +1,1 @@
-"""`fusion-plan` subcommands: one module each, with `add_parser(subparsers)` and `run(args)`."""
+"""`fusion-plan` subcommands: one module each, with `run(args)`; its parser is in cli/parsers/."""

@@ -6,23 +6,15 @@ from __future__ import annotations
 import argparse
 
 from cli.commands.analyze_dist import (
-    add_dist_args,
     apply_tp,
     distributed_report,
     wants_distributed,
 )
-from cli.common import add_model_args, capture_for_planning, emit, resolve
+from cli.common import capture_for_planning, emit, resolve
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.report import analyze, format_table
 from planner.hardware import get_spec
 from zoo import modelspec
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("analyze", help="per-op FLOPs, bytes, roofline bound and predicted time")
-    add_model_args(p)
-    add_dist_args(p)
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

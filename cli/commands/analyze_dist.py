@@ -22,7 +22,7 @@ from planner.distributed.comm_cost import (
     hierarchical_all_reduce_s,
 )
 from planner.distributed.dp import backward_steps, dp_step_timeline
-from planner.distributed.links import LinkSpec, get_link, known_links
+from planner.distributed.links import LinkSpec, get_link
 from planner.distributed.overlap import Timeline, plan_tasks, schedule
 from planner.distributed.streams import evaluate_streams
 from planner.errors import DeviceSpecError, ModelSpecError
@@ -31,28 +31,6 @@ from planner.ir.graph import OpGraph
 from planner.objective import Objective
 
 MB = 1024 * 1024
-
-
-def add_dist_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("distributed what-if")
-    g.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (zoo:tp-* models)")
-    g.add_argument("--dp", type=int, default=None, help="data-parallel ranks: adds a train step")
-    g.add_argument("--pp", type=int, default=None, help="pipeline stages: reports the bubble")
-    g.add_argument("--microbatches", type=int, default=8, help="micro-batches for --pp")
-    g.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved"))
-    g.add_argument(
-        "--interconnect",
-        default=None,
-        help=f"link: {', '.join(known_links())} (default: nvlink on a GPU spec, else local)",
-    )
-    g.add_argument("--bucket-mb", type=float, default=25.0, help="DP gradient bucket (MiB)")
-    g.add_argument(
-        "--ranks-per-node",
-        type=int,
-        default=None,
-        help="ranks per node: an all-reduce over more ranks runs hierarchically",
-    )
-    g.add_argument("--inter-node", default="ib-ndr", help="link between nodes (default ib-ndr)")
 
 
 def wants_distributed(args: argparse.Namespace) -> bool:
@@ -156,14 +134,6 @@ def distributed_report(
             "bubble_fraction": frac,
         }
     return out, "\n".join(rows)
-
-
-def add_link_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--interconnect",
-        default=None,
-        help="link pricing the graph's collectives (default: nvlink on a GPU spec, else local)",
-    )
 
 
 def streams_report(

@@ -6,38 +6,9 @@ import argparse
 from dataclasses import asdict
 
 from cli.commands.devicebench_comm import run_comm
-from cli.common import add_format_arg, add_threads_arg, apply_threads, emit
+from cli.common import apply_threads, emit
 from planner import hardware
 from profiling.devicebench import run_device_bench
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("device-bench", help="measure GEMM FLOP/s, copy bandwidth, launch overhead")
-    p.add_argument("--quick", action="store_true", help="smaller problems (seconds, noisier)")
-    p.add_argument(
-        "--commit",
-        action="store_true",
-        help="write into planner/devices/ (the repo's committed figures) instead of the user cache",
-    )
-    p.add_argument("--no-save", action="store_true", help="print only")
-    add_threads_arg(p)
-    add_format_arg(p)
-    p.add_argument(
-        "--comm",
-        action="store_true",
-        help="measure collectives over gloo on local processes and fit alpha-beta instead",
-    )
-    p.add_argument("--world-size", type=int, default=2, help="local processes for --comm (2-8)")
-    p.add_argument(
-        "--quantile",
-        type=float,
-        default=0.5,
-        help="--comm: quantile of each size's repetitions (0.5 = median; lower on a busy host)",
-    )
-    p.add_argument(
-        "--collective", default="all_reduce", choices=("all_reduce", "all_gather", "broadcast")
-    )
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

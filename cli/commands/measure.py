@@ -10,48 +10,19 @@ import torch
 
 from cli import fmt
 from cli.common import (
-    add_device_arg,
-    add_dtype_arg,
-    add_format_arg,
-    add_threads_arg,
     apply_threads,
     check_local_device,
     emit,
-    positive_float,
     resolve,
 )
 from planner.measurement import PlanJob
 from planner.realize.check import short_reason
 from planner.runtime.graph import capture_for_serving
 from profiling.runner import DeviceRunner, RealizedExecutor, ServedExecutor, first_call
-from search.cost_models import add_cost_model_arg, cost_model_for
+from search.cost_models import cost_model_for
 from search.planning import make_plan
-from search.strategies import STRATEGIES
 
 TIMER = {"warmup": 5, "min_reps": 20, "max_reps": 300, "max_seconds": 10.0}
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "measure", help="realize a plan here, check it against eager, time it vs eager/compile"
-    )
-    p.add_argument("--model", default="zoo:transformer-block", help="zoo:<name> or file.py:fn")
-    p.add_argument("--shape", default="", help="e.g. B=8,S=512,D=768,H=12")
-    add_device_arg(p, measures=True)
-    add_dtype_arg(p)
-    p.add_argument("--strategy", default="priority", choices=sorted([*STRATEGIES, "unfused"]))
-    p.add_argument("--budget-seconds", type=positive_float, default=10.0, help="search time")
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    p.add_argument(
-        "--no-cuda-graphs",
-        action="store_true",
-        help="time the realized plan called directly, without CUDA graphs (by default the "
-        "plan is timed as the torch.compile backend serves it)",
-    )
-    add_cost_model_arg(p)
-    add_threads_arg(p)
-    add_format_arg(p)
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

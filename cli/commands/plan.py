@@ -17,48 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from cli import fmt
-from cli.commands.analyze_dist import add_link_arg, streams_report
+from cli.commands.analyze_dist import streams_report
 from cli.common import (
-    add_model_args,
     capture_for_planning,
     emit,
-    positive_float,
-    positive_int,
     resolve,
 )
-from cli.search_options import add_search_options, run_search
+from cli.search_options import run_search
 from cli.views import group_rows, render_dot, render_html
 from planner.distributed.collectives import collectives
 from planner.hardware import get_spec
 from planner.objective import Evaluation, Objective
-from search.cost_models import add_cost_model_arg, cost_model_for
-from search.strategies import STRATEGIES
+from search.cost_models import cost_model_for
 from search.strategy import Budget, SearchResult
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="partition a model into fused groups with one strategy")
-    add_model_args(p)
-    add_link_arg(p)
-    p.add_argument("--strategy", default="priority", choices=sorted(STRATEGIES))
-    p.add_argument("--budget-evals", type=positive_int, default=None, help="objective evaluations")
-    p.add_argument("--budget-seconds", type=positive_float, default=None, help="wall-clock seconds")
-    p.add_argument("--seed", type=int, default=0)
-    add_cost_model_arg(p)
-    p.add_argument(
-        "--latency-bound-us",
-        type=positive_float,
-        default=None,
-        help="longest allowed critical path through the groups, in µs",
-    )
-    p.add_argument(
-        "--memory-bound-mb", type=positive_float, default=None, help="peak boundary memory"
-    )
-    p.add_argument("--html", default=None, help="write the coloured graph as an HTML page")
-    p.add_argument("--dot", default=None, help="write the coloured graph as Graphviz DOT")
-    p.add_argument("--save-plan", default=None, help="write the Plan record as JSON")
-    add_search_options(p)
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,29 +15,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from cli.common import positive_float, positive_int
 from planner import progress
 from planner.hardware import cache_dir
-from search.rl_policy import DEFAULT_POLICY, save_policy
+from search.rl_policy import save_policy
 from search.rl_train import TrainConfig, train
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train-policy", help="train the RL fusion policy (REINFORCE)")
-    p.add_argument(
-        "--out",
-        default=None,
-        help="path without suffix (.npz/.json); the shipped policy is "
-        f"{DEFAULT_POLICY}, replaced only when named (default: "
-        "<user cache>/policies/fusion_policy)",
-    )
-    p.add_argument(
-        "--minutes", type=positive_float, default=20.0, help="wall-clock cap of REINFORCE"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rl-iters", type=positive_int, default=TrainConfig.rl_iters)
-    p.add_argument("--quick", action="store_true", help="a tiny corpus: minutes, for smoke tests")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,18 +5,7 @@ from __future__ import annotations
 import argparse
 
 import zoo
-from cli.common import add_format_arg, emit
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "zoo",
-        help="list the built-in models and their shape parameters",
-        description="The models `--model zoo:NAME` builds. Shape parameters take --shape "
-        "NAME=VALUE; those marked dynamic can vary in `tune --dynamic` (input, axis).",
-    )
-    add_format_arg(p)
-    p.set_defaults(run=run)
+from cli.common import emit
 
 
 def run(args: argparse.Namespace) -> int:
