@@ -27,6 +27,13 @@ Cells are (model, shape) pairs of `benchmarks/models` (`SUITE`), named like
    graph-level fallbacks) and, per realized plan, how many groups fell back to eager and
    whether the whole plan did.
 
+With `--bucket`, the tuned bucket is (v/2, v] of the cell's dynamic size v, every compiled
+contender has `dynamic=True`, and every contender is also called at a second shape of the
+bucket (its size 3v/4, inputs built like the cell's): `<mode>@other`. The planner gets
+`static_after` calls at each shape and its static specializations are waited for; then both
+shapes' contenders are timed in the same interleaved rounds, and the table adds served / tuned
+at the other shape.
+
 Outputs are checked against eager (max abs difference over every output tensor, reported).
 Rows are appended as JSON lines to `<out>.jsonl`; cells already there (same device and
 dtype) are skipped unless `--redo`, so a suite larger than one call's time runs in several
