@@ -27,6 +27,13 @@ Cells are (model, shape) pairs of `benchmarks/models` (`SUITE`), named like
    graph-level fallbacks) and, per realized plan, how many groups fell back to eager and
    whether the whole plan did.
 
+With `--bucket`, the tuned bucket is (v/2, v] of the cell's dynamic size v, every compiled
+contender has `dynamic=True`, and every contender is also called at a second shape of the
+bucket (its size 3v/4, inputs built like the cell's): `<mode>@other`. The planner gets
+`static_after` calls at each shape and its static specializations are waited for; then both
+shapes' contenders are timed in the same interleaved rounds, and the table adds served / tuned
+at the other shape.
+
 Outputs are checked against eager (max abs difference over every output tensor, reported).
 Rows are appended as JSON lines to `<out>.jsonl`; cells already there (same device and
 dtype) are skipped unless `--redo`, so a suite larger than one call's time runs in several
@@ -75,6 +82,7 @@ MODES = (
     "planner",
 )
 ALTERNATIVES = MODES[:5]  # what the planner is compared with
+OTHER = "@other"  # suffix of a contender timed at the bucket's other shape (`--bucket`)
 
 
 # ---- cells ---------------------------------------------------------------------------------
@@ -123,6 +131,14 @@ def max_abs_diff(ref: Any, got: Any) -> float | None:
 
 
 # ---- one cell -------------------------------------------------------------------------------
+def other_shape(m: SuiteModel, shape: dict[str, int]) -> dict[str, int] | None:
+    """A second shape of the bucket (v/2, v] that `--bucket` tunes: the cell's shape with
+    its dynamic size at 3v/4; None when the bucket has no size other than v."""
+    v = shape[m.dim]
+    size = max(2, v // 2 + 1, 3 * v // 4)
+    return None if size >= v else {**shape, m.dim: size}
+
+
 def tune_cell(m: SuiteModel, shape: dict[str, int], args: Any, db: str) -> dict[str, Any]:
     """`fusion-plan tune` of the cell's shape into `db`, in a subprocess."""
     fixed = ",".join(f"{k}={v}" for k, v in shape.items() if k != m.dim)
@@ -251,6 +267,15 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
         module, inputs = resolve(m.spec(tiny=args.tiny), shape).build(
             dtype=dtype, device=device, seed=0
         )
+        other = other_shape(m, shape) if args.bucket else None
+        other_inputs = None
+        if other is not None:
+            row["other_shape"] = other
+            # the same module serves both shapes; only the inputs are built at `other`
+            other_module, other_inputs = resolve(m.spec(tiny=args.tiny), other).build(
+                dtype=dtype, device=device, seed=0
+            )
+            del other_module
         torch._dynamo.reset()
         # four compiled variants of one module: keep dynamo from giving up on recompiles
         for knob in ("recompile_limit", "cache_size_limit"):
@@ -261,7 +286,9 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
                 module, db, device, args.modes, dynamic=True if args.bucket else None
             )
             calls = {n: (lambda f=f, x=inputs: f(*x)) for n, f in fns.items()}
-            ref = None
+            if other_inputs is not None:
+                calls |= {n + OTHER: (lambda f=f, x=other_inputs: f(*x)) for n, f in fns.items()}
+            ref: dict[str, Any] = {}
             compile_s, errors, diffs = {}, {}, {}
             for n, call in list(calls.items()):
                 _say(f"{name}: first call of {n}")
@@ -273,19 +300,22 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
                     )
                     del calls[n]
                     continue
-                if n == "eager":
-                    ref = out
-                elif ref is not None:
-                    diffs[n] = max_abs_diff(ref, out)
-            if backend is not None and "planner" in calls and backend.static_after:
+                at = OTHER if n.endswith(OTHER) else ""
+                if n == "eager" + at:
+                    ref[at] = out
+                elif at in ref:
+                    diffs[n] = max_abs_diff(ref[at], out)
+            for at in ("", OTHER):
+                if backend is None or "planner" + at not in calls or not backend.static_after:
+                    continue
                 # the shape recurs: let the backend make its static specialization first
                 t0 = time.perf_counter()
                 for _ in range(backend.static_after):
-                    calls["planner"]()
+                    calls["planner" + at]()
                 backend.wait_static(timeout=900)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-                compile_s["planner_static"] = time.perf_counter() - t0
+                compile_s["planner_static" + at] = time.perf_counter() - t0
             _say(f"{name}: timing {list(calls)}")
             runner = DeviceRunner(device=device)
             measured = runner.measure_interleaved(
@@ -324,7 +354,7 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
                 for rp in realized
                 if hasattr(rp, "partition")
             ]
-        del fns, calls, module, inputs
+        del fns, calls, module, inputs, other_inputs
         torch._dynamo.reset()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -363,12 +393,27 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         "",
         *(f"- `{c}`" for c in commands),
         "",
-        "| cell | device, dtype | eager | compile | reduce-overhead | max-autotune | "
-        "max-autotune-nocg | planner | vs best | served/tuned | pred/meas | fell back | "
-        "cache hits | tune s | compile s (c / ro / ma / ma-nocg / planner) | notes |",
-        "|" + "---|" * 16,
     ]
-    ratios = []
+    # the other shape's columns only where some row measured one (older tables stay as they were)
+    others = any(r.get("other_shape") for r in rows)
+    if others:
+        lines[3:3] = [
+            "",
+            "`(dynamic=True, bucket)` rows also time every contender at a second shape of the "
+            "tuned bucket (`other`: the dynamic size at 3/4 of the representative's), after "
+            "the same recurring calls, in the same interleaved rounds: `planner @other`, "
+            "`best alt @other` (the fastest alternative there) and `served/tuned (other)` = "
+            "planner there / the plan's latency as `tune` stored it for the bucket.",
+        ]
+    lines += [
+        "| cell | device, dtype | eager | compile | reduce-overhead | max-autotune | "
+        "max-autotune-nocg | planner | vs best | served/tuned | "
+        + ("other | planner @other | best alt @other | served/tuned (other) | " if others else "")
+        + "pred/meas | fell back | cache hits | tune s | "
+        "compile s (c / ro / ma / ma-nocg / planner) | notes |",
+        "|" + "---|" * (20 if others else 16),
+    ]
+    ratios, other_ratios = [], []
     for r in rows:
         t = r.get("timing", {})
 
@@ -378,6 +423,20 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         if vs:
             ratios.append(vs)
         stored = r.get("stored_measured_s")
+        other_cols = []
+        if others:
+            alts = [n for n in ALTERNATIVES if n + OTHER in t]
+            best = min(alts, key=lambda n: t[n + OTHER]["median_s"], default=None)
+            planner_o = t.get("planner" + OTHER, {}).get("median_s")
+            if planner_o and stored:
+                other_ratios.append(planner_o / stored)
+            o = r.get("other_shape")
+            other_cols = [
+                "x".join(f"{k}{v}" for k, v in o.items()) if o else "—",
+                _mode_cell(r, "planner" + OTHER) if o else "—",
+                f"{_mode_cell(r, best + OTHER)} ({best})" if best else "—",
+                f"{planner_o / stored:.2f}" if planner_o and stored else "—",
+            ]
         pred = r.get("stored_predicted_s")
         plans = r.get("realized_plans", [])
         fell = (
@@ -399,6 +458,9 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         diff = r.get("max_abs_diff", {}).get("planner")
         if diff is not None:
             notes.append(f"planner max abs diff vs eager {diff:.3g}")
+        diff = r.get("max_abs_diff", {}).get("planner" + OTHER)
+        if diff is not None:
+            notes.append(f"planner @other max abs diff vs eager {diff:.3g}")
         if "tune_error" in r or not stored:
             why = r.get("tune_error") or r.get("tune_stored", "")
             notes.append(f"tune stored nothing: {why[:160]}")
@@ -418,6 +480,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
                     *(_mode_cell(r, n) for n in MODES),
                     f"{vs:.2f}x" if vs else "—",
                     f"{planner / stored:.2f}" if planner and stored else "—",
+                    *other_cols,
                     f"{pred / stored:.2f}" if pred and stored else "—",
                     fell,
                     hits,
@@ -434,6 +497,12 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             "",
             f"Planner vs best alternative: geometric mean {geo:.3f}x over {len(ratios)} "
             f"cell(s), worst {max(ratios):.2f}x.",
+        ]
+    if other_ratios:
+        lines += [
+            "",
+            f"Served/tuned at the bucket's other shape: worst {max(other_ratios):.2f} over "
+            f"{len(other_ratios)} cell(s).",
         ]
     return "\n".join(lines) + "\n"
 

@@ -90,3 +90,55 @@ def test_every_stream_contender_has_a_title_and_every_compile_mode_a_contender()
         "max-autotune-no-cudagraphs",
     }
     assert set(e2e.COMPILE_MODES.values()) == set(runtime_stream.COMPILE_MODES.values())
+
+
+def real_models_row(other: bool) -> dict:
+    def timing(us: float) -> dict:
+        return {"median_s": us * 1e-6, "iqr_s": us * 1e-7, "spread": 0.1, "reps": 4, "rounds": 2}
+
+    times = {"eager": 400.0, "compile": 300.0, "reduce-overhead": 250.0, "planner": 210.0}
+    if other:
+        times |= {"eager@other": 350.0, "compile@other": 280.0, "reduce-overhead@other": 260.0}
+        times |= {"planner@other": 220.0}
+    row = {
+        "cell": "gpt2:B1xS128",
+        "device": "cpu",
+        "dtype": "fp32",
+        "bucket": True,
+        "timing": {n: timing(us) for n, us in times.items()},
+        "stored_measured_s": 200e-6,
+        "stored_predicted_s": 180e-6,
+        "errors": {"max-autotune@other": "RuntimeError: no"} if other else {},
+        "command": "python benchmarks/real_models.py --bucket",
+    }
+    if other:
+        row["other_shape"] = {"B": 1, "S": 96}
+    return row
+
+
+def real_models_rows(text: str) -> list[dict[str, str]]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(head, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[1:]]
+
+
+def test_real_models_table_shows_the_buckets_other_shape_only_where_measured():
+    from benchmarks import real_models
+
+    old, new = real_models_row(other=False), real_models_row(other=True)
+    plain = real_models.markdown([old], "")
+    assert "@other" not in plain and "(other)" not in plain
+    text = real_models.markdown([old, new], "")
+    before, after = real_models_rows(text)
+    assert (after["planner"], after["served/tuned"]) == ("210 ±10%", "1.05")
+    assert after["other"] == "B1xS96" and after["planner @other"] == "220 ±10%"
+    assert after["best alt @other"] == "260 ±10% (reduce-overhead)"
+    assert after["served/tuned (other)"] == "1.10"
+    assert "max-autotune@other: RuntimeError: no" in after["notes"]
+    # a row without the other shape keeps its columns, with the new ones empty
+    assert before["served/tuned"] == "1.05" and before["pred/meas"] == "0.90"
+    cols = ("other", "planner @other", "best alt @other", "served/tuned (other)")
+    assert [before[c] for c in cols] == ["—"] * 4
+    assert "other shape: worst 1.10 over 1 cell(s)" in text
+    # without the new columns the old row renders exactly as before
+    assert real_models_rows(plain)[0] == {k: v for k, v in before.items() if k not in cols}

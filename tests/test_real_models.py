@@ -237,6 +237,24 @@ def test_benchmark_runs_a_tiny_cell_and_regenerates_its_table(tmp_path):
     assert len(bench.read_jsonl(stem.with_suffix(".jsonl"))) == 1
 
 
+@pytest.mark.slow
+def test_bucket_mode_times_the_other_shape_after_it_recurs(tmp_path):
+    """`--bucket`: every contender is also timed at 3/4 of the cell's size, in the same rounds,
+    and the planner serves it from a static specialization of its own."""
+    from benchmarks import real_models as bench
+
+    stem = tmp_path / "rm"
+    args = ["--device", "cpu", "--tiny", "--cells", "resnet18", "--modes", "eager,planner"]
+    assert bench.main([*args, "--bucket", "--rounds", "2", "--out", str(stem)]) == 0
+    (r,) = bench.read_jsonl(stem.with_suffix(".jsonl"))
+    assert r["other_shape"] == {"B": 2, "IMG": 24}
+    assert set(r["timing"]) == {"eager", "planner", "eager@other", "planner@other"}
+    assert r["runtime_stats"]["static"] == 2 and r["max_abs_diff"]["planner@other"] < 1e-3
+    row = stem.with_suffix(".md").read_text().splitlines()
+    head = next(ln for ln in row if ln.startswith("| cell"))
+    assert "served/tuned (other)" in head
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_suite_dims_are_inferred_for_every_input(name):
     """The suite's factories carry no `dims`: the varying parameter's axes are found by
