@@ -477,8 +477,8 @@ class CorrectionMLP:
             raise CostModelInputError(f"features must be numbers: {e}") from e
         if X.ndim != 2:
             raise CostModelInputError(
-                f"expected a 2-D feature matrix (rows x columns), got shape {X.shape}; "
-                "a single feature vector is X.reshape(1, -1)"
+                f"expected a 2-D feature matrix (rows x columns), got shape {X.shape}: "
+                "Reshape your data: a single feature vector is X.reshape(1, -1)"
             )
         if fitting:
             if X.shape[1] == 0:
@@ -514,9 +514,7 @@ class CorrectionMLP:
         if y.ndim != 1:
             raise CostModelInputError(f"y should be a 1d array of log-ratios, got shape {y.shape}")
         if not np.isfinite(y).all():
-            raise CostModelInputError(
-                "targets contain NaN or inf; drop rows without a measurement"
-            )
+            raise CostModelInputError("targets contain NaN or inf; drop rows without a measurement")
         return y
 
     def _scale(self, X: np.ndarray) -> np.ndarray:
