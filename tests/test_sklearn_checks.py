@@ -19,7 +19,9 @@ from sklearn.base import clone
 from sklearn.utils.estimator_checks import estimator_checks_generator
 
 from learned_cost.mlp import CorrectionMLP
-from planner.errors import CostModelInputError, NotFittedCostModelError
+from learned_cost.persist import save_model
+from planner.errors import CostModelError, CostModelInputError, NotFittedCostModelError
+from planner.hardware import get_spec
 
 # Small enough for the default suite (all checks in a few seconds), big enough that
 # check_regressors_train's R^2 > 0.5 on its 200-row dataset is earned, not waived.
@@ -105,3 +107,11 @@ def test_the_schema_forms_need_the_schema_columns(data):
     for form in ("roofline", "mixed"):
         with pytest.raises(CostModelInputError, match="FEATURE_NAMES"):
             CorrectionMLP(**SMALL, form=form).fit(X, y)
+
+
+def test_a_model_fitted_off_the_schema_is_not_saved(data, tmp_path):
+    X, y = data
+    model = CorrectionMLP(**SMALL).fit(X, y)
+    with pytest.raises(CostModelError, match="fitted on 4 columns"):
+        save_model(model, tmp_path / "m", spec=get_spec("h100"))
+    assert not list(tmp_path.iterdir())
