@@ -22,8 +22,13 @@ roofline form takes the raw analytical parts back out of the T_* columns.
 
 Estimator contract (scikit-learn's, without importing it: the runtime path stays light):
 hyper-parameters in `__init__` and nothing else; `fit` returns self and replaces an earlier
-fit; learned state ends in `_`; `predict` before `fit` raises CostModelError;
-`random_state` makes a fit reproducible.
+fit; learned state ends in `_`, `n_features_in_` among it; `predict` before `fit` raises
+NotFittedCostModelError (a ValueError and AttributeError, as scikit-learn's NotFittedError);
+bad data (not 2-D, NaN/inf, sparse, complex, the wrong width) raises CostModelInputError (a
+ValueError); a column-vector y is taken as 1-D; `random_state` makes a fit reproducible.
+The free form fits a matrix of any width; the forms that read the analytical parts back
+need the FEATURE_NAMES columns. tests/test_sklearn_checks.py runs scikit-learn's estimator
+checks and names those that do not apply.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from torch import nn
 
 from learned_cost.features import FEATURE_NAMES, PART_FEATURES
 from learned_cost.twins import TwinTable
-from planner.errors import CostModelError
+from planner.errors import CostModelError, CostModelInputError, NotFittedCostModelError
 from planner.hardware import one_thread
 
 FORMS = ("free", "roofline", "mixed")
@@ -194,19 +199,17 @@ class CorrectionMLP:
             raise CostModelError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if int(self.n_members) < 1:
             raise CostModelError(f"n_members must be at least 1, got {self.n_members!r}")
-        X, y = self._check_X(X), np.asarray(y, dtype=np.float64).reshape(-1)
+        X, y = self._check_X(X, fitting=True), self._check_y(y)
         if len(X) != len(y) or len(y) < 2:
-            raise CostModelError(
-                f"fit needs at least 2 rows and as many targets as rows; got X {X.shape}, "
-                f"y {y.shape}"
+            raise CostModelInputError(
+                f"fit needs at least 2 rows (samples) and as many targets as rows; got X "
+                f"{X.shape} ({len(X)} sample{'s' if len(X) != 1 else ''}), y {y.shape}"
             )
-        if not np.isfinite(y).all():
-            raise CostModelError("fit: targets contain NaN/inf; drop rows without a measurement")
         self.scaler_mean_ = X.mean(axis=0)
         scale = X.std(axis=0)
         self.scaler_scale_ = np.where(scale > 1e-8, scale, 1.0)
         self.y_min_, self.y_max_ = float(y.min()), float(y.max())
-        self.feature_names_ = FEATURE_NAMES
+        self.feature_names_ = FEATURE_NAMES if X.shape[1] == len(FEATURE_NAMES) else None
         self.n_features_in_ = X.shape[1]
         self.nets_: list[nn.Sequential] = []
         self._weights = None
@@ -223,6 +226,7 @@ class CorrectionMLP:
                 self.nets_.append(net)
         self.train_loss_ = float(np.mean(losses))
         self._fit_twins(X, y)
+        self._numpy_weights()  # made now, so predicting leaves the fitted state as it is
         return self
 
     def _fit_twins(self, X: np.ndarray, y: np.ndarray) -> None:
@@ -238,7 +242,7 @@ class CorrectionMLP:
         self._require_fit()
         model = copy.deepcopy(self)
         model.twins = True
-        model._fit_twins(self._check_X(X), np.asarray(y, dtype=np.float64).reshape(-1))
+        model._fit_twins(self._check_X(X), self._check_y(y))
         return model
 
     def net_forms(self) -> list[str]:
@@ -271,6 +275,7 @@ class CorrectionMLP:
         # copies: an online update of one model must not move the others' networks
         model.nets_ = [copy.deepcopy(n) for n in (*free.nets_, *roofline.nets_)]
         model._weights = None
+        model._numpy_weights()
         model.scaler_mean_, model.scaler_scale_ = free.scaler_mean_, free.scaler_scale_
         model.y_min_, model.y_max_ = free.y_min_, free.y_max_
         model.feature_names_, model.n_features_in_ = free.feature_names_, free.n_features_in_
@@ -306,7 +311,10 @@ class CorrectionMLP:
         """`steps` AdamW steps of `net` on shuffled mini-batches; returns the last batch's
         loss. `dropout=False` keeps the network in eval mode (fine-tuning the last layer)."""
         xt = torch.as_tensor(self._scale(X), dtype=torch.float32)
-        parts = torch.as_tensor(self._parts(X), dtype=torch.float32)
+        # the free form reads no parts: it fits a matrix of any width
+        parts = torch.as_tensor(
+            self._parts(X) if form == "roofline" else np.zeros((len(X), 3)), dtype=torch.float32
+        )
         yt = torch.as_tensor(y, dtype=torch.float32)
         opt = torch.optim.AdamW(list(params), lr=lr, weight_decay=self.weight_decay)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(steps, 1))
@@ -344,7 +352,11 @@ class CorrectionMLP:
         online refinement of docs/formulas.md §13): cheap, and the features' scaling is kept
         as fitted."""
         self._require_fit()
-        X, y = self._check_X(X), np.asarray(y, dtype=np.float64).reshape(-1)
+        X, y = self._check_X(X), self._check_y(y)
+        if len(X) != len(y):
+            raise CostModelInputError(
+                f"partial_fit needs as many targets as rows; got X {X.shape}, y {y.shape}"
+            )
         if len(y) == 0 or steps <= 0:
             return self
         with torch.random.fork_rng(devices=[]), one_thread():
@@ -362,6 +374,7 @@ class CorrectionMLP:
                     dropout=False,
                 )
         self._weights = None
+        self._numpy_weights()
         self.y_min_ = min(self.y_min_, float(y.min()))
         self.y_max_ = max(self.y_max_, float(y.max()))
         return self
@@ -442,22 +455,67 @@ class CorrectionMLP:
     # ---- helpers ----------------------------------------------------------------------
     def _require_fit(self) -> None:
         if not self.is_fitted:
-            raise CostModelError(
+            raise NotFittedCostModelError(
                 "CorrectionMLP is not fitted: call fit(X, y) first, or load a trained model "
                 "with learned_cost.persist.load_model"
             )
 
-    def _check_X(self, X: np.ndarray) -> np.ndarray:
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim == 1:
-            X = X.reshape(1, -1)
-        expected = getattr(self, "n_features_in_", len(FEATURE_NAMES))
-        if X.ndim != 2 or X.shape[1] != expected:
-            raise CostModelError(
-                f"expected a feature matrix with {expected} columns "
-                f"(learned_cost.features.FEATURE_NAMES), got shape {X.shape}"
+    def _check_X(self, X: Any, *, fitting: bool = False) -> np.ndarray:
+        """X as a finite float64 matrix. `fit` takes a 2-D matrix: any width for the free
+        form, the FEATURE_NAMES columns for the forms that read the analytical parts back;
+        the other methods take the fitted width."""
+        if type(X).__module__.startswith("scipy.sparse"):
+            raise CostModelInputError(
+                "sparse input is not supported: pass a dense feature matrix (X.toarray())"
             )
+        X = np.asarray(X)
+        if np.iscomplexobj(X):
+            raise CostModelInputError("Complex data not supported: features are real numbers")
+        try:
+            X = X.astype(np.float64)
+        except (TypeError, ValueError) as e:
+            raise CostModelInputError(f"features must be numbers: {e}") from e
+        if X.ndim != 2:
+            raise CostModelInputError(
+                f"expected a 2-D feature matrix (rows x columns), got shape {X.shape}: "
+                "Reshape your data: a single feature vector is X.reshape(1, -1)"
+            )
+        if fitting:
+            if X.shape[1] == 0:
+                raise CostModelInputError(
+                    f"0 feature(s) (shape={X.shape}) while a minimum of 1 is required."
+                )
+            expected = None if self.form == "free" else len(FEATURE_NAMES)
+        else:
+            expected = getattr(self, "n_features_in_", len(FEATURE_NAMES))
+        if expected is not None and X.shape[1] != expected:
+            raise CostModelInputError(
+                f"X has {X.shape[1]} features, but CorrectionMLP is expecting {expected} "
+                f"features as input: the columns of learned_cost.features.FEATURE_NAMES "
+                f"(form={self.form!r}), got shape {X.shape}"
+            )
+        if not np.isfinite(X).all():
+            raise CostModelInputError("features contain NaN or inf: every feature must be finite")
         return X
+
+    @staticmethod
+    def _check_y(y: Any) -> np.ndarray:
+        """Targets as a finite float64 vector; a column vector (n, 1) is taken as one."""
+        if y is None:
+            raise CostModelInputError(
+                "CorrectionMLP requires y to be passed, but the target y is None"
+            )
+        y = np.asarray(y)
+        if np.iscomplexobj(y):
+            raise CostModelInputError("Complex data not supported: targets are real numbers")
+        y = y.astype(np.float64)
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        if y.ndim != 1:
+            raise CostModelInputError(f"y should be a 1d array of log-ratios, got shape {y.shape}")
+        if not np.isfinite(y).all():
+            raise CostModelInputError("targets contain NaN or inf; drop rows without a measurement")
+        return y
 
     def _scale(self, X: np.ndarray) -> np.ndarray:
         return (X - self.scaler_mean_) / self.scaler_scale_
@@ -510,6 +568,7 @@ class CorrectionMLP:
             net.eval()
             model.nets_.append(net)
         model._weights = None
+        model._numpy_weights()
         model.scaler_mean_ = np.asarray(arrays["scaler_mean"], dtype=np.float64)
         model.scaler_scale_ = np.asarray(arrays["scaler_scale"], dtype=np.float64)
         model.y_min_, model.y_max_ = (float(v) for v in arrays["y_range"])

@@ -145,8 +145,14 @@ def save_model(
     plan_context: dict[str, Any] | None = None,
     command: str = "",
 ) -> ModelMeta:
-    """Write `<path>.json` + `<path>.npz`; returns the metadata (with its model_id)."""
+    """Write `<path>.json` + `<path>.npz`; returns the metadata (with its model_id). Only a
+    model fitted on the FEATURE_NAMES columns is saved: the planner feeds it those."""
     arrays = model.state_arrays()
+    if model.n_features_in_ != len(FEATURE_NAMES):
+        raise CostModelError(
+            f"save_model: the model was fitted on {model.n_features_in_} columns, not the "
+            f"{len(FEATURE_NAMES)} of learned_cost.features.FEATURE_NAMES the planner feeds it"
+        )
     params = model.get_params()
     params["hidden"] = list(params["hidden"])
     figures = spec_figures(spec)

@@ -42,6 +42,16 @@ class CostModelError(FusionPlannerError):
     """A cost model was used before it was fitted, or loaded for the wrong setting."""
 
 
+class CostModelInputError(CostModelError, ValueError):
+    """A cost model was given data it cannot use (wrong shape, NaN/inf, sparse, complex):
+    also a ValueError, which is what scikit-learn's callers catch."""
+
+
+class NotFittedCostModelError(CostModelError, ValueError, AttributeError):
+    """A cost model was asked to predict before it was fitted: also the ValueError and
+    AttributeError that scikit-learn's NotFittedError is."""
+
+
 def is_out_of_memory(e: BaseException) -> bool:
     """Whether `e` is an allocation failure (host or device memory), not a bug: the
     model at the sizes asked for does not fit the machine."""
