@@ -194,3 +194,10 @@ class Runner(Protocol):
         """Check `fn` against `reference` (when given), then time `fn(*inputs)`; `dtype`
         is recorded (default: the one the check found)."""
         ...
+
+    def measure_interleaved(
+        self, fns: Mapping[str, Callable[[], Any]], **timer: Any
+    ) -> dict[str, Measurement]:
+        """Time several callables (each already called once) in interleaved rounds, one
+        record each; `timer` overrides the runner's round settings."""
+        ...

@@ -268,18 +268,22 @@ def tune_bucket(
         f"{len(cands)} distinct candidate(s) in {search_s:.1f}s; measuring top {cfg.top_k}"
     )
     runner = runner or DeviceRunner(executor=ServedExecutor(), device=dev, timer=cfg.timer)
-    eager_m = runner.measure_callable(module, inputs, label="eager", dtype=dt)
+    # The baselines are timed the way served plans are (profiling.runner: calls back to
+    # back in rounds, the runner's `steady` settings), eager and torch.compile interleaved.
+    baselines: dict[str, Any] = {"eager": lambda: module(*inputs)}
+    setup: dict[str, float] = {}
+    if cfg.compile_baseline:
+        cmod = torch.compile(module)
+        setup["torch.compile"], _ = first_call(lambda: cmod(*inputs), dev)
+        baselines["torch.compile"] = lambda: cmod(*inputs)
+    steady = getattr(runner, "steady", None) or {}
+    timed = runner.measure_interleaved(baselines, dtype=dt, compile_s=setup, **steady)
+    eager_m = timed["eager"]
     if eager_m.timing is None:
         raise FusionPlannerError(f"{mspec.label}: timing eager failed ({eager_m.error})")
     eager = eager_m.timing
-    compiled = None
-    if cfg.compile_baseline:
-        cmod = torch.compile(module)
-        setup_s, _ = first_call(lambda: cmod(*inputs), dev)
-        compiled = runner.measure_callable(
-            cmod, inputs, label="torch.compile", dtype=dt, compile_s=setup_s
-        ).timing
-        torch._dynamo.reset()
+    compiled = timed["torch.compile"].timing if cfg.compile_baseline else None
+    torch._dynamo.reset()
     measured: list[Candidate] = []
     t0 = time.perf_counter()
     for c in cands[: cfg.top_k]:

@@ -169,6 +169,9 @@ class ScriptedRunner:
     def measure_callable(self, fn, inputs, *, label, reference=None, compile_s=0.0, **kw):
         return self._record(label, 5e-3)
 
+    def measure_interleaved(self, fns, **kw):
+        return {n: self._record(n, 5e-3) for n in fns}
+
 
 def test_tune_keeps_the_fastest_record_and_drops_failed_ones(tmp_path):
     from planner.plans.cache import PlanCache
