@@ -224,7 +224,8 @@ def measure_interleaved(
     """Time several contenders fairly: interleaved rounds, the contenders in rotated order
     each round, every contender the same number of back-to-back calls per round (sized so
     the slowest fills about `round_s`). One sample per contender and round; statistics per
-    call (`Timing.copies` = calls per round, `Timing.reps` = rounds)."""
+    call (`Timing.copies` = calls per round, `Timing.reps` = rounds); `Timing.stable` when
+    the first and second half of the rounds agree (`_settled`)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     for fn in fns.values():
         for _ in range(warmup):
@@ -238,4 +239,17 @@ def measure_interleaved(
     for r in range(rounds):
         for n in names[r % len(names) :] + names[: r % len(names)]:
             samples[n].append(_run_reps(fns[n], reps, dev) * reps)
-    return {n: summarize(xs, device=dev, dtype=dtype).per_copy(reps) for n, xs in samples.items()}
+    return {
+        n: summarize(xs, stable=_settled(xs), device=dev, dtype=dtype).per_copy(reps)
+        for n, xs in samples.items()
+    }
+
+
+def _settled(xs: list[float], tol: float = 0.05) -> bool:
+    """Whether interleaved rounds settled: the medians of the first and the second half of
+    the rounds agree within `tol` (measure's rule, applied to a fixed number of rounds)."""
+    half = len(xs) // 2
+    if half < 2:
+        return False
+    a, b = statistics.median(xs[:half]), statistics.median(xs[half:])
+    return abs(a - b) <= tol * max(a, b)

@@ -130,3 +130,11 @@ def test_interleaved_contenders_get_the_same_calls_per_round_and_per_call_statis
     assert short.copies == long.copies >= 1  # the same calls per round for both
     assert 1e-3 <= short.median_s < long.median_s and long.median_s >= 3e-3  # per call
     assert short.min_s <= short.median_s <= short.p99_s
+
+
+def test_interleaved_rounds_are_stable_only_when_both_halves_agree():
+    from profiling.timer import _settled
+
+    assert _settled([1.0, 1.01, 0.99, 1.0, 1.02, 0.98])
+    assert not _settled([1.0, 1.0, 1.0, 1.3, 1.3, 1.3])  # drifted between the halves
+    assert not _settled([1.0, 1.0, 1.0])  # too few rounds to tell
