@@ -46,9 +46,9 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
+import planner.ir.taxonomy as taxonomy
 from planner.distributed.collectives import group_size_of
 from planner.errors import CaptureError, PlanError
-from planner.ir import taxonomy
 from planner.ir.graph import DTYPE_BYTES, Category, OpGraph, OpNode, TensorInfo
 from planner.ir.pytrees import Structure, StructureError, describe_mismatch
 

@@ -38,9 +38,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import planner.plans.cache_sql as sql
 from planner.errors import CacheError, FusionPlannerError, PlanError
 from planner.hardware import device_fingerprint
-from planner.plans import cache_sql as sql
 from planner.plans.buckets import Bucket, BucketSpec, exact_key
 from planner.plans.cache_admin import CacheAdmin, check_plan, check_shapes, plan_record
 from planner.plans.cache_sql import CacheWarning, ReopeningStore, Store, open_store

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import planner.plans.cache_sql as sql
 from planner.errors import CacheError, FusionPlannerError, PlanError
-from planner.plans import cache_sql as sql
 from planner.plans.buckets import BucketSpec, exact_key
 from planner.plans.plan import SCHEMA_VERSION, Plan, now_iso
 

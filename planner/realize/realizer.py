@@ -43,6 +43,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+import planner.realize.layout as layout
 from planner.errors import PlanError
 from planner.fusion.partition import Partition
 from planner.fusion.realization import (
@@ -54,7 +55,6 @@ from planner.fusion.realization import (
 from planner.ir.capture import Captured
 from planner.ir.graph import OpGraph
 from planner.plans.plan import Plan
-from planner.realize import layout
 from planner.realize.check import Mismatch, compare_outputs
 from planner.realize.graph import (
     GroupGraph,

@@ -21,10 +21,10 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+import planner.realize.kernels as patterns
 from planner.errors import PlanError
 from planner.ir import taxonomy
 from planner.ir.graph import Category, OpGraph
-from planner.realize import kernels as patterns
 from planner.realize.graph import GroupGraph, ProgramParts
 from planner.realize.layout import (
     as_layout,
