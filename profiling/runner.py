@@ -400,24 +400,18 @@ class DeviceRunner:
         self,
         fns: Mapping[str, Callable[[], Any]],
         *,
-        rounds: int = 15,
-        round_s: float = 0.025,
-        warmup: int = 3,
         dtype: str = "",
         compile_s: Mapping[str, float] | None = None,
+        **timer: Any,
     ) -> dict[str, Measurement]:
         """Contenders compared in interleaved rounds (profiling.timer.measure_interleaved),
-        each already called once; a failure makes every contender's record an error."""
+        each already called once; a failure makes every contender's record an error.
+        `timer` (rounds, round_s, warmup) overrides the runner's `steady` settings."""
         setup = dict(compile_s or {})
         try:
             with torch.no_grad():
                 timings = measure_interleaved(
-                    dict(fns),
-                    device=self.device,
-                    rounds=rounds,
-                    round_s=round_s,
-                    warmup=warmup,
-                    dtype=dtype,
+                    dict(fns), device=self.device, dtype=dtype, **(self.steady | timer)
                 )
         except Exception as e:
             return {

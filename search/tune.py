@@ -276,8 +276,7 @@ def tune_bucket(
         cmod = torch.compile(module)
         setup["torch.compile"], _ = first_call(lambda: cmod(*inputs), dev)
         baselines["torch.compile"] = lambda: cmod(*inputs)
-    steady = getattr(runner, "steady", None) or {}
-    timed = runner.measure_interleaved(baselines, dtype=dt, compile_s=setup, **steady)
+    timed = runner.measure_interleaved(baselines, dtype=dt, compile_s=setup)
     eager_m = timed["eager"]
     if eager_m.timing is None:
         raise FusionPlannerError(f"{mspec.label}: timing eager failed ({eager_m.error})")
