@@ -328,6 +328,10 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
             )
             timing = {n: _timing_row(m) for n, m in measured.items() if m.timing is not None}
             errors |= {n: str(m.error) for n, m in measured.items() if m.error is not None}
+            if args.profile:
+                row["kernels"] = {
+                    n: kernel_breakdown(call, device) for n, call in calls.items() if OTHER not in n
+                }
         row.update(timing=timing, compile_s=compile_s, errors=errors, max_abs_diff=diffs)
         if backend is not None:
             s = backend.stats
@@ -359,6 +363,34 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return row
+
+
+def kernel_breakdown(call: Callable[[], Any], device: torch.device, reps: int = 10) -> dict:
+    """Device kernels of `reps` calls under torch.profiler: time per call, kernel launches
+    per call, and the heaviest kernels (µs per call, launches per call, name)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for _ in range(3):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    with profile(activities=acts) as prof:
+        for _ in range(reps):
+            call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    want = "CUDA" if device.type == "cuda" else "CPU"
+    ev = [e for e in prof.key_averages() if e.device_type.name == want]
+    if want == "CPU":  # on the CPU, the operators that run kernels: aten ops without children
+        ev = [e for e in ev if e.key.startswith("aten::")]
+    total = "device_time_total" if want == "CUDA" else "self_cpu_time_total"
+    ev.sort(key=lambda e: -getattr(e, total))
+    return {
+        "us_per_call": sum(getattr(e, total) for e in ev) / reps,
+        "launches_per_call": sum(e.count for e in ev) / reps,
+        "top": [[getattr(e, total) / reps, e.count / reps, e.key[:160]] for e in ev[:15]],
+    }
 
 
 # ---- report ---------------------------------------------------------------------------------
@@ -545,6 +577,11 @@ def main(argv: list[str] | None = None) -> int:
         "contender with dynamic=True (the serving path for varying shapes)",
     )
     p.add_argument("--redo", action="store_true", help="re-measure cells already in the jsonl")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also record each contender's kernels (torch.profiler) in the row",
+    )
     p.add_argument("--out", default=None, help="output stem (default results/real_models_<dev>)")
     p.add_argument("--from-jsonl", default=None, help="only regenerate the table from this file")
     args = p.parse_args(argv)
