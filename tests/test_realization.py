@@ -298,3 +298,19 @@ def test_a_plan_from_before_the_rule_runs_as_the_rule_labels_it():
         r = realize(c, old, compiler=run_eagerly)
     assert r.realizations == tuple(gp.realization for gp in plan.groups)
     assert plan.versions["realization_rule"] == RULE_VERSION
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_lone_misaligned_gemm_is_compiled(dtype):
+    """A lone GEMM whose N or K is not a multiple of 16 bytes is compiled (Inductor pads it);
+    an aligned one stays a library call."""
+    per = 16 // torch.tensor([], dtype=dtype).element_size()
+    for n_out, k, want in (
+        (4 * per, 2 * per, "eager"),
+        (4 * per + 1, 2 * per, "inductor"),
+        (4 * per, 2 * per + 1, "inductor"),
+    ):
+        m = torch.nn.Linear(k, n_out, bias=False).to(dtype)
+        g = export_model(m, (torch.randn(3, k, dtype=dtype),)).graph
+        (gemm,) = [n.index for n in g.nodes if n.op in ("mm", "linear", "addmm", "matmul")]
+        assert realization_of(g, {gemm}) == want, (n_out, k)

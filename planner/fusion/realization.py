@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 # Recorded in every Plan's `versions` ("realization_rule"): a plan that records another
 # version, or none, has its labels re-derived by realize (`current_labels`), with a
 # warning where they change, rather than trusted.
-RULE_VERSION = "1"
+RULE_VERSION = "2"
 
 # How a group becomes executable code (planner.realize.realizer):
 REALIZATIONS = (
@@ -57,6 +57,31 @@ class RealizationRule:
     test: str
 
 
+# GEMM ops whose operands' last dims are the leading dimensions cuBLAS sees
+_GEMMS = ("mm", "bmm", "matmul", "addmm", "baddbmm", "linear")
+_ALIGN_BYTES = 16  # tensor-core GEMMs want every leading dimension a multiple of 16 bytes
+
+
+def misaligned_gemm(g: OpGraph, node: int) -> bool:
+    """Whether node `node` is a GEMM with a contracted (K) or output (N) size that is not a
+    multiple of 16 bytes of its dtype: cuBLAS then falls back to slow unaligned kernels
+    (an LM head over GPT-2's 50257-token vocabulary, on an H100), while
+    Inductor pads such a GEMM to an aligned shape first (its `pad_mm` pass)."""
+    n = g.nodes[node]
+    if n.op not in _GEMMS or not n.inputs or not n.outputs:
+        return False
+    first = g.tensors[n.inputs[1 if n.op in ("addmm", "baddbmm") else 0]]
+    out = g.tensors[n.outputs[0]]
+    if not first.shape or not out.shape:
+        return False
+    per = max(1, _ALIGN_BYTES // out.itemsize)
+    return first.shape[-1] % per != 0 or out.shape[-1] % per != 0
+
+
+def _lone_misaligned_gemm(g: OpGraph, members: list[int], work: list[int]) -> bool:
+    return len(work) == 1 and misaligned_gemm(g, work[0])
+
+
 def _opaque(g: OpGraph, members: list[int], work: list[int]) -> bool:
     ks = kinds(g)
     return any(ks[i] is Kind.OPAQUE for i in work)
@@ -69,6 +94,10 @@ REALIZATION_RULES: tuple[RealizationRule, ...] = (
     RealizationRule("eager", _opaque,
                     "opaque ops and collectives cannot be compiled into a fused unit",
                     "test_realization::test_rule_table_on_hand_built_groups"),
+    RealizationRule("inductor", _lone_misaligned_gemm,
+                    "a GEMM whose K or N is not a multiple of 16 bytes: Inductor pads it to an "
+                    "aligned shape, where the library call runs an unaligned kernel",
+                    "test_realization::test_lone_misaligned_gemm_is_compiled"),
     RealizationRule("eager", lambda g, ms, work: len(work) <= 1,
                     "one op (plus views) has nothing to fuse: its eager kernel is the fused "
                     "kernel", "test_realization::test_rule_table_on_hand_built_groups"),
