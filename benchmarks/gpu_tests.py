@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_tests.md"
 # What the GPU tests cover: a change here wants a new recorded run.
 WATCHED = (
-    "planner/realize*.py",
+    "planner/realize/*.py",
     "planner/runtime/backend.py",
     "profiling/timer.py",
     "profiling/runner.py",

@@ -324,6 +324,39 @@ def test_cuda_graph_replay_matches_eager(dtype):
     assert not torch.equal(y1, y2)  # outputs are copied out, not overwritten
 
 
+class _Head(torch.nn.Module):
+    """A norm and an LM head with an unaligned vocabulary: hidden state and logits out."""
+
+    def __init__(self, d: int = 64, vocab: int = 1001):
+        super().__init__()
+        self.norm, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return h, self.head(h)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_large_outputs_are_computed_after_the_replay_not_copied(monkeypatch):
+    from planner.realize import cudagraphs as cudagraphs_mod
+
+    monkeypatch.setattr(cudagraphs_mod._GraphReplay, "TAIL_MIN_BYTES", 0)
+    torch.manual_seed(0)
+    module = _Head().to("cuda", torch.bfloat16)
+    x0 = torch.randn(2, 16, 64, device="cuda", dtype=torch.bfloat16)
+    c = export_model(module, (x0,))
+    r = realize(c, Partition.singletons(c.graph))
+    assert r.cuda_graph and r._graph.tail_impls  # the head runs after the replay
+    held = []
+    for _ in range(3):
+        x = torch.randn_like(x0)
+        got = r(x)
+        held.append((got, eager_out(module, (x,))))
+    for got, want in held:  # outputs kept across later calls keep their values
+        assert_close(got, want, tol=5e-2)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_dynamic_plan_records_a_cuda_graph_per_recurring_shape():
@@ -360,7 +393,7 @@ class _FakeReplay:
 
 
 def test_shape_graphs_record_on_recurrence_evict_by_count_and_bytes(monkeypatch):
-    import planner.realize.realizer as realize_mod
+    import planner.realize.cudagraphs as realize_mod
 
     monkeypatch.setattr(realize_mod, "_GraphReplay", _FakeReplay)
     monkeypatch.setattr(realize_mod.torch.cuda, "graph_pool_handle", lambda: "pool")

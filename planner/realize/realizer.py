@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -56,6 +54,7 @@ from planner.ir.capture import Captured
 from planner.ir.graph import OpGraph
 from planner.plans.plan import Plan
 from planner.realize.check import Mismatch, compare_outputs
+from planner.realize.cudagraphs import RealizeWarning, _GraphReplay, _ShapeGraphs
 from planner.realize.graph import (
     GroupGraph,
     ProgramParts,
@@ -81,10 +80,6 @@ choose_realization = realization_of  # an alias of the rule (planner.fusion.real
 
 # A group compiler: (subgraph, fake inputs, fake mode) -> callable over real inputs.
 GroupCompiler = Callable[[fx.GraphModule, tuple[Any, ...], Any], Callable[..., Any]]
-
-
-class RealizeWarning(UserWarning):
-    """A group fell back to eager, or CUDA-graph capture was skipped."""
 
 
 def inductor_compiler(options: Mapping[str, Any] | None = None) -> GroupCompiler:
@@ -512,12 +507,36 @@ class RealizedPlan:
             s = self._shape_graphs
             self._shape_graphs = _ShapeGraphs(self._forward, s.limit, s.max_bytes)
 
+    def _tail_candidates(self) -> tuple[int, ...]:
+        """Groups that may run after a CUDA graph's replay instead of inside it: each of
+        their outputs is a user output, returned as it is (no layout fix-up), and read by
+        no other group. Run outside, they write fresh memory the caller may keep, so their
+        outputs need no copy out of the graph's static buffers."""
+        read = {name for u in self._units for name in u.inputs}
+        fixed = {
+            v.name
+            for i, v in enumerate(self._parts.outputs)
+            if i in self._out_orders and isinstance(v, fx.Node)
+        }
+        returned = {v.name for v in self._parts.outputs if isinstance(v, fx.Node)}
+        out = []
+        for g, u in enumerate(self._units):
+            names = set(u.group.outputs)
+            if names and names <= returned and not names & read and not names & fixed:
+                out.append(g)
+        return tuple(out)
+
     def capture_cuda_graph(self, inputs: Sequence[Any], copy_outputs: bool = True) -> bool:
-        """Record the whole plan in one CUDA graph (static shapes); False if it cannot."""
+        """Record the whole plan in one CUDA graph (static shapes); False if it cannot.
+        With `copy_outputs`, groups whose outputs are large user outputs that no other group
+        reads run after each replay, outside the graph (`_GraphReplay`)."""
         if self.device.type != "cuda" or not self._guard.static or self._whole_fallback:
             return False
         try:
-            self._graph = _GraphReplay(self._forward, tuple(inputs), copy_outputs)
+            tail = self._tail_candidates() if copy_outputs else ()
+            self._graph = _GraphReplay(
+                self._forward, tuple(inputs), copy_outputs, tail=tail, impls=self._impls
+            )
         except Exception as e:  # capture is an optimization: never fail the plan for it
             warnings.warn(
                 f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); "
@@ -534,107 +553,6 @@ class RealizedPlan:
             return False
         self._shape_graphs = _ShapeGraphs(self._forward, limit, max_bytes)
         return True
-
-
-class _GraphReplay:
-    """One CUDA graph of the whole plan: inputs copied into static buffers, replay,
-    outputs copied out (so the next call cannot overwrite what the caller holds)."""
-
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        inputs: tuple[Any, ...],
-        copy_outputs: bool,
-        *,
-        warmup: int = 3,
-        pool: Any = None,
-    ):
-        self.static_in = tuple(
-            t.detach().clone() if isinstance(t, torch.Tensor) else t for t in inputs
-        )
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):  # lazy kernel compiles, autotuning, library workspaces
-                fn(*self.static_in)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.static_out = fn(*self.static_in)
-        self.copy_outputs = copy_outputs
-        self.nbytes = sum(
-            t.nbytes for t in (*self.static_in, *self.static_out) if isinstance(t, torch.Tensor)
-        )
-
-    def __call__(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        for dst, src in zip(self.static_in, args):
-            if isinstance(dst, torch.Tensor) and dst.data_ptr() != src.data_ptr():
-                dst.copy_(src)
-        self.graph.replay()
-        if not self.copy_outputs:
-            return self.static_out
-        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.static_out)
-
-
-class _ShapeGraphs:
-    """One CUDA graph per recurring input shape of a plan realized over a shape range.
-
-    A shape's first call runs the plan as it is (a shape seen once may never come back);
-    its second call records a graph (after one warm-up run on a side stream) and every
-    later call replays it. At most `limit` graphs, holding at most `max_bytes` of static
-    inputs and outputs, are kept, the least recently used evicted (an evicted shape must
-    recur twice again to be recorded again); a shape whose capture fails runs without a
-    graph from then on, with a warning.
-
-    All graphs of the plan share one memory pool, which is safe here: calls are serialized
-    (a lock), each graph's static inputs and outputs stay referenced, so no other capture
-    is handed their memory, and outputs are copied out right after each replay, so the
-    scratch memory two graphs share is never read across replays.
-    """
-
-    def __init__(self, fn: Callable[..., Any], limit: int, max_bytes: int):
-        self.fn, self.limit, self.max_bytes = fn, limit, max_bytes
-        self.graphs: OrderedDict[tuple[Any, ...], _GraphReplay] = OrderedDict()
-        self.bytes = 0
-        self.seen: set[tuple[Any, ...]] = set()
-        self.failed: set[tuple[Any, ...]] = set()
-        self.pool: Any = None
-        self.lock = threading.Lock()
-
-    def __call__(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
-        with self.lock:
-            g = self.graphs.get(key)
-            if g is not None:
-                self.graphs.move_to_end(key)
-                return g(args)
-            if key in self.failed or key not in self.seen:
-                if len(self.seen) >= 16 * self.limit:
-                    self.seen.clear()
-                self.seen.add(key)
-                return self.fn(*args)
-            try:
-                if self.pool is None:
-                    self.pool = torch.cuda.graph_pool_handle()
-                g = _GraphReplay(self.fn, args, True, warmup=1, pool=self.pool)
-            except Exception as e:  # an optimization: never fail the call for it
-                self.failed.add(key)
-                warnings.warn(
-                    f"CUDA graph capture failed for input shapes {key} "
-                    f"({type(e).__name__}: {str(e)[:200]}); they run without one",
-                    RealizeWarning,
-                    stacklevel=3,
-                )
-                return self.fn(*args)
-            self.graphs[key] = g
-            self.bytes += g.nbytes
-            while len(self.graphs) > 1 and (
-                len(self.graphs) > self.limit or self.bytes > self.max_bytes
-            ):
-                old_key, old = self.graphs.popitem(last=False)
-                self.bytes -= old.nbytes
-                self.seen.discard(old_key)
-            return g(args)
 
 
 def _symbolic(parts: ProgramParts) -> bool:

@@ -1,0 +1,208 @@
+"""CUDA graphs of a realized plan: one graph of a static plan (`_GraphReplay`), or one per
+recurring input shape of a plan realized over a shape range (`_ShapeGraphs`).
+
+planner.realize.realizer records and replays them; outputs the caller receives are never
+overwritten by a later replay (copied out, or computed after the replay).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+class RealizeWarning(UserWarning):
+    """A group fell back to eager, or CUDA-graph capture was skipped."""
+
+
+class _GraphReplay:
+    """One CUDA graph of the whole plan: inputs copied into static buffers, replay,
+    outputs copied out (so the next call cannot overwrite what the caller holds).
+
+    `tail`: groups (indices into `impls`, the plan's per-group callables) whose outputs are
+    only returned to the caller. Where their outputs hold at least `TAIL_MIN_BYTES`, the
+    graph records everything but them, remembering the static buffers they read; each
+    call replays the graph, then runs them on those buffers, so their outputs are fresh
+    tensors and need no copy (an LM head's logits are most of a language model's output
+    bytes). The static buffers are read right after the replay, on the same stream, before
+    any later replay can overwrite them.
+    """
+
+    TAIL_MIN_BYTES = 16 << 20
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        inputs: tuple[Any, ...],
+        copy_outputs: bool,
+        *,
+        warmup: int = 3,
+        pool: Any = None,
+        tail: Sequence[int] = (),
+        impls: list[Callable[..., Any]] | None = None,
+    ):
+        self.static_in = tuple(
+            t.detach().clone() if isinstance(t, torch.Tensor) else t for t in inputs
+        )
+        metas: dict[int, tuple[bool, list[tuple[Any, ...]]]] = {}  # group -> its outputs
+        originals = {g: impls[g] for g in tail} if impls is not None and copy_outputs else {}
+
+        def measuring(g: int, impl: Callable[..., Any]) -> Callable[..., Any]:
+            def run(*args: Any) -> Any:
+                outs = impl(*args)
+                flat = _flat_tensors(outs)
+                if all(isinstance(t, torch.Tensor) for t in flat):
+                    metas[g] = (
+                        isinstance(outs, (tuple, list)),
+                        [(t.shape, t.stride(), t.dtype, t.device, t.nbytes) for t in flat],
+                    )
+                return outs
+
+            return run
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for i in range(warmup):  # lazy kernel compiles, autotuning, library workspaces
+                if i == warmup - 1:
+                    for g, impl in originals.items():
+                        impls[g] = measuring(g, impl)  # type: ignore[index]
+                try:
+                    fn(*self.static_in)
+                finally:
+                    for g, impl in originals.items():
+                        impls[g] = impl  # type: ignore[index]
+        torch.cuda.current_stream().wait_stream(stream)
+        big = {
+            g: impl
+            for g, impl in originals.items()
+            if g in metas and sum(m[4] for m in metas[g][1]) >= self.TAIL_MIN_BYTES
+        }
+        self.tail_impls: dict[int, Callable[..., Any]] = {}
+        self.tail_args: dict[int, tuple[Any, ...]] = {}
+        for attempt in (big, {}):  # without a tail if a deferred output is not returned as is
+            self.tail_impls, self.tail_args = dict(attempt), {}
+            placeholders: dict[int, tuple[int, int]] = {}
+            self.graph = torch.cuda.CUDAGraph()
+            for g in self.tail_impls:
+                impls[g] = self._deferred(g, metas[g], placeholders)  # type: ignore[index]
+            try:
+                with torch.cuda.graph(self.graph, pool=pool):
+                    self.static_out = fn(*self.static_in)
+            finally:
+                for g, impl in originals.items():
+                    impls[g] = impl  # type: ignore[index]
+            self.from_tail = tuple(placeholders.get(id(o)) for o in self.static_out)
+            if set(placeholders.values()) <= set(self.from_tail):
+                break
+        self.copy_outputs = copy_outputs
+        self.nbytes = sum(
+            t.nbytes for t in (*self.static_in, *self.static_out) if isinstance(t, torch.Tensor)
+        )
+
+    def _deferred(
+        self,
+        g: int,
+        meta: tuple[bool, list[tuple[Any, ...]]],
+        placeholders: dict[int, tuple[int, int]],
+    ) -> Callable[..., Any]:
+        """Group g's stand-in while the graph records: remembers the buffers it reads and
+        returns empty tensors shaped like its outputs (no kernel is recorded for it);
+        `placeholders` maps each one's id to (g, its output index)."""
+
+        def run(*args: Any) -> Any:
+            self.tail_args[g] = args
+            outs = []
+            for j, (shape, stride, dtype, device, _) in enumerate(meta[1]):
+                t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                placeholders[id(t)] = (g, j)
+                outs.append(t)
+            return tuple(outs) if meta[0] else outs[0]
+
+        return run
+
+    def __call__(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        for dst, src in zip(self.static_in, args):
+            if isinstance(dst, torch.Tensor) and dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)
+        self.graph.replay()
+        if not self.copy_outputs:
+            return self.static_out
+        fresh = {g: _flat_tensors(impl(*self.tail_args[g])) for g, impl in self.tail_impls.items()}
+        return tuple(
+            fresh[t[0]][t[1]]
+            if t is not None
+            else (o.clone() if isinstance(o, torch.Tensor) else o)
+            for o, t in zip(self.static_out, self.from_tail)
+        )
+
+
+def _flat_tensors(outs: Any) -> list[Any]:
+    """A group's outputs as a list (a group returns a tuple, or one value)."""
+    return list(outs) if isinstance(outs, (tuple, list)) else [outs]
+
+
+class _ShapeGraphs:
+    """One CUDA graph per recurring input shape of a plan realized over a shape range.
+
+    A shape's first call runs the plan as it is (a shape seen once may never come back);
+    its second call records a graph (after one warm-up run on a side stream) and every
+    later call replays it. At most `limit` graphs, holding at most `max_bytes` of static
+    inputs and outputs, are kept, the least recently used evicted (an evicted shape must
+    recur twice again to be recorded again); a shape whose capture fails runs without a
+    graph from then on, with a warning.
+
+    All graphs of the plan share one memory pool, which is safe here: calls are serialized
+    (a lock), each graph's static inputs and outputs stay referenced, so no other capture
+    is handed their memory, and outputs are copied out right after each replay, so the
+    scratch memory two graphs share is never read across replays.
+    """
+
+    def __init__(self, fn: Callable[..., Any], limit: int, max_bytes: int):
+        self.fn, self.limit, self.max_bytes = fn, limit, max_bytes
+        self.graphs: OrderedDict[tuple[Any, ...], _GraphReplay] = OrderedDict()
+        self.bytes = 0
+        self.seen: set[tuple[Any, ...]] = set()
+        self.failed: set[tuple[Any, ...]] = set()
+        self.pool: Any = None
+        self.lock = threading.Lock()
+
+    def __call__(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
+        with self.lock:
+            g = self.graphs.get(key)
+            if g is not None:
+                self.graphs.move_to_end(key)
+                return g(args)
+            if key in self.failed or key not in self.seen:
+                if len(self.seen) >= 16 * self.limit:
+                    self.seen.clear()
+                self.seen.add(key)
+                return self.fn(*args)
+            try:
+                if self.pool is None:
+                    self.pool = torch.cuda.graph_pool_handle()
+                g = _GraphReplay(self.fn, args, True, warmup=1, pool=self.pool)
+            except Exception as e:  # an optimization: never fail the call for it
+                self.failed.add(key)
+                warnings.warn(
+                    f"CUDA graph capture failed for input shapes {key} "
+                    f"({type(e).__name__}: {str(e)[:200]}); they run without one",
+                    RealizeWarning,
+                    stacklevel=3,
+                )
+                return self.fn(*args)
+            self.graphs[key] = g
+            self.bytes += g.nbytes
+            while len(self.graphs) > 1 and (
+                len(self.graphs) > self.limit or self.bytes > self.max_bytes
+            ):
+                old_key, old = self.graphs.popitem(last=False)
+                self.bytes -= old.nbytes
+                self.seen.discard(old_key)
+            return g(args)
