@@ -406,8 +406,10 @@ def _mode_cell(r: dict[str, Any], mode: str) -> str:
 
 
 def markdown(rows: list[dict[str, Any]], command: str) -> str:
-    """The table of `rows`; every command that made a row is listed (the last call's
-    `command` when the rows name none)."""
+    """The table of `rows` (a cell measured again, `--redo`, shows its latest row); every
+    command that made a shown row is listed (the last call's `command` when they name none)."""
+    latest = {(r["cell"], r.get("dtype"), r.get("tiny")): r for r in rows}
+    rows = [r for r in rows if latest[(r["cell"], r.get("dtype"), r.get("tiny"))] is r]
     commands = list(dict.fromkeys(r["command"] for r in rows if r.get("command"))) or [command]
     lines = [
         "# Real-model suite through the user's path",
