@@ -538,7 +538,44 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             f"Served/tuned at the bucket's other shape: worst {max(other_ratios):.2f} over "
             f"{len(other_ratios)} cell(s).",
         ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + kernel_table(rows)) + "\n"
+
+
+def kernel_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Where each contender's time goes (rows measured with `--profile`): device kernel
+    time per call under torch.profiler, kernel launches per call, and the per-call time
+    left over (the interleaved median minus the kernel time: host work the device waited
+    for, and gaps between kernels), with the heaviest kernel."""
+    prof = [r for r in rows if r.get("kernels")]
+    if not prof:
+        return []
+    out = [
+        "",
+        "## Kernels per call (`--profile`)",
+        "",
+        "`kernel µs` = device kernel time per call under torch.profiler (10 calls after the "
+        "timing); `launches` = kernels per call; `left over µs` = the contender's median per "
+        "call in the table above minus its kernel time: host work the device waited for, and "
+        "gaps between kernels.",
+        "",
+        "| cell | contender | median µs | kernel µs | launches | left over µs | heaviest kernel |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in prof:
+        for n, k in r["kernels"].items():
+            med = r.get("timing", {}).get(n, {}).get("median_s")
+            top = k["top"][0] if k.get("top") else None
+            heavy = f"{top[0]:.0f} µs x{top[1]:g} `{top[2][:70]}`" if top else "—"
+            out.append(
+                f"| {r['cell']} | {n} | {med * 1e6:,.0f} | {k['us_per_call']:,.0f} | "
+                f"{k['launches_per_call']:g} | "
+                + (f"{med * 1e6 - k['us_per_call']:,.0f}" if med else "—")
+                + f" | {heavy.replace('|', '/')} |"
+                if med
+                else f"| {r['cell']} | {n} | — | {k['us_per_call']:,.0f} | "
+                f"{k['launches_per_call']:g} | — | {heavy.replace('|', '/')} |"
+            )
+    return out
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
