@@ -111,6 +111,50 @@ def make_stream(n: int, lo: int, hi: int, seed: int) -> list[int]:
     return out
 
 
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """Every tensor of a model's output, whatever its structure (a library's output
+    object, a KV cache), in order."""
+    from planner.ir.pytrees import flat_values
+
+    return [v for v in flat_values(out) if isinstance(v, torch.Tensor)]
+
+
+TUNED_NOTE = (
+    "- *tuned plan ms (stored)*: the latency `fusion-plan tune` measured and stored for the "
+    "bucket's plan, at the bucket's largest size (its representative); *planner steady / "
+    "tuned*: the planner's steady median over the bucket's calls (sizes up to that "
+    "representative) over it.\n"
+)
+
+
+def tuned_latencies(cache_url: str, dim: str) -> list[dict[str, Any]]:
+    """The latency `fusion-plan tune` stored for each bucket plan of the cache: the
+    bucket's range of the varying size (the one dimension stored as a range), its pow2
+    bucket here (by its largest size, the representative tune measured at) and the
+    stored measurement in ms."""
+    from planner.plans.cache import PlanCache
+
+    out = []
+    with PlanCache(cache_url) as cache:
+        for e in cache.entries():
+            if e.measured_s is None or not e.bucket_key.startswith("bucket:"):
+                continue
+            dims = e.bucket_key.split(":", 1)[1].strip("[]").split(",")
+            ranges = [d for d in dims if "-" in d]
+            if len(ranges) != 1:
+                continue
+            lo, hi = (int(x) for x in ranges[0].split("-"))
+            out.append(
+                {
+                    "bucket_key": e.bucket_key,
+                    "range": [lo, hi],
+                    "pow2_bucket": pow2_bucket(hi),
+                    "measured_ms": e.measured_s * 1e3,
+                }
+            )
+    return out
+
+
 def pow2_bucket(s: int) -> str:
     """The runtime's default bucket (planner.plans.buckets.Pow2) of a size, as text."""
     top = 1 << (s - 1).bit_length() if s > 1 else 1
@@ -166,17 +210,22 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     dtype = parse_dtype(cfg["dtype"])
     lengths: list[int] = cfg["lengths"]
     mspec = resolve(cfg["model"], cfg["shape"])
-    inp, axis = mspec.dims[cfg["dim"]]
+    axes = mspec.dims[cfg["dim"]]  # (input, axis), or several for a file factory
+    pairs = [tuple(axes)] if isinstance(axes[0], int) else [tuple(a) for a in axes]
     module, base = mspec.with_params(**{cfg["dim"]: max(lengths)}).build(
         dtype=dtype, device=dev, seed=cfg["seed"]
     )
+
+    def cut(x: torch.Tensor, i: int, s: int) -> torch.Tensor:
+        for inp, axis in pairs:
+            if inp == i:
+                x = x.narrow(axis, 0, s)
+        return x.clone() if any(inp == i for inp, _ in pairs) else x
+
     # One input per distinct length, cut from one seeded tensor: made before any timing,
     # identical across contenders. Cloned, so none is a view: dynamo guards on a view's
     # base, and a stream whose first input is a view recompiles at the first non-view.
-    inputs = {
-        s: tuple(x.narrow(axis, 0, s).clone() if i == inp else x for i, x in enumerate(base))
-        for s in sorted(set(lengths))
-    }
+    inputs = {s: tuple(cut(x, i, s) for i, x in enumerate(base)) for s in sorted(set(lengths))}
     del base
 
     def sync() -> None:
@@ -229,7 +278,11 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         for s in cfg["check_lengths"]:
             x = inputs[s]
             got, ref = fn(*x), module(*x)
-            err = float((got.float() - ref.float()).abs().max())
+            pairs_out = zip(_tensors(got), _tensors(ref), strict=False)
+            err = max(
+                (float((g.float() - r.float()).abs().max()) for g, r in pairs_out if r.numel()),
+                default=0.0,
+            )
             mismatch = compare_outputs(ref, got)
             checks.append(
                 {"S": s, "max_abs_err": err, "ok": mismatch is None, "why": str(mismatch or "")}
@@ -396,8 +449,11 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         )
     buckets = sorted({pow2_bucket(s) for s in lengths}, key=lambda b: int(b.split("-")[0]))
     ok = [r["contender"] for r in results if sums[r["contender"]]]
-    bhead = f"| {meta['dim']} bucket | calls | distinct S | " + " | ".join(
-        f"{TITLES[c]}: first call s | {TITLES[c]}: steady median ms" for c in ok
+    tuned = {t["pow2_bucket"]: t["measured_ms"] for t in meta.get("tuned", [])}
+    bhead = "| " + " | ".join(
+        [f"{meta['dim']} bucket", "calls", "distinct S"]
+        + [f"{TITLES[c]}: first call s | {TITLES[c]}: steady median ms" for c in ok]
+        + (["tuned plan ms (stored) | planner steady / tuned"] if tuned else [])
     )
     brows = []
     for b in buckets:
@@ -408,6 +464,13 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             cells.append(
                 f"{_fmt(s['first_in_bucket'].get(b), '.3f')} "
                 f"| {_fmt(s['steady_bucket_median_ms'].get(b), '.3f')}"
+            )
+        if tuned:
+            got = sums.get("planner", {}).get("steady_bucket_median_ms", {}).get(b)
+            want = tuned.get(b)
+            cells.append(
+                f"{_fmt(want, '.3f')} | "
+                + (f"{got / want:.2f}" if got is not None and want else "—")
             )
         brows.append(" | ".join(cells) + " |")
     planner = next((r for r in results if r["contender"] == "planner" and "error" not in r), None)
@@ -465,11 +528,11 @@ Produced by `{meta["command"]}` on {meta["date"]}.
 Per bucket (first call of the bucket in pass 1; median call of the steady state):
 
 {bhead} |
-|---|---|---|{"---|---|" * len(ok)}
+|---|---|---|{"---|---|" * (len(ok) + bool(tuned))}
 {chr(10).join(brows)}
 
 - Buckets in these tables: pow2 over {meta["dim"]}, the runtime's default (a tuned cache's own bucket spec may clip the outer edges to the tuned range).
-- *pass 1 - steady*: what the cold pass cost over a steady one: compiles, plus, for the planner, one cache lookup (and queued miss) per new shape.
+{TUNED_NOTE if tuned else ""}- *pass 1 - steady*: what the cold pass cost over a steady one: compiles, plus, for the planner, one cache lookup (and queued miss) per new shape.
 - *calls that compiled*: calls during which dynamo compiled a frame, Inductor compiled a graph or the planner realized a plan (from torch._dynamo.utils.counters and RuntimeStats, read around each call).
 - *dynamo compiles (recompiles)*: frames dynamo compiled; in brackets, those after the first call. *Inductor graphs compiled*: FX graph cache misses + hits + bypasses (the planner compiles each fused group as its own graph).
 - *max abs err*: over {len(meta["check_lengths"])} stream entries ({meta["dim"]} = {", ".join(map(str, meta["check_lengths"]))}) against eager in the same process; ok = within planner.realize.check's tolerance for {meta["dtype"]}.
@@ -600,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     meta = {
         **cfg,
+        "tuned": tuned_latencies(args.cache, args.dim) if args.cache else [],
         "kind": "meta",
         "command": "python benchmarks/runtime_stream.py " + shlex.join(argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
