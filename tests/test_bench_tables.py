@@ -126,6 +126,7 @@ def test_real_models_table_shows_the_buckets_other_shape_only_where_measured():
     from benchmarks import real_models
 
     old, new = real_models_row(other=False), real_models_row(other=True)
+    old["cell"] = "gpt2:B4xS1024"  # another cell: a cell measured again shows its latest row
     plain = real_models.markdown([old], "")
     assert "@other" not in plain and "(other)" not in plain
     text = real_models.markdown([old, new], "")
@@ -142,3 +143,16 @@ def test_real_models_table_shows_the_buckets_other_shape_only_where_measured():
     assert "other shape: worst 1.10 over 1 cell(s)" in text
     # without the new columns the old row renders exactly as before
     assert real_models_rows(plain)[0] == {k: v for k, v in before.items() if k not in cols}
+
+
+def test_real_models_table_shows_a_remeasured_cells_latest_row_only():
+    from benchmarks import real_models
+
+    first, again = real_models_row(other=False), real_models_row(other=False)
+    again["timing"] = {**again["timing"], "planner": {**again["timing"]["planner"]}}
+    again["timing"]["planner"]["median_s"] *= 2
+    again["command"] = "python benchmarks/real_models.py --bucket --redo"
+    rows = real_models_rows(real_models.markdown([first, again], ""))
+    assert len(rows) == 1 and rows[0]["served/tuned"] == "2.10"
+    text = real_models.markdown([first, again], "")
+    assert "--redo" in text and "`python benchmarks/real_models.py --bucket`" not in text
