@@ -10,10 +10,12 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+
+import planner.realize.layout as layout
 
 
 class RealizeWarning(UserWarning):
@@ -23,6 +25,10 @@ class RealizeWarning(UserWarning):
 class _GraphReplay:
     """One CUDA graph of the whole plan: inputs copied into static buffers, replay,
     outputs copied out (so the next call cannot overwrite what the caller holds).
+
+    `out_orders`: output index -> the dimension order the caller gets it in, for outputs
+    whose kernels lay them out otherwise; `fn` then returns them as computed, and each call
+    lays them out after the replay (that copy doubles as the copy out of the graph).
 
     `tail`: groups (indices into `impls`, the plan's per-group callables) whose outputs are
     only returned to the caller. Where their outputs hold at least `TAIL_MIN_BYTES`, the
@@ -45,7 +51,9 @@ class _GraphReplay:
         pool: Any = None,
         tail: Sequence[int] = (),
         impls: list[Callable[..., Any]] | None = None,
+        out_orders: Mapping[int, Sequence[int]] | None = None,
     ):
+        self.out_orders = dict(out_orders or {})
         self.static_in = tuple(
             t.detach().clone() if isinstance(t, torch.Tensor) else t for t in inputs
         )
@@ -135,11 +143,21 @@ class _GraphReplay:
             return self.static_out
         fresh = {g: _flat_tensors(impl(*self.tail_args[g])) for g, impl in self.tail_impls.items()}
         return tuple(
-            fresh[t[0]][t[1]]
-            if t is not None
-            else (o.clone() if isinstance(o, torch.Tensor) else o)
-            for o, t in zip(self.static_out, self.from_tail)
+            fresh[t[0]][t[1]] if t is not None else self._copied(i, o)
+            for i, (o, t) in enumerate(zip(self.static_out, self.from_tail))
         )
+
+    def _copied(self, i: int, o: Any) -> Any:
+        """Output i out of the graph's buffers: in the layout the plan owes the caller
+        (`out_orders`), which is a copy where the layout changes, else a clone."""
+        if not isinstance(o, torch.Tensor):
+            return o
+        order = self.out_orders.get(i)
+        if order is not None:
+            fixed = layout.to_order(o, order)
+            if fixed.data_ptr() != o.data_ptr():
+                return fixed
+        return o.clone()
 
 
 def _flat_tensors(outs: Any) -> list[Any]:

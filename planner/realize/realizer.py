@@ -534,8 +534,15 @@ class RealizedPlan:
             return False
         try:
             tail = self._tail_candidates() if copy_outputs else ()
+            # outputs whose layout is fixed up get it after the replay: the fix-up's copy
+            # is then the copy out of the graph's buffers, not a second one
             self._graph = _GraphReplay(
-                self._forward, tuple(inputs), copy_outputs, tail=tail, impls=self._impls
+                self.top.forward if copy_outputs else self._forward,
+                tuple(inputs),
+                copy_outputs,
+                tail=tail,
+                impls=self._impls,
+                out_orders=self._out_orders if copy_outputs else None,
             )
         except Exception as e:  # capture is an optimization: never fail the plan for it
             warnings.warn(
