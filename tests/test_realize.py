@@ -357,6 +357,37 @@ def test_large_outputs_are_computed_after_the_replay_not_copied(monkeypatch):
         assert_close(got, want, tol=5e-2)
 
 
+class _Kv(torch.nn.Module):
+    """Returns a projection as heads (a transposed view, like a KV cache) and a sum."""
+
+    def __init__(self, d: int = 64, heads: int = 4):
+        super().__init__()
+        self.k, self.heads = torch.nn.Linear(d, d), heads
+
+    def forward(self, x):
+        b, s, d = x.shape
+        k = self.k(x).view(b, s, self.heads, d // self.heads).transpose(1, 2)
+        return k, (k * 2).sum(-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_outputs_keep_eagers_layout_and_values_across_calls():
+    torch.manual_seed(0)
+    module = _Kv().to("cuda", torch.bfloat16)
+    x0 = torch.randn(2, 16, 64, device="cuda", dtype=torch.bfloat16)
+    c = export_model(module, (x0,))
+    r = realize(c, Partition.whole(c.graph))
+    assert r.cuda_graph
+    held = []
+    for _ in range(3):
+        x = torch.randn_like(x0)
+        held.append((r(x), eager_out(module, (x,))))
+    for got, want in held:
+        assert_close(got, want, tol=5e-2)
+        assert [g.stride() for g in got] == [w.stride() for w in want]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_dynamic_plan_records_a_cuda_graph_per_recurring_shape():
