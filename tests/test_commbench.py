@@ -65,7 +65,8 @@ def test_device_bench_comm_cli_fits_and_reports_heldout(tmp_path, monkeypatch, c
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(
-        "profiling.commbench.default_sizes", lambda quick: ([1024, 16384, 262144], [4096])
+        "profiling.commbench.default_sizes",
+        lambda quick, backend="gloo": ([1024, 16384, 262144], [4096]),
     )
     assert main(["device-bench", "--comm", "--quick", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
