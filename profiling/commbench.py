@@ -405,6 +405,7 @@ def bench_comm(
     command: str = "fusion-plan device-bench --comm",
     backend: str = "gloo",
     max_ranges: int | None = None,
+    timeout_s: float = 300.0,
 ) -> CommBenchResult:
     """Measure `collective` over `backend` at training and held-out sizes, fit α-β per
     size range on the training sizes, and report the held-out relative errors. NCCL's
@@ -414,7 +415,9 @@ def bench_comm(
     order = sorted(train + heldout)
     reps = reps or (10 if quick else 30)
     rows = dict(
-        measure_collective(world_size, order, collective, reps, quantile, backend, timeout_s=300.0)
+        measure_collective(
+            world_size, order, collective, reps, quantile, backend, timeout_s=timeout_s
+        )
     )
     tr = tuple((b, rows[b]) for b in train)
     ho = tuple((b, rows[b]) for b in heldout)
@@ -516,6 +519,7 @@ def measure_ddp(
     reps: int = 10,
     sizes: Sequence[int] | None = None,
     backend: str = "gloo",
+    timeout_s: float = 300.0,
 ) -> dict[str, Any]:
     """DDP step times of zoo's MLP per bucket cap over `backend`, with the compute-only
     forward and forward+backward times and all-reduce timings for a fit."""
@@ -524,6 +528,6 @@ def measure_ddp(
         world_size,
         _ddp_steps,
         (d, hidden, layers, batch, list(caps_mb), reps, sizes),
-        timeout_s=300,
+        timeout_s=timeout_s,
         backend=backend,
     )
