@@ -124,3 +124,32 @@ def host_costs(
         meds.append(float(np.median(batch)))
     out.update(zip(names, _max_over_ranks(meds, device), strict=True))
     return out
+
+
+def planned_vs_eager(
+    rank: int, world: int, b: int, s: int, d: int, h: int, decisions: list[list]
+) -> dict[str, float]:
+    """Max |planned - eager| / max |eager| of `PlannedTPBlock` against `TPBlock` on this
+    group, float32, for each decision [chunks, fuse_epilogue]; the same seeded weights and
+    input on every rank."""
+    from planner.distributed.parallel_models import TPBlock
+    from planner.distributed.tp_plan import PlannedTPBlock, TPDecision
+    from profiling.commbench import rank_device
+
+    device = rank_device(rank)
+    torch.manual_seed(0)
+    block = TPBlock(d, h, world, dist.group.WORLD)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.2)
+    x = torch.randn(b, s, d)
+    block, x = block.to(device), x.to(device)
+    out: dict[str, float] = {}
+    with torch.no_grad():
+        ref = block(x)
+        planned = PlannedTPBlock(block, TPDecision())
+        for k, fuse in decisions:
+            planned.decision = TPDecision(int(k), bool(fuse))
+            y = planned(x)
+            out[planned.decision.label] = float((y - ref).abs().max() / ref.abs().max())
+    return out
