@@ -17,7 +17,7 @@ skipped on a rerun); DIR/results.md is the table written from it at the end
   and the planner's plan (its chunking and epilogue decisions realized by
   planner.distributed.tp_plan.PlannedTPBlock), every decision the search priced measured
   too; T_comp (collectives skipped), T_comm (the collectives alone), exposed = total - T_comp.
-- dp: a DDP training step of zoo:mlp per gradient bucket cap, the planner's searched
+- dp (run before tp, being short): a DDP training step of zoo:mlp per gradient bucket cap, the planner's searched
   bucket against DDP's 25 MiB, measured and predicted.
 """
 
@@ -542,15 +542,15 @@ def main(argv: list[str] | None = None) -> int:
     jobs: list[tuple[str, Any]] = []
     if "comm" in a.parts:
         jobs += [(f"comm:{c}", lambda t, c=c: comm_row(a, c, min(t, 150.0))) for c in COLLECTIVES]
+    if "dp" in a.parts:
+        key = f"dp:{'x'.join(map(str, a.dp_dims))}:{a.backend}"
+        jobs.append((key, lambda t: dp_row(a, t)))
     if "tp" in a.parts:
         for shape in a.shapes:
             key = f"tp:{'x'.join(map(str, shape))}:{a.dtype}:{a.backend}"
             jobs.append(
                 (key, lambda t, shape=shape: tp_row(a, shape, load_rows(path), min(t, 300.0)))
             )
-    if "dp" in a.parts:
-        key = f"dp:{'x'.join(map(str, a.dp_dims))}:{a.backend}"
-        jobs.append((key, lambda t: dp_row(a, t)))
     done = load_rows(path)
     for key, job in jobs:
         if done.get(key, {}).get("ok"):
