@@ -116,8 +116,14 @@ def _rank_main(spec: str) -> None:
         result = fn(rank, world, *job["args"])
         if rank == 0:
             Path(job["out"]).write_text(json.dumps(result))
+        dist.barrier()  # no rank tears down while another still talks to it
     finally:
         dist.destroy_process_group()
+    # the result is out: leave without the interpreter's teardown, where threads of
+    # communication objects still alive (DDP's reducer) can abort the process
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(
