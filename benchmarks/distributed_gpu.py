@@ -189,6 +189,7 @@ def tp_rank(
     out["cost_model"] = repr(model)
     out["comm_model"] = ar_model["source"]
     out["predicted"] = [p.row() for p in plan.table]
+    out["predicted_eager"] = plan.eager.row()
     out["chosen"] = best.decision.label
 
     planned = PlannedTPBlock(block, best.decision, compile_regions=compile_)
@@ -331,6 +332,11 @@ def dp_row(a: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
 
 
 # ---- the table ----------------------------------------------------------------------
+def _cell(text: str, n: int = 80) -> str:
+    """An error message fit for one markdown table cell."""
+    return " ".join(str(text).replace("|", "/").split())[:n]
+
+
 def _us(s: float | None) -> str:
     return "-" if s is None or (isinstance(s, float) and math.isnan(s)) else f"{s * 1e6:.1f}"
 
@@ -360,7 +366,7 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         ]
         for r in comm:
             if not r.get("ok"):
-                out.append(f"| {r['key'][5:]} | error: {r.get('error', '')[:80]} | | | | | |")
+                out.append(f"| {r['key'][5:]} | error: {_cell(r.get('error', ''))} | | | | | |")
                 continue
             ranges = "; ".join(
                 f"[{f['lo_bytes']}, {'inf' if f['hi_bytes'] >= 1 << 60 else f['hi_bytes']})"
@@ -381,17 +387,19 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
             "## Tensor-parallel block (median µs ± half the interquartile range)",
             "",
             "| B,S,D,H | eager | compile | planned (decision) | planned/eager | planned/compile "
-            "| T_comp eager / planned | T_comm | exposed eager / planned | predicted total / T_comp / T_comm / exposed | outputs |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| T_comp eager / planned | T_comm | exposed eager / planned | predicted planned total / T_comp / T_comm / exposed "
+            "| predicted eager total / exposed | outputs |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in tp:
             shape = ",".join(map(str, r.get("shape", [])))
             if not r.get("ok"):
-                out.append(f"| {r['key'][3:]} | error: {r.get('error', '')[:80]} |" + " |" * 9)
+                out.append(f"| {r['key'][3:]} | error: {_cell(r.get('error', ''))} |" + " |" * 10)
                 continue
             t, dec = r["timing"], r["chosen"]
             pl = f"planned {dec}"
             pred = next(p for p in r["predicted"] if p["decision"] == dec)
+            pe = r.get("predicted_eager", {})
             k = next(p["chunks"] for p in r["predicted"] if p["decision"] == dec)
             exp_e = (
                 t["eager"]["median_s"] - t["eager T_comp"]["median_s"]
@@ -414,7 +422,8 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"{_timed(t, 'T_comm k=1')} (k=1), {_timed(t, f'T_comm k={k}')} (k={k}) | "
                 f"{_us(exp_e)} / {_us(exp_p)} | "
                 f"{_us(pred['total_s'])} / {_us(pred['t_comp_s'])} / {_us(pred['t_comm_s'])} / "
-                f"{_us(pred['exposed_comm_s'])} | {'ok' if ok else 'MISMATCH'} (worst {worst:.1e}) |"
+                f"{_us(pred['exposed_comm_s'])} | {_us(pe.get('total_s'))} / {_us(pe.get('exposed_comm_s'))} "
+                f"| {'ok' if ok else 'MISMATCH'} (worst {worst:.1e}) |"
             )
         out += ["", "Every decision the planner priced, predicted against measured (µs):", ""]
         out += [
@@ -437,7 +446,7 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     for r in dp:
         out += ["## Data-parallel step (DDP), per gradient bucket cap", ""]
         if not r.get("ok"):
-            out += [f"error: {r.get('error', '')[:200]}", ""]
+            out += [f"error: {_cell(r.get('error', ''), 200)}", ""]
             continue
         dims = r["dims"]
         out.append(

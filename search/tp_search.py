@@ -131,6 +131,10 @@ def region_costs(
         compiled_call_host_s=host.compiled_call_s,
         collective_call_host_s=host.collective_call_s,
         sources={"compute": repr(model), "host": host.source},
+        attn_eager_s=_eager_s(model, attn),
+        attn_eager_ops=len(_kernels(attn)),
+        mlp_in_eager_s=_eager_s(model, mlp_in),
+        mlp_in_eager_ops=len(_kernels(mlp_in)),
     )
 
 
@@ -139,6 +143,7 @@ class TPPlan:
     best: Prediction
     table: tuple[Prediction, ...]  # every decision searched, in search order
     costs: RegionCosts
+    eager: Prediction  # the unplanned TPBlock, priced alike
 
 
 def search_tp_block(
@@ -153,7 +158,7 @@ def search_tp_block(
         predict(costs, TPDecision(k, fuse), all_reduce_s) for k in ks for fuse in (False, True)
     )
     best = min(table, key=lambda p: (p.total_s, p.decision.chunks, p.decision.fuse_epilogue))
-    return TPPlan(best, table, costs)
+    return TPPlan(best, table, costs, predict(costs, TPDecision(1, False), all_reduce_s, True))
 
 
 __all__ = ["HostCosts", "TPDecision", "TPPlan", "region_costs", "search_tp_block"]

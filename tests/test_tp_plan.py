@@ -74,6 +74,10 @@ def test_region_costs_of_a_small_block_scale_with_the_chunks() -> None:
     assert c.epilogue_ops == {"o": 3, "fc2": 2}
     assert c.all_reduce_bytes["o"] == 2 * 32 * 64 * 4
     assert c.attn_s > 0 and c.mlp_in_s > 0
+    # eager: every op its own kernel, so more launches and no less GPU time
+    assert c.attn_eager_ops > 1 and c.attn_eager_s >= c.attn_s
+    plan = search_tp_block(c, ar, (1, 2, 4))
+    assert plan.eager.total_s > 0 and len(plan.table) == 6
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -97,6 +101,7 @@ def test_benchmark_tp_smoke_on_gloo_records_rows_and_resumes(tmp_path, capsys) -
     rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["ok"], rows[0].get("error")
     row = rows[0]
+    assert row["predicted_eager"]["total_s"] > 0
     assert all(c["ok"] for c in row["checks"].values()), row["checks"]
     chosen = f"planned {row['chosen']}"
     for name in ("eager", "eager T_comp", chosen, chosen + " T_comp", "T_comm k=1"):

@@ -80,6 +80,11 @@ class RegionCosts:
     compiled_call_host_s: float  # one call of a compiled region
     collective_call_host_s: float  # one async collective call
     sources: dict[str, str] = field(default_factory=dict)
+    # the same regions run eagerly (the unplanned TPBlock): GPU seconds and kernels
+    attn_eager_s: float = 0.0
+    attn_eager_ops: int = 0
+    mlp_in_eager_s: float = 0.0
+    mlp_in_eager_ops: int = 0
 
 
 def block_tasks(
@@ -87,9 +92,12 @@ def block_tasks(
     d: TPDecision,
     all_reduce_s: Callable[[int], float],
     collectives: bool = True,
+    eager: bool = False,
 ) -> list[Task]:
     """One forward pass of the planned block as tasks (see the module docstring);
-    without `collectives` the all-reduces are left out (the T_comp variant)."""
+    without `collectives` the all-reduces are left out (the T_comp variant). `eager`
+    prices the unplanned TPBlock instead: every region op by op, one collective per
+    sublayer (use it with `TPDecision(1, False)`)."""
     tasks: list[Task] = []
 
     def add(name: str, stream: str, dur: float, deps: tuple[int, ...], host_s: float) -> int:
@@ -97,7 +105,10 @@ def block_tasks(
         tasks.append(Task(name, stream, dur, (*deps, len(tasks) - 1)))
         return len(tasks) - 1
 
-    prev = add("attn", COMPUTE, c.attn_s, (), c.compiled_call_host_s)
+    if eager:
+        prev = add("attn", COMPUTE, c.attn_eager_s, (), c.attn_eager_ops * c.eager_op_host_s)
+    else:
+        prev = add("attn", COMPUTE, c.attn_s, (), c.compiled_call_host_s)
     for layer in LAYERS:
         ars: list[int] = []
         for i in range(d.chunks):
@@ -127,7 +138,11 @@ def block_tasks(
             host,
         )
         if layer == "o":
-            prev = add("mlp_in", COMPUTE, c.mlp_in_s, (prev,), c.compiled_call_host_s)
+            if eager:
+                host_mlp = c.mlp_in_eager_ops * c.eager_op_host_s
+                prev = add("mlp_in", COMPUTE, c.mlp_in_eager_s, (prev,), host_mlp)
+            else:
+                prev = add("mlp_in", COMPUTE, c.mlp_in_s, (prev,), c.compiled_call_host_s)
     return tasks
 
 
@@ -152,9 +167,12 @@ class Prediction:
         }
 
 
-def predict(c: RegionCosts, d: TPDecision, all_reduce_s: Callable[[int], float]) -> Prediction:
-    full = schedule(block_tasks(c, d, all_reduce_s))
-    comp = schedule(block_tasks(c, d, all_reduce_s, collectives=False))
+def predict(
+    c: RegionCosts, d: TPDecision, all_reduce_s: Callable[[int], float], eager: bool = False
+) -> Prediction:
+    """The decision's prediction (`eager`: the unplanned TPBlock's, see `block_tasks`)."""
+    full = schedule(block_tasks(c, d, all_reduce_s, eager=eager))
+    comp = schedule(block_tasks(c, d, all_reduce_s, collectives=False, eager=eager))
     return Prediction(
         d,
         full.makespan_s,
