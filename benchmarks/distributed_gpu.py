@@ -542,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         else "cpu",
         "torch": torch.__version__,
         "dtype": a.dtype,
+        "compile": a.compile,
     }
     if a.table_only:
         (a.out / "results.md").write_text(markdown(load_rows(path), meta))
