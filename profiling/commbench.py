@@ -1,10 +1,13 @@
 """Communication micro-benchmarks: torch.distributed collectives timed across local
-processes (gloo on 127.0.0.1), and α-β fits per message-size range.
+processes (gloo on 127.0.0.1 with CPU tensors, or NCCL with one process per CUDA device),
+and α-β fits per message-size range.
 
-`run_ranks` is the harness: it starts `world_size` processes, each joining one gloo
-group on a free loopback port, runs a module-level function on every rank and returns
-rank 0's JSON-able result; the processes are joined (or killed past the timeout) and the
-group destroyed on every path. `measure_collective` times one collective per message
+`run_ranks` is the harness: it starts `world_size` processes, each joining one group
+(`backend` "gloo" or "nccl"; under NCCL rank r uses cuda:r) on a free loopback port,
+runs a module-level function on every rank and returns rank 0's JSON-able result; the
+processes are joined (or killed past the timeout) and the group destroyed on every path.
+Children inherit the caller's whole environment. Timing (`timed_s`) uses CUDA events on
+a CUDA device and the wall clock on the CPU. `measure_collective` times one collective per message
 size; `fit_alpha_beta` fits T = α_c + S·β_c per size range, weighted by 1/T² so that
 every size counts by its relative error; `bench_comm` measures training and held-out
 sizes, fits on the first and reports its error on the second.
@@ -17,6 +20,7 @@ import copy
 import ctypes
 import datetime
 import importlib
+import itertools
 import json
 import os
 import signal
@@ -63,39 +67,80 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+BACKENDS = ("gloo", "nccl")
+
+
+def rank_device(rank: int) -> torch.device:
+    """The device a rank's tensors live on: cuda:rank under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", rank)
+    return torch.device("cpu")
+
+
+def check_backend(backend: str, world_size: int) -> None:
+    """A clear error where `backend` cannot run `world_size` ranks on this machine."""
+    if backend not in BACKENDS:
+        raise FusionPlannerError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "nccl":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n < world_size or not dist.is_nccl_available():
+            raise FusionPlannerError(
+                f"NCCL with {world_size} ranks needs {world_size} CUDA devices and a torch "
+                f"built with NCCL; this machine has {n} device(s)"
+                + ("" if dist.is_nccl_available() else " and no NCCL")
+            )
+
+
 def _rank_main(spec: str) -> None:
-    """One rank's process: join the gloo group, run the function, write rank 0's result."""
+    """One rank's process: join the group, run the function, write rank 0's result."""
     job = json.loads(spec)
     _die_with_parent()
     module, _, name = job["fn"].partition(":")
     fn = getattr(importlib.import_module(module), name)
     rank, world = job["rank"], job["world"]
+    backend = job.get("backend", "gloo")
     torch.set_num_threads(1)
+    kw: dict[str, Any] = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kw["device_id"] = torch.device("cuda", rank)
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"tcp://127.0.0.1:{job['port']}",
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=job["timeout_s"]),
+        **kw,
     )
     try:
         result = fn(rank, world, *job["args"])
         if rank == 0:
             Path(job["out"]).write_text(json.dumps(result))
+        dist.barrier()  # no rank tears down while another still talks to it
     finally:
         dist.destroy_process_group()
+    # the result is out: leave without the interpreter's teardown, where threads of
+    # communication objects still alive (DDP's reducer) can abort the process
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(
-    world_size: int, fn: Callable[..., Any] | str, args: tuple = (), timeout_s: float = 120.0
+    world_size: int,
+    fn: Callable[..., Any] | str,
+    args: tuple = (),
+    timeout_s: float = 120.0,
+    backend: str = "gloo",
 ) -> Any:
-    """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks; rank 0's result.
+    """Run `fn(rank, world_size, *args)` on `world_size` ranks of `backend`; rank 0's result.
 
     `fn` is a module-level function (or its "module:name") and `args` JSON-able: each rank is a fresh Python
     process (`python -c`, so no caller's `__main__` is re-imported) that imports `fn` by
     name."""
     if world_size < 2:
         raise FusionPlannerError(f"a communication benchmark needs >= 2 ranks, got {world_size}")
+    check_backend(backend, world_size)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,6 +159,7 @@ def run_ranks(
                         "args": list(args),
                         "out": out,
                         "timeout_s": timeout_s,
+                        "backend": backend,
                     }
                 )
                 code = f"from profiling.commbench import _rank_main; _rank_main({spec!r})"
@@ -141,7 +187,9 @@ def run_ranks(
             failed = next((r for r, c in enumerate(codes) if c not in (0, -9)), 0)
             tail = Path(tmp, f"rank{failed}.log").read_text()[-2000:]
             why = f"still ran after {timeout_s:.0f} s" if timed_out else f"exited with {codes}"
-            raise CommBenchError(f"{world_size} gloo ranks {why}; rank {failed}'s output:\n{tail}")
+            raise CommBenchError(
+                f"{world_size} {backend} ranks {why}; rank {failed}'s output:\n{tail}"
+            )
         return json.loads(Path(out).read_text())
 
 
@@ -154,18 +202,63 @@ def group_check(rank: int, world: int) -> list[float]:
 
 
 # ---- the collectives ------------------------------------------------------------------
-def _collective(name: str, nbytes: int, world: int) -> Callable[[], None]:
-    n = max(1, nbytes // 4)
-    x = torch.randn(n)
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+def _collective(
+    name: str, nbytes: int, world: int, device: torch.device | None = None
+) -> Callable[[], None]:
+    """One collective of `nbytes` (float32) on `device`: the input of all-reduce,
+    reduce-scatter and broadcast, the gathered output of all-gather."""
+    device = device or torch.device("cpu")
+    n = max(world, nbytes // 4 // world * world)  # a multiple of the group for the shards
     if name == "all_reduce":
+        x = torch.randn(n, device=device)
         return lambda: dist.all_reduce(x)
-    if name == "all_gather":  # nbytes is the gathered output
-        shard = torch.randn(max(1, n // world))
-        outs = torch.empty(shard.numel() * world)
+    if name == "all_gather":
+        shard = torch.randn(n // world, device=device)
+        outs = torch.empty(n, device=device)
         return lambda: dist.all_gather_into_tensor(outs, shard)
+    if name == "reduce_scatter":
+        x = torch.randn(n, device=device)
+        out = torch.empty(n // world, device=device)
+        return lambda: dist.reduce_scatter_tensor(out, x)
     if name == "broadcast":
+        x = torch.randn(n, device=device)
         return lambda: dist.broadcast(x, 0)
-    raise FusionPlannerError(f"commbench measures all_reduce, all_gather, broadcast; not {name!r}")
+    raise FusionPlannerError(f"commbench measures {', '.join(COLLECTIVES)}; not {name!r}")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_s(fn: Callable[[], Any], device: torch.device, inner: int = 1) -> float:
+    """Seconds per call of `inner` back-to-back calls of `fn`: CUDA events on the current
+    stream of a CUDA device (the work is synchronized first), the wall clock on the CPU."""
+    if device.type == "cuda":
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / inner
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - t0) / inner
+
+
+def inner_calls(nbytes: int, device: torch.device) -> int:
+    """Back-to-back calls per timed sample on a GPU: enough that a small message's time is
+    not the launch skew between ranks (one call on the CPU, whose messages are slow)."""
+    if device.type != "cuda":
+        return 1
+    return 10 if nbytes < 1 << 20 else 3 if nbytes < 1 << 25 else 1
 
 
 def _time_sizes(
@@ -173,22 +266,26 @@ def _time_sizes(
 ) -> list[tuple[int, float]]:
     """Rounds over all sizes (not all repetitions of one size, then the next), so that a
     burst of load from other processes spreads over the sizes instead of bending one
-    stretch of the curve."""
-    ops = [_collective(name, nbytes, world) for nbytes in sizes]
+    stretch of the curve. Every sample starts after a barrier (and, on a GPU, with the
+    device idle)."""
+    device = rank_device(rank)
+    ops = [_collective(name, nbytes, world, device) for nbytes in sizes]
+    inners = [inner_calls(nbytes, device) for nbytes in sizes]
     for op in ops:
         op()
         op()
+    sync(device)
     samples: list[list[float]] = [[] for _ in sizes]
     for _ in range(reps):
-        dist.barrier()
         for i, op in enumerate(ops):
-            t0 = time.perf_counter()
-            op()
-            samples[i].append(time.perf_counter() - t0)
+            dist.barrier()
+            sync(device)
+            samples[i].append(timed_s(op, device, inners[i]))
     # a collective ends on every rank when the slowest has sent its share: max over ranks
     med = torch.tensor([_quantile(s, quantile) for s in samples], dtype=torch.float64)
+    med = med.to(device)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
-    return list(zip(sizes, med.tolist(), strict=True))
+    return list(zip(sizes, med.cpu().tolist(), strict=True))
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -201,11 +298,19 @@ def measure_collective(
     collective: str = "all_reduce",
     reps: int = 30,
     quantile: float = 0.5,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
 ) -> list[tuple[int, float]]:
-    """(bytes, seconds) of `collective` per size over `world_size` gloo ranks: the
+    """(bytes, seconds) of `collective` per size over `world_size` ranks of `backend`: the
     `quantile` of each rank's repetitions (the median by default; a lower one on a
     machine shared with other jobs, whose load only ever adds time), max over ranks."""
-    rows = run_ranks(world_size, _time_sizes, (collective, list(sizes), reps, quantile))
+    rows = run_ranks(
+        world_size,
+        _time_sizes,
+        (collective, list(sizes), reps, quantile),
+        timeout_s=timeout_s,
+        backend=backend,
+    )
     return [(int(b), float(t)) for b, t in rows]
 
 
@@ -234,24 +339,44 @@ def rel_errors(fits: Sequence[AlphaBeta], rows: Sequence[tuple[int, float]]) -> 
     return [abs(predict_s(fits, b) - t) / t for b, t in rows]
 
 
+def _fit_pieces(rows: Sequence[tuple[int, float]], cuts: Sequence[int]) -> tuple[AlphaBeta, ...]:
+    """One fit per stretch of `rows` between the indices `cuts`, each range ending midway
+    between its last size and the next range's first."""
+    bounds = [0, *cuts, len(rows)]
+    fits = []
+    for j in range(len(bounds) - 1):
+        a, b = bounds[j], bounds[j + 1]
+        lo = 0 if j == 0 else (rows[a - 1][0] + rows[a][0]) // 2
+        hi = 1 << 62 if b == len(rows) else (rows[b - 1][0] + rows[b][0]) // 2
+        fits.append(_fit_segment(rows[a:b], lo, hi))
+    return tuple(fits)
+
+
 def fit_alpha_beta(
     rows: Sequence[tuple[int, float]], max_ranges: int = 2, min_points: int = 3
 ) -> tuple[AlphaBeta, ...]:
     """Whole-collective fits T = α_c + S·β_c, one per size range: one range, or split at
-    the breakpoint (between two measured sizes) that minimizes the worst relative error."""
+    the breakpoints (between measured sizes, at least `min_points` sizes per range) that
+    minimize the worst relative error; each further range must cut that error by a fifth
+    (a fit within 2% needs none)."""
     rows = sorted(rows)
     if len(rows) < 2:
         raise FusionPlannerError(f"an α-β fit needs >= 2 message sizes, got {len(rows)}")
-    best = (_fit_segment(rows, 0, 1 << 62),)
+    best = _fit_pieces(rows, ())
     best_err = max(rel_errors(best, rows))
-    if max_ranges >= 2:
-        for i in range(min_points, len(rows) - min_points + 1):
-            cut = (rows[i - 1][0] + rows[i][0]) // 2
-            fits = (_fit_segment(rows[:i], 0, cut), _fit_segment(rows[i:], cut, 1 << 62))
+    for ranges in range(2, max_ranges + 1):
+        found, found_err = None, float("inf")
+        for cuts in itertools.combinations(
+            range(min_points, len(rows) - min_points + 1), ranges - 1
+        ):
+            if any(b - a < min_points for a, b in itertools.pairwise(cuts)):
+                continue
+            fits = _fit_pieces(rows, cuts)
             err = max(rel_errors(fits, rows))
-            # a second range must earn its place: a fit within 2% needs none
-            if best_err > 0.02 and err < best_err * 0.8:
-                best, best_err = fits, err
+            if err < found_err:
+                found, found_err = fits, err
+        if found is not None and best_err > 0.02 and found_err < best_err * 0.8:
+            best, best_err = found, found_err
     return best
 
 
@@ -264,11 +389,16 @@ class CommBenchResult:
     heldout_rel_err: tuple[float, ...]
 
 
-def default_sizes(quick: bool) -> tuple[list[int], list[int]]:
-    """Training sizes (powers of two) and held-out sizes (between them), in bytes."""
-    ks = range(10, 19 if quick else 23, 2 if quick else 1)
+def default_sizes(quick: bool, backend: str = "gloo") -> tuple[list[int], list[int]]:
+    """Training sizes (powers of two) and held-out sizes (1.5x each power of two between
+    them), in bytes: 1 KiB - 4 MiB over gloo (256 KiB quick), 4 KiB - 256 MiB over NCCL
+    (1 MiB quick)."""
+    if backend == "nccl":
+        ks = range(12, 21 if quick else 29)
+    else:
+        ks = range(10, 19 if quick else 23, 2 if quick else 1)
     train = [1 << k for k in ks]
-    heldout = [3 << (k - 1) for k in list(ks)[:-1]]  # 1.5 x each power of two
+    heldout = [3 << (k - 1) for k in list(ks)[:-1]]
     return train, heldout
 
 
@@ -279,28 +409,38 @@ def bench_comm(
     reps: int | None = None,
     quantile: float = 0.5,
     command: str = "fusion-plan device-bench --comm",
+    backend: str = "gloo",
+    max_ranges: int | None = None,
+    timeout_s: float = 300.0,
 ) -> CommBenchResult:
-    """Measure `collective` over gloo at training and held-out sizes, fit α-β per size
-    range on the training sizes, and report the held-out relative errors."""
-    train, heldout = default_sizes(quick)
+    """Measure `collective` over `backend` at training and held-out sizes, fit α-β per
+    size range on the training sizes, and report the held-out relative errors. NCCL's
+    curve changes protocol with the size (LL, LL128, Simple), so it gets up to three
+    ranges by default, gloo two."""
+    train, heldout = default_sizes(quick, backend)
     order = sorted(train + heldout)
     reps = reps or (10 if quick else 30)
-    rows = dict(measure_collective(world_size, order, collective, reps, quantile))
+    rows = dict(
+        measure_collective(
+            world_size, order, collective, reps, quantile, backend, timeout_s=timeout_s
+        )
+    )
     tr = tuple((b, rows[b]) for b in train)
     ho = tuple((b, rows[b]) for b in heldout)
-    fits = fit_alpha_beta(tr)
+    fits = fit_alpha_beta(tr, max_ranges or (3 if backend == "nccl" else 2))
     errs = tuple(rel_errors(fits, ho))
     algorithm = "tree" if collective == "broadcast" else "ring"
     kind = collective
     link_fits = tuple(link_from_collective(kind, algorithm, world_size, f) for f in fits)
+    device = "cuda" if backend == "nccl" else "cpu"
     link = MeasuredLink(
-        backend="gloo",
+        backend=backend,
         world_size=world_size,
         collective=collective,
         algorithm=algorithm,
         fits=link_fits,
         heldout_max_rel_err=max(errs) if errs else 0.0,
-        device_fingerprint=device_fingerprint("cpu"),
+        device_fingerprint=device_fingerprint(device),
         torch_version=torch.__version__.split("+")[0],
         measured_at=now_iso(),
         command=command,
@@ -326,9 +466,10 @@ def _ddp_steps(
     communication, a DDP training step per bucket cap, and all-reduce times per size for
     the α-β fit; all medians, the max over ranks."""
 
+    device = rank_device(rank)
     torch.manual_seed(0)
-    model = zoo.MLP(d, hidden, layers)
-    x = torch.randn(batch, d)
+    model = zoo.MLP(d, hidden, layers).to(device)
+    x = torch.randn(batch, d, device=device)
 
     def fwd() -> None:
         with torch.no_grad():
@@ -342,8 +483,11 @@ def _ddp_steps(
     # module would both reduce its gradients); the plain model's forward and
     # forward+backward and every cap are stepped in rounds, so that a burst of load from
     # other processes spreads over all of them alike
+    ids = [rank] if device.type == "cuda" else None
     ddps = [
-        torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=cap)
+        torch.nn.parallel.DistributedDataParallel(
+            copy.deepcopy(model), device_ids=ids, bucket_cap_mb=cap
+        )
         for cap in caps_mb
     ]
     runs: list[Callable[[], None]] = [fwd, lambda: fwd_bwd(model)]
@@ -351,20 +495,21 @@ def _ddp_steps(
     for run in runs:
         run()
         run()  # DDP rebuilds its buckets after the first step
+    sync(device)
     samples: list[list[float]] = [[] for _ in runs]
     for _ in range(reps):
-        dist.barrier()
         for i, run in enumerate(runs):
-            t0 = time.perf_counter()
-            run()
-            samples[i].append(time.perf_counter() - t0)
+            dist.barrier()
+            sync(device)
+            samples[i].append(timed_s(run, device))
     meds = [statistics.median(ts) for ts in samples]
     out: dict[str, Any] = {"fwd_s": meds[0], "fwd_bwd_s": meds[1]}
     out["ddp_s"] = {str(c): m for c, m in zip(caps_mb, meds[2:], strict=True)}
     out["all_reduce"] = _time_sizes(rank, world, "all_reduce", sizes, reps)
     flat = [out["fwd_s"], out["fwd_bwd_s"], *out["ddp_s"].values()]
-    t = torch.tensor(flat, dtype=torch.float64)
+    t = torch.tensor(flat, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t = t.cpu()
     out["fwd_s"], out["fwd_bwd_s"] = t[0].item(), t[1].item()
     out["ddp_s"] = dict(zip(out["ddp_s"], t[2:].tolist(), strict=True))
     return out
@@ -379,13 +524,16 @@ def measure_ddp(
     caps_mb: Sequence[float],
     reps: int = 10,
     sizes: Sequence[int] | None = None,
+    backend: str = "gloo",
+    timeout_s: float = 300.0,
 ) -> dict[str, Any]:
-    """DDP step times of zoo's MLP per bucket cap over gloo, with the compute-only
+    """DDP step times of zoo's MLP per bucket cap over `backend`, with the compute-only
     forward and forward+backward times and all-reduce timings for a fit."""
     sizes = list(sizes or [1 << k for k in range(12, 25, 2)])
     return run_ranks(
         world_size,
         _ddp_steps,
         (d, hidden, layers, batch, list(caps_mb), reps, sizes),
-        timeout_s=300,
+        timeout_s=timeout_s,
+        backend=backend,
     )

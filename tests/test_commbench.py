@@ -65,10 +65,64 @@ def test_device_bench_comm_cli_fits_and_reports_heldout(tmp_path, monkeypatch, c
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(
-        "profiling.commbench.default_sizes", lambda quick: ([1024, 16384, 262144], [4096])
+        "profiling.commbench.default_sizes",
+        lambda quick, backend="gloo": ([1024, 16384, 262144], [4096]),
     )
     assert main(["device-bench", "--comm", "--quick", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["measured"]["world_size"] == 2 and len(out["heldout"]) == 1
     assert out["heldout"][0]["predicted_s"] > 0
     assert get_link("local").measured is not None
+
+
+def test_reduce_scatter_and_all_gather_time_on_gloo() -> None:
+    for name in ("reduce_scatter", "all_gather"):
+        rows = measure_collective(2, [4096, 65536], name, reps=2)
+        assert [b for b, _ in rows] == [4096, 65536] and all(t > 0 for _, t in rows)
+
+
+def test_fit_takes_a_third_range_only_where_it_earns_it() -> None:
+    sizes = [1 << k for k in range(10, 28)]
+    parts = [AlphaBeta(10e-6, 1 / 20e9), AlphaBeta(15e-6, 1 / 100e9), AlphaBeta(60e-6, 1 / 300e9)]
+
+    def t(s: int) -> float:
+        return parts[0 if s < 1 << 15 else 1 if s < 1 << 21 else 2].time_s(s)
+
+    rows = [(s, t(s)) for s in sizes]
+    fits = fit_alpha_beta(rows, max_ranges=3)
+    assert len(fits) == 3 and max(rel_errors(fits, rows)) < 1e-6
+    one = AlphaBeta(10e-6, 1 / 20e9)
+    assert len(fit_alpha_beta([(s, one.time_s(s)) for s in sizes], max_ranges=3)) == 1
+
+
+def test_nccl_without_gpus_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    import torch
+
+    from cli.main import main
+    from planner.errors import FusionPlannerError
+    from profiling.commbench import check_backend
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has the GPUs")
+    with pytest.raises(FusionPlannerError, match="CUDA devices"):
+        check_backend("nccl", 2)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["device-bench", "--comm", "--backend", "nccl", "--quick"]) != 0
+
+
+def test_each_collective_uses_its_own_measured_fit(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ag = AlphaBeta(7e-6, 1 / 100e9)
+    m = MeasuredLink("nccl", 2, "all_gather", "ring", (ag,), 0.03, "gpu-x", "2.11", "now")
+    save_measured_link("nvlink4", m)
+    link = get_link("nvlink4")
+    assert link.measured is None and set(link.by_kind) == {"all_gather"}
+    assert collective_time_s("all_gather", "ring", 1e6, 2, link) == pytest.approx(
+        7e-6 + 0.5 * 1e6 / 100e9
+    )
+    table = get_link("nvlink4", measured=False)
+    assert collective_time_s("all_reduce", "ring", 1e6, 2, link) == pytest.approx(
+        collective_time_s("all_reduce", "ring", 1e6, 2, table)
+    )
+    with pytest.raises(Exception, match="device-bench --comm --backend nccl"):
+        get_link("local-nccl")

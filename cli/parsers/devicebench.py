@@ -23,7 +23,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--comm",
         action="store_true",
-        help="measure collectives over gloo on local processes and fit alpha-beta instead",
+        help="measure collectives between local processes (gloo on the CPU, or NCCL with one "
+        "process per GPU: --backend nccl) and fit alpha-beta instead",
+    )
+    p.add_argument(
+        "--backend",
+        default="gloo",
+        choices=("gloo", "nccl"),
+        help="--comm: gloo (CPU tensors) or nccl (rank r on cuda:r)",
+    )
+    p.add_argument(
+        "--link",
+        default=None,
+        help="--comm: the link name the fit is stored under (default: local for gloo, "
+        "local-nccl for nccl; a table name such as nvlink4 makes it that link's measured figure)",
     )
     p.add_argument("--world-size", type=int, default=2, help="local processes for --comm (2-8)")
     p.add_argument(
@@ -33,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="--comm: quantile of each size's repetitions (0.5 = median; lower on a busy host)",
     )
     p.add_argument(
-        "--collective", default="all_reduce", choices=("all_reduce", "all_gather", "broadcast")
+        "--collective",
+        default="all_reduce",
+        choices=("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all"),
+        help="--comm: which collective (all: all-reduce, all-gather and reduce-scatter, each fitted)",
     )
     p.set_defaults(run=command("devicebench"))

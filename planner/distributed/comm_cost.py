@@ -90,8 +90,9 @@ def collective_time_s(
 ) -> float:
     """Seconds for one collective of `nbytes` (see the module docstring for which buffer)
     over `p` ranks on one kind of link."""
-    a, b = coefficients(CollectiveKind(kind), Algorithm(algorithm), p)
-    ab = link.alpha_beta(nbytes) if isinstance(link, LinkSpec) else link
+    kind = CollectiveKind(kind)
+    a, b = coefficients(kind, Algorithm(algorithm), p)
+    ab = link.alpha_beta(nbytes, kind.value) if isinstance(link, LinkSpec) else link
     return a * ab.alpha_s + b * nbytes * ab.beta_s_per_byte
 
 

@@ -4,7 +4,9 @@ measured α-β fits `fusion-plan device-bench --comm` stores beside them.
 An `AlphaBeta` is the cost of one point-to-point message of S bytes: α + S·β, with
 β = 1/B seconds per byte. A `LinkSpec` holds the datasheet figure of an interconnect and,
 where one was measured, a fit per message-size range; `alpha_beta(nbytes)` returns the
-measured range covering `nbytes` when there is one, else the datasheet figure.
+measured range covering `nbytes` when there is one, else the datasheet figure; with a
+collective's kind, that collective's own measured fit where one was stored (each
+collective is fitted separately: NCCL runs them with different kernels).
 """
 
 from __future__ import annotations
@@ -83,15 +85,19 @@ class LinkSpec:
     alpha_s: float
     sources: dict[str, str] = field(default_factory=dict)
     measured: MeasuredLink | None = None
+    by_kind: dict[str, MeasuredLink] = field(default_factory=dict)  # per collective
 
-    def alpha_beta(self, nbytes: float = 0) -> AlphaBeta:
-        """The α-β pair for a message of `nbytes`: measured where a fit exists."""
+    def alpha_beta(self, nbytes: float = 0, kind: str | None = None) -> AlphaBeta:
+        """The α-β pair for a message of `nbytes` (of collective `kind`, where given):
+        measured where a fit exists."""
+        if kind is not None and str(kind) in self.by_kind:
+            return self.by_kind[str(kind)].fit_for(nbytes)
         if self.measured is not None:
             return self.measured.fit_for(nbytes)
         return AlphaBeta(self.alpha_s, 1.0 / self.bandwidth_Bps)
 
     def with_overrides(self, **kw: Any) -> LinkSpec:
-        return replace(self, measured=None, name=kw.pop("name", self.name + "*"), **kw)
+        return replace(self, measured=None, by_kind={}, name=kw.pop("name", self.name + "*"), **kw)
 
 
 _NCCL_LAT = (
@@ -129,26 +135,35 @@ LINKS: dict[str, LinkSpec] = {
 ALIASES = {"nvlink": "nvlink4", "pcie": "pcie4", "infiniband": "ib-ndr", "ib": "ib-ndr"}
 
 
+# Links that exist only as measured figures: gloo over loopback, NCCL between this host's GPUs.
+MEASURED_ONLY = ("local", "local-nccl")
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
 def known_links() -> list[str]:
-    return [*LINKS, *ALIASES, "local"]
+    return [*LINKS, *ALIASES, *MEASURED_ONLY]
 
 
-def _measured_path(name: str, committed: bool) -> Path:
+def _measured_path(name: str, committed: bool, collective: str = "all_reduce") -> Path:
+    """link-<name>.json holds the all-reduce fit (what a link's α-β means by default),
+    link-<name>.<collective>.json each other collective's."""
     base = COMMITTED_DIR if committed else cache_dir() / "devices"
-    return base / f"link-{name}.json"
+    suffix = "" if collective == "all_reduce" else f".{collective}"
+    return base / f"link-{name}{suffix}.json"
 
 
 def save_measured_link(name: str, m: MeasuredLink, committed: bool = False) -> Path:
-    path = _measured_path(name, committed)
+    path = _measured_path(name, committed, m.collective)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(m.to_json())
     return path
 
 
-def load_measured_link(name: str) -> MeasuredLink | None:
-    """The measured fit for link `name`: the user's own first, then the committed one."""
+def load_measured_link(name: str, collective: str = "all_reduce") -> MeasuredLink | None:
+    """The measured fit of `collective` for link `name`: the user's own first, then the
+    committed one."""
     for committed in (False, True):
-        path = _measured_path(name, committed)
+        path = _measured_path(name, committed, collective)
         if path.is_file():
             try:
                 return MeasuredLink.from_dict(json.loads(path.read_text()))
@@ -161,19 +176,26 @@ def load_measured_link(name: str) -> MeasuredLink | None:
 
 
 def get_link(name: str, *, measured: bool = True) -> LinkSpec:
-    """A link by name ("nvlink4", "pcie4", "ib-ndr", an alias such as "nvlink", or "local"
-    for the gloo loopback this machine measured)."""
+    """A link by name ("nvlink4", "pcie4", "ib-ndr", an alias such as "nvlink", "local"
+    for the gloo loopback or "local-nccl" for NCCL between this host's GPUs, as measured
+    here)."""
     key = ALIASES.get(name.lower(), name.lower())
-    if key == "local":
-        m = load_measured_link("local") if measured else None
+    by_kind = {}
+    if measured:
+        for kind in KINDS:
+            if (m := load_measured_link(key, kind)) is not None:
+                by_kind[kind] = m
+    if key in MEASURED_ONLY:
+        m = by_kind.get("all_reduce")
         if m is None:
+            backend = " --backend nccl" if key == "local-nccl" else ""
             raise DeviceSpecError(
-                "no measured figures for link 'local'; run `fusion-plan device-bench --comm`"
+                f"no measured figures for link {key!r}; run `fusion-plan device-bench --comm"
+                f"{backend}`"
             )
         f = m.fits[-1]
-        return LinkSpec("local", f.bandwidth_Bps, f.alpha_s, {"all": m.command}, m)
+        return LinkSpec(key, f.bandwidth_Bps, f.alpha_s, {"all": m.command}, m, by_kind)
     if key not in LINKS:
         raise DeviceSpecError(f"unknown interconnect {name!r}; known: {', '.join(known_links())}")
     spec = LINKS[key]
-    found = load_measured_link(key) if measured else None
-    return replace(spec, measured=found) if found else spec
+    return replace(spec, measured=by_kind.get("all_reduce"), by_kind=by_kind)

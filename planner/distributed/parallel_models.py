@@ -10,7 +10,9 @@ torch.distributed functional collectives, so capture sees the collectives as ops
   all-reduce per bucket, divided by the group size.
 
 Each runs on a real process group (gloo in tests) and, for capture only, on a single-
-process "fake" group (`capture_group`), which torch provides for tracing.
+process "fake" group (`capture_group`), which torch provides for tracing. Setting a TP
+model's `collectives` to False skips its all-reduces (each rank keeps its partial sums):
+the compute-only variant whose time is T_comp.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ def _split(n: int, parts: int, what: str) -> int:
     return n // parts
 
 
+def _all_reduce(t: torch.Tensor, group: dist.ProcessGroup, on: bool) -> torch.Tensor:
+    return fc.all_reduce(t, "sum", group) if on else t
+
+
 class GeluMLP(nn.Module):
     """The unsharded MLP a `TPMLP` shards: Linear(D, HID) -> GELU -> Linear(HID, D)."""
 
@@ -72,10 +78,11 @@ class TPMLP(nn.Module):
         self.fc2 = nn.Linear(local, d, bias=False)  # row-parallel
         self.bias = nn.Parameter(torch.zeros(d))  # added once, after the reduction
         self.group = group
+        self.collectives = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = self.fc2(F.gelu(self.fc1(x)))
-        return fc.all_reduce(partial, "sum", self.group) + self.bias
+        return _all_reduce(partial, self.group, self.collectives) + self.bias
 
     @staticmethod
     def shard_of(full: GeluMLP, rank: int, tp: int, group: dist.ProcessGroup) -> TPMLP:
@@ -104,6 +111,15 @@ class TPBlock(nn.Module):
         self.o_bias = nn.Parameter(torch.zeros(d))
         self.mlp = TPMLP(d, 4 * d, tp, group)
         self.group = group
+        self._collectives = True
+
+    @property
+    def collectives(self) -> bool:
+        return self._collectives
+
+    @collectives.setter
+    def collectives(self, on: bool) -> None:
+        self._collectives = self.mlp.collectives = bool(on)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -115,7 +131,7 @@ class TPBlock(nn.Module):
         q, k, v = heads(self.q(y)), heads(self.k(y)), heads(self.v(y))
         probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.dh), dim=-1)
         ctx = (probs @ v).transpose(1, 2).reshape(b, s, self.local_heads * self.dh)
-        h = fc.all_reduce(self.o(ctx), "sum", self.group) + self.o_bias + x
+        h = _all_reduce(self.o(ctx), self.group, self._collectives) + self.o_bias + x
         return self.mlp(self.ln2(h)) + h
 
 

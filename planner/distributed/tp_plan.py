@@ -1,0 +1,279 @@
+"""The tensor-parallel block's communication decisions, priced on three streams and
+realized as a runnable module.
+
+A `TPBlock` (planner.distributed.parallel_models) ends each sublayer with a row-parallel
+GEMM (the attention's output projection, the MLP's fc2) whose partial sums are all-reduced
+before the bias, the residual add and, after the attention, the next sublayer's
+LayerNorm. Two decisions per block (`TPDecision`):
+
+- `chunks` k: the row-parallel GEMM runs as k GEMMs over k slices of the tokens, each
+  slice's all-reduce issued asynchronously on the communication stream as soon as its
+  GEMM ends, so it overlaps the next slice's GEMM; only the last slice's all-reduce is
+  left exposed (k times smaller, k times more latencies).
+- `fuse_epilogue`: after the last all-reduce, bias + residual (+ LayerNorm) run as one
+  compiled unit instead of separate kernels.
+
+`block_tasks` lays one forward pass out as tasks on three streams: the host (every kernel
+or compiled region is issued by Python first, so a GPU task cannot start before its issue
+ends), the compute stream and the communication stream; planner.distributed.overlap's
+critical path prices it. `predict` reports the total, T_comp (the same tasks without the
+collectives: what the block costs with them replaced by no-ops), T_comm and the exposed
+communication total - T_comp.
+
+`PlannedTPBlock` runs a decision with the weights of a `TPBlock`: the attention and the
+MLP's first GEMM + GELU as regions (compiled with Inductor when `compile_regions`), the
+row-parallel GEMM chunk by chunk into one output buffer with `torch.distributed.all_reduce`
+(`async_op=True`: on NCCL its own stream, ordered after the GEMM; `wait()` makes the
+compute stream wait for it), then the epilogue. Forward only (inference).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from planner.distributed.overlap import COMM, COMPUTE, Task, Timeline, schedule
+from planner.distributed.parallel_models import TPBlock
+from planner.errors import ModelSpecError
+
+HOST = "host"
+LAYERS = ("o", "fc2")  # the two row-parallel GEMMs, in order
+
+
+@dataclass(frozen=True)
+class TPDecision:
+    chunks: int = 1
+    fuse_epilogue: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"k={self.chunks}{' fused' if self.fuse_epilogue else ''}"
+
+
+def decisions(tokens: int, chunk_choices: tuple[int, ...] = (1, 2, 4)) -> list[TPDecision]:
+    """Every decision whose chunks split `tokens` evenly."""
+    return [TPDecision(k, fuse) for k in chunk_choices if tokens % k == 0 for fuse in (False, True)]
+
+
+@dataclass(frozen=True)
+class RegionCosts:
+    """GPU seconds of each region at one shape, and the host's seconds to issue one call.
+
+    `gemm_s[(layer, k)]`: one of k chunks of row-parallel GEMM `layer`;
+    `epilogue_s[(layer, fused)]`: the epilogue after `layer`'s all-reduce;
+    `epilogue_ops[layer]`: the eager kernels of that epilogue when not fused;
+    `all_reduce_bytes[layer]`: the whole (unchunked) partial sum."""
+
+    attn_s: float
+    mlp_in_s: float
+    gemm_s: dict[tuple[str, int], float]
+    epilogue_s: dict[tuple[str, bool], float]
+    epilogue_ops: dict[str, int]
+    all_reduce_bytes: dict[str, int]
+    eager_op_host_s: float  # one eager kernel launch from Python
+    compiled_call_host_s: float  # one call of a compiled region
+    collective_call_host_s: float  # one async collective call
+    sources: dict[str, str] = field(default_factory=dict)
+    # the same regions run eagerly (the unplanned TPBlock): GPU seconds and kernels
+    attn_eager_s: float = 0.0
+    attn_eager_ops: int = 0
+    mlp_in_eager_s: float = 0.0
+    mlp_in_eager_ops: int = 0
+
+
+def block_tasks(
+    c: RegionCosts,
+    d: TPDecision,
+    all_reduce_s: Callable[[int], float],
+    collectives: bool = True,
+    eager: bool = False,
+) -> list[Task]:
+    """One forward pass of the planned block as tasks (see the module docstring);
+    without `collectives` the all-reduces are left out (the T_comp variant). `eager`
+    prices the unplanned TPBlock instead: every region op by op, one collective per
+    sublayer (use it with `TPDecision(1, False)`)."""
+    tasks: list[Task] = []
+
+    def add(name: str, stream: str, dur: float, deps: tuple[int, ...], host_s: float) -> int:
+        tasks.append(Task(f"issue {name}", HOST, host_s))
+        tasks.append(Task(name, stream, dur, (*deps, len(tasks) - 1)))
+        return len(tasks) - 1
+
+    if eager:
+        prev = add("attn", COMPUTE, c.attn_eager_s, (), c.attn_eager_ops * c.eager_op_host_s)
+    else:
+        prev = add("attn", COMPUTE, c.attn_s, (), c.compiled_call_host_s)
+    for layer in LAYERS:
+        ars: list[int] = []
+        for i in range(d.chunks):
+            g = add(
+                f"{layer}[{i}]", COMPUTE, c.gemm_s[(layer, d.chunks)], (prev,), c.eager_op_host_s
+            )
+            if collectives:
+                nbytes = c.all_reduce_bytes[layer] // d.chunks
+                ars.append(
+                    add(
+                        f"all_reduce {layer}[{i}]",
+                        COMM,
+                        all_reduce_s(nbytes),
+                        (g,),
+                        c.collective_call_host_s,
+                    )
+                )
+            prev = g
+        host = (
+            c.compiled_call_host_s if d.fuse_epilogue else c.epilogue_ops[layer] * c.eager_op_host_s
+        )
+        prev = add(
+            f"epilogue {layer}",
+            COMPUTE,
+            c.epilogue_s[(layer, d.fuse_epilogue)],
+            (prev, *ars),
+            host,
+        )
+        if layer == "o":
+            if eager:
+                host_mlp = c.mlp_in_eager_ops * c.eager_op_host_s
+                prev = add("mlp_in", COMPUTE, c.mlp_in_eager_s, (prev,), host_mlp)
+            else:
+                prev = add("mlp_in", COMPUTE, c.mlp_in_s, (prev,), c.compiled_call_host_s)
+    return tasks
+
+
+@dataclass(frozen=True)
+class Prediction:
+    decision: TPDecision
+    total_s: float
+    t_comp_s: float  # the block without collectives
+    t_comm_s: float  # busy time of the communication stream
+    exposed_comm_s: float  # total - t_comp
+    timeline: Timeline
+
+    def row(self) -> dict[str, float | int | bool | str]:
+        return {
+            "decision": self.decision.label,
+            "chunks": self.decision.chunks,
+            "fuse_epilogue": self.decision.fuse_epilogue,
+            "total_s": self.total_s,
+            "t_comp_s": self.t_comp_s,
+            "t_comm_s": self.t_comm_s,
+            "exposed_comm_s": self.exposed_comm_s,
+        }
+
+
+def predict(
+    c: RegionCosts, d: TPDecision, all_reduce_s: Callable[[int], float], eager: bool = False
+) -> Prediction:
+    """The decision's prediction (`eager`: the unplanned TPBlock's, see `block_tasks`)."""
+    full = schedule(block_tasks(c, d, all_reduce_s, eager=eager))
+    comp = schedule(block_tasks(c, d, all_reduce_s, collectives=False, eager=eager))
+    return Prediction(
+        d,
+        full.makespan_s,
+        comp.makespan_s,
+        full.t_comm_s,
+        max(0.0, full.makespan_s - comp.makespan_s),
+        full,
+    )
+
+
+# ---- realization --------------------------------------------------------------------
+class _Attention(nn.Module):
+    """ln1, the column-parallel Q/K/V and this rank's heads: (T, D) -> (T, local)."""
+
+    def __init__(self, blk: TPBlock):
+        super().__init__()
+        self.ln1, self.q, self.k, self.v = blk.ln1, blk.q, blk.k, blk.v
+        self.local_heads, self.dh = blk.local_heads, blk.dh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        y = self.ln1(x)
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, s, self.local_heads, self.dh).transpose(1, 2)
+
+        q, k, v = heads(self.q(y)), heads(self.k(y)), heads(self.v(y))
+        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.dh), dim=-1)
+        return (probs @ v).transpose(1, 2).reshape(b * s, self.local_heads * self.dh)
+
+
+class _MLPIn(nn.Module):
+    def __init__(self, blk: TPBlock):
+        super().__init__()
+        self.fc1 = blk.mlp.fc1
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.fc1(y))
+
+
+class _Epilogue(nn.Module):
+    """bias + residual, and the next sublayer's LayerNorm where there is one."""
+
+    def __init__(self, bias: torch.Tensor, ln: nn.LayerNorm | None):
+        super().__init__()
+        self.bias, self.ln = bias, ln
+
+    def forward(self, partial: torch.Tensor, resid: torch.Tensor):
+        h = partial + self.bias + resid
+        return (h, self.ln(h)) if self.ln is not None else (h, h)
+
+
+class PlannedTPBlock(nn.Module):
+    """A `TPBlock`'s forward run as `decision` says (weights shared with `block`).
+
+    `decision` may be changed between calls: the regions are built once (and compiled
+    once, at their first call, when `compile_regions`), the chunking is plain Python.
+    `collectives=False` replaces the all-reduces by nothing (the T_comp variant: the
+    result is then only this rank's partial sums)."""
+
+    def __init__(
+        self,
+        block: TPBlock,
+        decision: TPDecision,
+        compile_regions: bool = False,
+        collectives: bool = True,
+    ):
+        super().__init__()
+        self.block, self.decision, self.collectives = block, decision, collectives
+        self.group = block.group
+        compiled = (lambda m: torch.compile(m, dynamic=False)) if compile_regions else (lambda m: m)
+        self.attn = compiled(_Attention(block))
+        self.mlp_in = compiled(_MLPIn(block))
+        eager = {"o": _Epilogue(block.o_bias, block.ln2), "fc2": _Epilogue(block.mlp.bias, None)}
+        self.epilogues = {False: eager, True: {k: compiled(m) for k, m in eager.items()}}
+        self.weight = {"o": block.o.weight, "fc2": block.mlp.fc2.weight}
+
+    def _row_parallel(self, layer: str, inp: torch.Tensor) -> torch.Tensor:
+        """inp (T, local) @ W^T in `chunks` token slices, each all-reduced asynchronously."""
+        w = self.weight[layer]
+        tokens, k = inp.shape[0], self.decision.chunks
+        if k < 1 or tokens % k:
+            raise ModelSpecError(f"{tokens} tokens do not split into {k} chunks")
+        step = tokens // k
+        out = torch.empty(tokens, w.shape[0], dtype=inp.dtype, device=inp.device)
+        works = []
+        for i in range(k):
+            rows = slice(i * step, (i + 1) * step)
+            torch.matmul(inp[rows], w.t(), out=out[rows])
+            if self.collectives:
+                works.append(dist.all_reduce(out[rows], group=self.group, async_op=True))
+        for work in works:
+            work.wait()
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        x2 = x.reshape(b * s, d)
+        epi = self.epilogues[self.decision.fuse_epilogue]
+        ctx = self.attn(x)
+        h, y = epi["o"](self._row_parallel("o", ctx), x2)
+        a = self.mlp_in(y)
+        out, _ = epi["fc2"](self._row_parallel("fc2", a), h)
+        return out.view(b, s, d)

@@ -1,0 +1,126 @@
+"""The tensor-parallel block's communication decisions: their critical path by hand, the
+search, the region costs, the realized block against the unfused TPBlock on gloo ranks,
+and benchmarks/distributed_gpu.py's CPU smoke."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.distributed.tp_plan import RegionCosts, TPDecision, predict
+from profiling.commbench import run_ranks
+from profiling.tpbench import planned_vs_eager
+from search.tp_search import region_costs, search_tp_block
+
+US = 1e-6
+
+
+def _costs(host_op: float = 0.0, **kw) -> RegionCosts:
+    base = dict(
+        attn_s=0.0,
+        mlp_in_s=0.0,
+        gemm_s={("o", 1): 4 * US, ("o", 2): 2 * US, ("fc2", 1): 4 * US, ("fc2", 2): 2 * US},
+        epilogue_s={(L, f): 0.0 for L in ("o", "fc2") for f in (False, True)},
+        epilogue_ops={"o": 3, "fc2": 2},
+        all_reduce_bytes={"o": 6000, "fc2": 6000},
+        eager_op_host_s=host_op,
+        compiled_call_host_s=0.0,
+        collective_call_host_s=0.0,
+    )
+    base.update(kw)
+    return RegionCosts(**base)
+
+
+def ar(nbytes: int) -> float:
+    return nbytes / 1000 * US  # 6 us for the whole partial sum
+
+
+def test_chunking_overlaps_all_but_the_last_chunks_all_reduce() -> None:
+    one = predict(_costs(), TPDecision(1), ar)
+    # per sublayer: GEMM 4, then its all-reduce 6, in series
+    assert one.total_s == pytest.approx(20 * US)
+    assert one.t_comp_s == pytest.approx(8 * US)
+    assert one.exposed_comm_s == pytest.approx(12 * US)
+    two = predict(_costs(), TPDecision(2), ar)
+    # GEMM chunks 0-2, 2-4; all-reduces 2-5, 5-8: 8 per sublayer
+    assert two.total_s == pytest.approx(16 * US)
+    assert two.t_comm_s == pytest.approx(12 * US)
+    assert two.exposed_comm_s == pytest.approx(8 * US)
+
+
+def test_host_issue_time_bounds_the_block_and_the_fused_epilogue_saves_launches() -> None:
+    c = _costs(host_op=1 * US, gemm_s={(L, k): 0.0 for L in ("o", "fc2") for k in (1, 2)})
+    zero = lambda n: 0.0  # noqa: E731
+    # 2 x 2 GEMM chunks and 3 + 2 eager epilogue kernels, one host microsecond each
+    assert predict(c, TPDecision(2, False), zero).total_s == pytest.approx(9 * US)
+    assert predict(c, TPDecision(2, True), zero).total_s == pytest.approx(4 * US)
+
+
+def test_search_takes_the_fastest_prediction_and_the_simpler_on_ties() -> None:
+    plan = search_tp_block(_costs(), ar, (1, 2))
+    assert plan.best.decision == TPDecision(2, False)  # fused ties with unfused here
+    assert len(plan.table) == 4
+    slow_link = search_tp_block(_costs(host_op=50 * US), lambda n: 0.0, (1, 2))
+    assert slow_link.best.decision.chunks == 1  # chunking only adds launches
+
+
+def test_region_costs_of_a_small_block_scale_with_the_chunks() -> None:
+    c = region_costs(2, 32, 64, 4, 2, "float32", chunk_choices=(1, 2, 4))
+    assert c.gemm_s[("o", 2)] < c.gemm_s[("o", 1)]
+    assert c.epilogue_s[("o", True)] <= c.epilogue_s[("o", False)]
+    assert c.epilogue_ops == {"o": 3, "fc2": 2}
+    assert c.all_reduce_bytes["o"] == 2 * 32 * 64 * 4
+    assert c.attn_s > 0 and c.mlp_in_s > 0
+    # eager: every op its own kernel, so more launches and no less GPU time
+    assert c.attn_eager_ops > 1 and c.attn_eager_s >= c.attn_s
+    plan = search_tp_block(c, ar, (1, 2, 4))
+    assert plan.eager.total_s > 0 and len(plan.table) == 6
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_planned_block_equals_the_tp_block_on_gloo_ranks(world: int) -> None:
+    decisions = [[k, f] for k in (1, 2, 4) for f in (False, True)]
+    errs = run_ranks(world, planned_vs_eager, (2, 8, 48, 6, decisions), timeout_s=120)
+    assert len(errs) == 6
+    assert max(errs.values()) < 1e-5, errs
+
+
+def _bench(tmp_path: Path, *extra: str) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.distributed_gpu import main
+
+    args = ["--backend", "gloo", "--device", "cpu", "--quick", "--out", str(tmp_path), *extra]
+    return main(args)
+
+
+def test_benchmark_tp_smoke_on_gloo_records_rows_and_resumes(tmp_path, capsys) -> None:
+    assert _bench(tmp_path, "--parts", "tp", "--shapes", "1,16,64,4", "--tp-reps", "2") == 0
+    rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["ok"], rows[0].get("error")
+    row = rows[0]
+    assert row["predicted_eager"]["total_s"] > 0
+    assert all(c["ok"] for c in row["checks"].values()), row["checks"]
+    chosen = f"planned {row['chosen']}"
+    for name in ("eager", "eager T_comp", chosen, chosen + " T_comp", "T_comm k=1"):
+        assert row["timing"][name]["median_s"] > 0
+    assert "| 1,16,64,4 |" in (tmp_path / "results.md").read_text()
+    capsys.readouterr()
+    assert _bench(tmp_path, "--parts", "tp", "--shapes", "1,16,64,4") == 0
+    assert "[skip] tp:1x16x64x4" in capsys.readouterr().out
+
+
+def test_benchmark_rejects_nccl_on_the_cpu(tmp_path) -> None:
+    with pytest.raises(SystemExit):
+        _bench(tmp_path, "--backend", "nccl")
+
+
+@pytest.mark.slow
+def test_benchmark_full_cpu_smoke(tmp_path) -> None:
+    assert _bench(tmp_path) == 0
+    rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert {r["key"].split(":")[0] for r in rows} == {"comm", "tp", "dp"}
+    assert all(r["ok"] for r in rows), [r.get("error") for r in rows]
+    assert len(list(tmp_path.glob("link-local*.json"))) == 3
