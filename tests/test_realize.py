@@ -195,6 +195,34 @@ def test_a_wrong_kernel_is_caught_and_replaced_by_eager():
     assert_close(r(*inputs), eager_out(module, inputs))
 
 
+def test_a_kernel_laying_out_its_output_otherwise_is_copied_to_the_planned_layout():
+    """A compiled group whose output rows come back padded (as Inductor's pad_mm leaves an
+    unaligned GEMM's output) keeps its kernels; its output is copied into the planned
+    layout, so consumers and the caller see eager's strides."""
+    module, inputs, c = build("mlp")
+    p = Partition.from_groups(c.graph, [[0, 1], *[[i] for i in range(2, len(c.graph))]])
+
+    def padded(gm, fakes, fake_mode):
+        def run(*a):
+            outs = []
+            for t in gm.forward(*a):
+                wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 3, dtype=t.dtype)
+                wide[..., : t.shape[-1]] = t
+                outs.append(wide[..., : t.shape[-1]])  # same values, padded row stride
+            return outs
+
+        return run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RealizeWarning)  # no fallback
+        r = realize(c, p, compiler=padded)
+    assert not r.fallbacks and r.realizations[0] == "inductor"
+    assert "copied to the planned layout" in r.groups[0].note
+    got, want = r(*inputs), eager_out(module, inputs)
+    assert_close(got, want)
+    assert got.stride() == want.stride()
+
+
 def test_unknown_realization_and_cyclic_partition_are_refused():
     _, _, c = build("mlp")
     with pytest.raises(PlanError, match="unknown realization"):

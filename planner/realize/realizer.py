@@ -382,6 +382,7 @@ class RealizedPlan:
         strides too. A group that fails falls back."""
         bound = bound or {}
         dtype = self._compute_dtype()
+        restrided = False
         for unit in self._units:
             if unit.is_eager:
                 continue
@@ -400,15 +401,30 @@ class RealizedPlan:
                 want = [ref[n] for n in unit.group.outputs]
                 bad = compare_outputs(want, got, dtype, high=high.values)
                 if bad is None and unit.out_fakes:
-                    for j, (o, f) in enumerate(zip(got, unit.out_fakes)):
-                        strides = layout.concrete_layout(f, bound)[1]
-                        if o.numel() > 1 and list(o.stride()) != strides:
-                            bad = Mismatch(j, f"strides {tuple(o.stride())}, planned {strides}")
-                            break
+                    moved = {
+                        j: strides
+                        for j, (o, f) in enumerate(zip(got, unit.out_fakes))
+                        if o.numel() > 1
+                        and list(o.stride()) != (strides := layout.concrete_layout(f, bound)[1])
+                    }
+                    if moved:  # e.g. Inductor padded a GEMM's output rows (its pad_mm pass)
+                        restrided = True
+                        self._impls[unit.group.index] = _in_planned_layout(
+                            self._impls[unit.group.index], moved
+                        )
+                        what = ", ".join(
+                            f"output {j} {tuple(got[j].stride())} -> {tuple(st)}"
+                            for j, st in moved.items()
+                        )
+                        unit.note = "; ".join(
+                            filter(None, [unit.note, f"copied to the planned layout: {what}"])
+                        )
             except Exception as e:  # a kernel that cannot run is a failed realization
                 bad = Mismatch(0, f"run: {type(e).__name__}: {str(e)[:200]}")
             if bad is not None:
                 self._fall_back(unit.group.index, f"mismatch, group alone: {bad}")
+        if restrided:
+            self._record_graphs_again()
 
     def verify(self, inputs: Sequence[Any]) -> Mismatch | None:
         """Check the plan against eager on `inputs` and repair it (planner.realize.check's
@@ -560,6 +576,25 @@ class RealizedPlan:
             return False
         self._shape_graphs = _ShapeGraphs(self._forward, limit, max_bytes)
         return True
+
+
+def _in_planned_layout(
+    fn: Callable[..., Any], strides: Mapping[int, Sequence[int]]
+) -> Callable[..., Any]:
+    """`fn` (a group's kernels) with outputs `strides` names copied into those strides
+    where its kernels lay them out otherwise: the layout the plan's consumers, and the
+    caller, were promised."""
+
+    def run(*args: Any) -> tuple[Any, ...]:
+        outs = list(fn(*args))
+        for j, st in strides.items():
+            o = outs[j]
+            if list(o.stride()) != list(st):
+                t = torch.empty_strided(o.shape, tuple(st), dtype=o.dtype, device=o.device)
+                outs[j] = t.copy_(o)
+        return tuple(outs)
+
+    return run
 
 
 def _symbolic(parts: ProgramParts) -> bool:
