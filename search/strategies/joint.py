@@ -3,7 +3,8 @@
 The space is search/joint_space.py's (partition decisions, merge moves, one realization
 label per group), searched by search/joint_search.py. The partition of the result is the
 best point's; `SearchResult.extra["variants"]` ranks every distinct point found as
-(partition, labels, predicted seconds, found by) rows, best first, which the tune loop
+(partition, labels, predicted seconds, found by) rows, best first (priority's warm start
+always among them), which the tune loop
 realizes with their labels and measures, and `extra["found_by"]` says what found the
 best (priority's warm start, enumeration, a trial or an episode). `joint-tpe` and
 `joint-nsga2` need optuna; `joint-rl` does not.
@@ -17,7 +18,7 @@ from typing import Any
 from planner.fusion.partition import Partition
 from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from search.joint_search import JointOutcome, best_partition, describe, run_joint
+from search.joint_search import WARM, JointOutcome, best_partition, describe, run_joint
 from search.optuna_storage import require_optuna
 from search.strategy import Budget, Clock, SearchResult, Strategy, register
 
@@ -63,10 +64,9 @@ class _Joint(Strategy):
         out, self._out = self._out, None
         if out is None or out.best is None or out.best.variant.partition != result.partition:
             return result
-        rows = [
-            (f.variant.partition, f.variant.labels, f.predicted_s, f.found_by)
-            for f in out.ranked[: self.keep]
-        ]
+        kept = out.ranked[: self.keep]
+        kept += [f for f in out.ranked[self.keep :] if f.found_by == WARM]
+        rows = [(f.variant.partition, f.variant.labels, f.predicted_s, f.found_by) for f in kept]
         extra = {"variants": rows, "found_by": out.best.found_by, "exhausted": out.exhausted}
         return dataclasses.replace(result, extra=extra)
 
