@@ -59,9 +59,9 @@ JOINT = ("joint-tpe", "joint-nsga2", "joint-rl")
 NEEDS_OPTUNA = ("tpe", "joint-tpe", "joint-nsga2")
 ZOO_CELLS: tuple[tuple[str, dict[str, int]], ...] = (
     ("transformer-block", {"B": 32, "S": 512, "D": 1024, "H": 16}),
-    ("llama-block", {}),
+    ("llama-block", {"B": 4, "S": 2048}),
     ("mlp", {}),
-    ("gpt2-block", {"B": 1, "S": 128}),
+    ("gpt2-block", {}),
 )
 QUICK_CELLS: tuple[tuple[str, dict[str, int]], ...] = (
     ("mlp", {"B": 8, "D": 32, "HID": 64, "L": 2}),
@@ -94,7 +94,10 @@ def cells(quick: bool, patterns: list[str]) -> list[tuple[str, str, dict[str, in
 def roofline_lower_bound(graph: Any, device: str) -> float:
     """The whole graph as one kernel under the analytical roofline (seconds)."""
     model = AnalyticalModel(get_spec(device))
-    return model.group_cost(graph, frozenset(range(len(graph.nodes)))).latency_s
+    try:
+        return model.group_cost(graph, frozenset(range(len(graph.nodes)))).latency_s
+    except Exception:  # an op the model cannot price: no bound rather than a wrong one
+        return math.nan
 
 
 def available(strategies: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -371,7 +374,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         cells_.append(f"{alt[0]} {_us(alt[1])}" if alt else "—")
         lb = r["roofline_lb_s"]
         best = _best(r, STRATEGIES)
-        cells_ += [_us(lb), f"{best / lb:.2f}" if best and lb else "—"]
+        cells_ += [_us(lb), f"{best / lb:.2f}" if best and lb and math.isfinite(lb) else "—"]
         ma = r["alternatives"].get("max-autotune", {}).get("compile_s")
         tune_s = max((v.get("tune_s") or 0.0 for n, v in st.items() if n in JOINT), default=0.0)
         cells_.append(f"{tune_s:.0f} / {ma:.0f}" if ma else f"{tune_s:.0f} / —")
@@ -393,24 +396,35 @@ def main(args: Any, command: str, say: Callable[[str], None]) -> int:
     dtype = "bfloat16" if dev.type == "cuda" else "float32"
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.machine()
     done = done_cells(read_rows(jsonl), device, dtype)
-    t0 = time.perf_counter()
+    t0, longest = time.perf_counter(), 0.0
+
+    def write_table() -> None:
+        rows = [r for r in read_rows(jsonl) if (r.get("device"), r.get("dtype")) == (device, dtype)]
+        md.write_text(markdown(rows, command))
+
     for cell in cells(args.quick, args.cells):
         if cell[0] in done:
             say(f"{cell[0]}: already measured, skipped")
             continue
-        if args.time_limit_s and time.perf_counter() - t0 >= args.time_limit_s:
-            say(f"time limit reached: {cell[0]} and later cells left for the next run")
+        elapsed = time.perf_counter() - t0
+        if args.time_limit_s and elapsed + longest > args.time_limit_s:
+            say(f"time limit: {cell[0]} and later cells left for the next run (the longest "
+                f"cell took {longest:.0f} s, {elapsed:.0f} s of {args.time_limit_s:.0f} s spent)")  # fmt: skip
             break
         say(f"{cell[0]}: start")
+        c0 = time.perf_counter()
         try:
             row = run_cell(cell, args, runner, say)
         except Exception as e:  # one cell's failure is reported, the others go on
             say(f"{cell[0]}: failed: {type(e).__name__}: {str(e)[:300]}")
             continue
+        finally:
+            longest = max(longest, time.perf_counter() - c0)
+        row["cell_s"] = time.perf_counter() - c0
         with jsonl.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        say(f"{cell[0]}: done in {time.perf_counter() - t0:.0f} s so far")
-    rows = [r for r in read_rows(jsonl) if r.get("device") == device and r.get("dtype") == dtype]
-    md.write_text(markdown(rows, command))
+        write_table()  # after every cell: a run cut short still leaves its table
+        say(f"{cell[0]}: done in {row['cell_s']:.0f} s")
+    write_table()
     print(md.read_text())
     return 0
