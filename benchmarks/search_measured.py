@@ -174,7 +174,7 @@ def run_cell(
             if c.key not in measured:
                 say(f"{label}: {name}: measuring a plan of {len(c.partition)} groups")
                 measured[c.key] = measure_candidate(c, objective, captured, module, inputs,
-                                                    runner, device_name)  # fmt: skip
+                                                    runner, device_name, row["dtype"])  # fmt: skip
             m = measured[c.key]
             measure_s += m["measure_s"]
             rows.append(m | {"found_by": c.found_by, "predicted_s": c.predicted_s})
@@ -202,9 +202,10 @@ def measure_candidate(
     inputs: Any,
     runner: DeviceRunner,
     device_name: str,
+    dtype: str,
 ) -> dict[str, Any]:
     """Realize and time one candidate through the runner (the path `tune` uses)."""
-    plan = candidate_plan(objective, c, device=device_name, dtype=captured_dtype(inputs))
+    plan = candidate_plan(objective, c, device=device_name, dtype=dtype)
     t0 = time.perf_counter()
     m = runner.measure_plan(PlanJob(captured, plan, label=c.strategy, module=module,
                                     inputs=tuple(inputs)))  # fmt: skip
@@ -221,11 +222,6 @@ def measure_candidate(
     if m.error:
         row["error"] = str(m.error)[:300]
     return row
-
-
-def captured_dtype(inputs: Any) -> str:
-    t = next((x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()), None)
-    return dtype_name(t.dtype) if t is not None else "float32"
 
 
 def plan_labels(plan: Any) -> tuple[str, ...]:
