@@ -266,8 +266,13 @@ def to_measure(cands: list[Candidate], cfg: TuneConfig) -> list[Candidate]:
     return out
 
 
+# Without --trials a joint search samples until the budget, or until it stops finding new
+# plans (its patience), or the space is exhausted: the budget the user gave is what binds.
+JOINT_UNBOUNDED_TRIALS = 1_000_000
+
+
 def _joint_kwargs(cfg: TuneConfig) -> dict[str, Any]:
-    return {"max_trials": cfg.trials} if cfg.trials else {}
+    return {"max_trials": cfg.trials or JOINT_UNBOUNDED_TRIALS}
 
 
 def candidate_plan(
