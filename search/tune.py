@@ -431,9 +431,16 @@ def _store(
 def _online_update(
     cost_model: CostModel, graph: Any, measured: list[Candidate], progress: Callable[[str], None]
 ) -> None:
-    """The learned model refines itself on what was just measured (docs/formulas.md §13)."""
+    """The learned model refines itself on what was just measured (docs/formulas.md §13).
+    Only plans that run the rule's labels: the model prices those (a plan a joint search
+    compiled with max-autotune, say, would teach it another realization's time)."""
     update = getattr(cost_model, "update", None)
-    obs = [c for c in measured if c.measured is not None]
+    obs = [
+        c
+        for c in measured
+        if c.measured is not None
+        and (c.labels is None or c.labels == realizations_of(graph, c.partition.masks))
+    ]
     if update is None or not obs:
         return
     report = update(
