@@ -263,3 +263,22 @@ def test_variant_counts():
     labels = tuple(realization_of(g, m) for m in part.masks)
     v = Variant(part, labels)
     assert v.non_default() == 0 and v.autotuned() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, params", [("transformer-block", {"B": 1, "S": 16, "D": 32, "H": 2})]
+)
+def test_every_choice_of_every_group_realizes_and_matches_eager(name, params):
+    import zoo
+
+    module, inputs = zoo.get(name).build(params, dtype=torch.float32, device="cpu")
+    cap = export_model(module, inputs)
+    g = cap.graph
+    part = get_strategy("priority").plan(g, realized_objective()).partition
+    choices = [choices_for(g, m) for m in part.masks]
+    for k in range(1, max(len(c) for c in choices)):
+        labels = [c[k] if k < len(c) else c[0] for c in choices]
+        r = realize(cap, part, realizations=labels)
+        assert list(r.realizations) == labels and not r.fallbacks
+        torch.testing.assert_close(r(*inputs), module(*inputs), atol=1e-4, rtol=1e-3)
