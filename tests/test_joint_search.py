@@ -282,3 +282,19 @@ def test_every_choice_of_every_group_realizes_and_matches_eager(name, params):
         r = realize(cap, part, realizations=labels)
         assert list(r.realizations) == labels and not r.fallbacks
         torch.testing.assert_close(r(*inputs), module(*inputs), atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("model", ["realized", "learned"])
+def test_label_costs_agree_with_the_model_on_the_rule_label(model):
+    from search.cost_models import cost_model_for
+    from search.joint_space import label_cost
+
+    m = cost_model_for(model, "h100")
+    g = zoo_graph("llama-block")
+    part = get_strategy("priority").plan(g, Objective(m)).partition
+    for mask in part.masks:
+        nodes = frozenset(i for i in range(len(g.nodes)) if mask >> i & 1)
+        rule = realization_of(g, mask)
+        assert label_cost(m, g, mask, rule) == pytest.approx(m.group_cost(g, nodes).latency_s)
+        for label in choices_for(g, mask):
+            assert math.isfinite(label_cost(m, g, mask, label))
