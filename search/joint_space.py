@@ -8,6 +8,11 @@ they are recorded. Every point is legal by construction:
   that forbid a merge of priority's merge process (which splits a group of priority's
   plan) or skip a fused-kernel pattern (attention -> SDPA; sibling GEMMs on one input ->
   one GEMM: the horizontal, concatenated-weights choice), decoded by the process itself;
+- **split moves**: a group of priority's plan holding a GEMM or convolution and an
+  epilogue is split in two, the GEMM with what it reads inside the group, then the rest
+  (the library call and a separately fused epilogue as two groups); both halves are
+  convex by construction (nothing in the rest feeds the first half) and the result is
+  kept only when it passes planner.fusion.legality;
 - **merge moves**: forced merges of two neighbouring groups of priority's plan that the
   process would not make (no modelled gain), each kept only when the merged partition
   passes planner.fusion.legality; this reaches partitions that are not local optima of the
@@ -121,8 +126,46 @@ class JointSpace:
         self.priority = self.encoding.decode(
             objective, self.encoding.default(), clock, self.memo
         ).partition
+        self.split_moves = self._split_moves(max_merge_moves)
         self.merge_moves = self._merge_moves(max_merge_moves)
         self._label_costs: dict[tuple[int, str], float] = {}
+
+    def _head(self, mask: int, anchor: int) -> int:
+        """The anchor and its ancestors inside the group `mask` (a bitmask)."""
+        head, todo = 1 << anchor, [anchor]
+        while todo:
+            for t in self.graph.nodes[todo.pop()].inputs:
+                p = self.graph.tensors[t].producer
+                if p is not None and mask >> p & 1 and not head >> p & 1:
+                    head |= 1 << p
+                    todo.append(p)
+        return head
+
+    def _split(self, part: Partition, anchor: int) -> Partition | None:
+        """`part` with the group of `anchor` split into its head and the rest, or None."""
+        gi = part.group_of[anchor]
+        mask = part.masks[gi]
+        head = self._head(mask, anchor)
+        rest = mask & ~head
+        ks = kinds(self.graph)
+        if not any(ks[i] is not Kind.FREE for i in bits(rest)):
+            return None
+        masks = [m for i, m in enumerate(part.masks) if i != gi] + [head, rest]
+        try:
+            out = Partition(self.graph, masks)
+        except Exception:  # not a partition the graph accepts: no move
+            return None
+        return out if check(out, self.objective.limits).ok else None
+
+    def _split_moves(self, limit: int) -> tuple[int, ...]:
+        """One anchor per group of priority's plan whose split is legal (see the module doc)."""
+        ks, out = kinds(self.graph), []
+        for mask in self.priority.masks:
+            for a in bits(mask):
+                if ks[a] is Kind.ANCHOR and self._split(self.priority, a) is not None:
+                    out.append(a)
+                    break
+        return tuple(out[:limit])
 
     def _merge_moves(self, limit: int) -> tuple[tuple[int, int], ...]:
         """Pairs (a node of each side) of neighbouring groups of priority's plan whose
@@ -151,12 +194,16 @@ class JointSpace:
 
     @property
     def n_partition_decisions(self) -> int:
-        return len(self.encoding.decisions) + len(self.merge_moves)
+        return len(self.encoding.decisions) + len(self.split_moves) + len(self.merge_moves)
 
     def sample(self, ask: Ask = default_ask) -> Variant:
         """The point the answers of `ask` choose (see the module doc)."""
         genome = {d.name: bool(ask(d.name, (True, False))) for d in self.encoding.decisions}
         part = self.encoding.decode(self.objective, genome, self.clock, self.memo).partition
+        for k, a in enumerate(self.split_moves):
+            if ask(f"s{k}", (False, True)):
+                split = self._split(part, a)
+                part = split if split is not None else part
         for k, (a, b) in enumerate(self.merge_moves):
             if ask(f"m{k}", (False, True)):
                 go = part.group_of

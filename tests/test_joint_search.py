@@ -298,3 +298,18 @@ def test_label_costs_agree_with_the_model_on_the_rule_label(model):
         assert label_cost(m, g, mask, rule) == pytest.approx(m.group_cost(g, nodes).latency_s)
         for label in choices_for(g, mask):
             assert math.isfinite(label_cost(m, g, mask, label))
+
+
+def test_split_moves_split_a_gemm_from_its_epilogue_legally():
+    g = zoo_graph("llama-block")
+    obj = realized_objective()
+    space = JointSpace(g, obj)
+    assert space.split_moves
+    v = space.sample(lambda name, ch: True if name.startswith("s") else ch[0])
+    assert len(v.partition) == len(space.priority) + len(space.split_moves)
+    assert check(v.partition, obj.limits).ok
+    for a in space.split_moves:  # the GEMM's group holds nothing that reads the rest
+        head = v.partition.masks[v.partition.group_of[a]]
+        for i in range(len(g.nodes)):
+            if head >> i & 1 and i != a:
+                assert space._head(head, a) >> i & 1
