@@ -40,7 +40,6 @@ import torch
 
 from benchmarks.models import SUITE
 from learned_cost.analytical import AnalyticalModel
-from planner.errors import FusionPlannerError
 from planner.hardware import get_spec, local_device_name
 from planner.measurement import PlanJob
 from planner.objective import Objective
@@ -68,6 +67,7 @@ QUICK_CELLS: tuple[tuple[str, dict[str, int]], ...] = (
 )
 MODES_CUDA = ("eager", "compile", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MODES_CPU = ("eager", "compile")
+AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 QUICK_TIMER = {"warmup": 1, "min_reps": 3, "max_reps": 5, "max_seconds": 0.5}
 QUICK_STEADY = {"rounds": 3, "round_s": 0.01, "warmup": 1}
 
@@ -166,8 +166,8 @@ def run_cell(
             cands, search_s, notes = strategy_candidates(
                 name, graph, objective, budget, args.trials, args.top_k
             )
-        except FusionPlannerError as e:
-            out[name] = {"error": str(e)[:300]}
+        except Exception as e:  # a strategy that fails is reported; the others go on
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             continue
         rows, measure_s = [], 0.0
         for c in cands:
@@ -295,6 +295,14 @@ def _best(row: dict[str, Any], names: tuple[str, ...]) -> float | None:
     return min(vals) if vals else None
 
 
+def autotune_compile_s(row: dict[str, Any]) -> float | None:
+    """max-autotune's compile time: the larger first call of its two modes (the first of
+    them to run pays the autotuning, the other finds its results cached)."""
+    vals = [row["alternatives"].get(m, {}).get("compile_s") for m in AUTOTUNE_MODES]
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
+
+
 def _us(s: float | None) -> str:
     return "—" if s is None or not math.isfinite(s) else f"{s * 1e6:.1f}"
 
@@ -316,7 +324,7 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
         if best and r["roofline_lb_s"] > 300e-6:
             lb_n += 1
             lb_ok += best <= 1.3 * r["roofline_lb_s"]
-        ma = r["alternatives"].get("max-autotune", {}).get("compile_s")
+        ma = autotune_compile_s(r)
         tune_s = [v.get("tune_s") for n, v in r["strategies"].items() if n in JOINT]
         tune_s = [t for t in tune_s if t is not None]
         if ma and tune_s:
@@ -371,7 +379,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         lb = r["roofline_lb_s"]
         best = _best(r, STRATEGIES)
         cells_ += [_us(lb), f"{best / lb:.2f}" if best and lb and math.isfinite(lb) else "—"]
-        ma = r["alternatives"].get("max-autotune", {}).get("compile_s")
+        ma = autotune_compile_s(r)
         tune_s = max((v.get("tune_s") or 0.0 for n, v in st.items() if n in JOINT), default=0.0)
         cells_.append(f"{tune_s:.0f} / {ma:.0f}" if ma else f"{tune_s:.0f} / —")
         lines.append("| " + " | ".join(cells_) + " |")
