@@ -2,6 +2,13 @@
 
     python benchmarks/search_quality.py [--out benchmarks/results/search_quality.md] [--quick]
     python benchmarks/search_quality.py --encoding-study [--out benchmarks/results/encoding_study.md]
+    python benchmarks/search_quality.py --measure --out DIR [--quick] [--cells P,...] \
+        [--budget-s S] [--trials N] [--top-k K] [--time-limit-s T]
+
+--measure: each strategy's best plans realized and timed on this machine's device against
+priority's plan, torch.compile's modes and the roofline lower bound
+(benchmarks/search_measured.py says how); needs optuna only for tpe, joint-tpe and
+joint-nsga2 (skipped, and said so, without it).
 
 Graphs: the zoo models at several shapes (bf16, meta-device capture) and random DAGs of 10
 to 500 ops from zoo.randgraph with seeds >= HELD_OUT_SEED, which the RL policy never
@@ -40,22 +47,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-import optuna
-import torch
-
-import zoo
-from learned_cost.analytical import AnalyticalModel
-from planner.hardware import get_spec
-from planner.ir.capture import capture
-from planner.ir.graph import OpGraph
-from planner.objective import Objective
-from search.encoding import build_encoding
-from search.rl_train import HELD_OUT_SEED, HELD_OUT_ZOO, TRAIN_ZOO
-from search.strategies import get_strategy
-from search.strategy import Budget
-from zoo.randgraph import random_graph
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import benchmarks.search_measured as measured  # noqa: E402
+import zoo  # noqa: E402
+from learned_cost.analytical import AnalyticalModel  # noqa: E402
+from planner.hardware import get_spec  # noqa: E402
+from planner.ir.capture import capture  # noqa: E402
+from planner.ir.graph import OpGraph  # noqa: E402
+from planner.objective import Objective  # noqa: E402
+from search.encoding import build_encoding  # noqa: E402
+from search.optuna_storage import optuna  # noqa: E402
+from search.rl_train import HELD_OUT_SEED, HELD_OUT_ZOO, TRAIN_ZOO  # noqa: E402
+from search.strategies import get_strategy  # noqa: E402
+from search.strategy import Budget  # noqa: E402
+from zoo.randgraph import random_graph  # noqa: E402
+
 SMALL = 30  # "graphs of <= 30 nodes"
 LARGE = 100  # "large graphs"
 RL_ROLLOUTS = 4  # rl-ft episodes per iteration (the strategy's default)
@@ -286,10 +296,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="fewer graphs, smaller budgets")
     ap.add_argument("--encoding-study", action="store_true")
+    ap.add_argument("--measure", action="store_true", help="measure on this machine's device")
+    ap.add_argument("--cells", default="", help="--measure: comma-separated fnmatch patterns")
+    ap.add_argument("--strategies", default=",".join(measured.STRATEGIES))
+    ap.add_argument("--budget-s", type=float, default=20.0, help="--measure: search seconds")
+    ap.add_argument("--trials", type=int, default=200, help="--measure: trials or samples")
+    ap.add_argument("--top-k", type=int, default=2, help="--measure: plans measured per search")
+    ap.add_argument("--cost-model", default=None, help="--measure: the tune flag's values")
+    ap.add_argument("--time-limit-s", type=float, default=0.0, help="--measure: no cell after")
     args = ap.parse_args(argv)
+    cmd = "python benchmarks/search_quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.measure:
+        if not args.out:
+            ap.error("--measure needs --out DIR (rows are appended there, resumable)")
+        unknown = set(args.strategies.split(",")) - set(measured.STRATEGIES)
+        if unknown or args.budget_s <= 0 or args.trials < 1 or args.top_k < 1:
+            ap.error(f"--strategies from {measured.STRATEGIES}; budgets >= 1 (got {unknown})")
+        args.cells = [c for c in args.cells.split(",") if c]
+        args.strategies = [s for s in measured.STRATEGIES if s in args.strategies.split(",")]
+        return measured.main(args, cmd.strip(), lambda m: print(f"[sq] {m}", flush=True))
+    if optuna is None:
+        ap.error("the modelled benchmark needs optuna (tpe); pip install optuna")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    cmd = "python benchmarks/search_quality.py " + " ".join(sys.argv[1:])
     header = [
         f"Command: `{cmd.strip()}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores (load average "

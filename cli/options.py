@@ -197,7 +197,10 @@ def add_link_arg(p: argparse.ArgumentParser) -> None:
 
 def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--trials", type=positive_int, default=None, help="tpe/nsga2: trials (per worker)"
+        "--trials",
+        type=positive_int,
+        default=None,
+        help="tpe/nsga2: trials (per worker); joint-*: trials or samples",
     )
     add_storage_arg(p)
     p.add_argument(

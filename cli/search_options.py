@@ -24,6 +24,8 @@ from search.strategy import Budget, SearchResult
 
 def strategy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Constructor options of the chosen strategy from the command line."""
+    if args.strategy.startswith("joint-") and not args.storage and args.workers == 1:
+        return {"max_trials": args.trials} if args.trials is not None else {}
     if args.strategy not in OPTUNA_STRATEGIES:
         if args.storage or args.workers != 1 or args.trials is not None:
             raise FusionPlannerError(

@@ -45,9 +45,9 @@ from learned_cost.plan_context import PlanContext, graph_footprint
 from planner.cost import CostModel, GroupCost
 from planner.errors import CostModelError
 from planner.features import group_descriptor
-from planner.fusion.realization import realization_of
+from planner.fusion.realization import realization_of, split_label
 from planner.hardware import DeviceSpec, device_fingerprint, get_spec
-from planner.ir.graph import OpGraph
+from planner.ir.graph import Category, OpGraph
 
 RealizationOf = Callable[[OpGraph, frozenset[int]], str]
 
@@ -146,8 +146,28 @@ class CorrectedModel:
     def group_cost(self, graph: OpGraph, nodes: Iterable[int]) -> GroupCost:
         return self.group_costs(graph, [frozenset(nodes)])[0]
 
-    def group_costs(self, graph: OpGraph, groups: Sequence[Iterable[int]]) -> list[GroupCost]:
-        """Costs of several groups of one graph with one MLP call (what search loops want)."""
+    def group_cost_as(self, graph: OpGraph, nodes: Iterable[int], label: str | None) -> GroupCost:
+        """The group's cost when it runs as `label` (planner.fusion.realization.LABELS; None:
+        the rule's). The network knows the base label (its one-hot feature), not a compile
+        mode; a group of several ops run eagerly costs its ops alone."""
+        members = frozenset(nodes)
+        base = split_label(label)[0] if label else None
+        if base == "eager":
+            work = [i for i in sorted(members) if graph.nodes[i].category is not Category.VIEW]
+            if len(work) > 1:
+                parts = self.group_costs(graph, [frozenset((i,)) for i in work])
+                whole = self.group_cost(graph, members)
+                return replace(whole, latency_s=sum(c.latency_s for c in parts), correction=1.0)
+        return self.group_costs(graph, [members], None if base is None else [base])[0]
+
+    def group_costs(
+        self,
+        graph: OpGraph,
+        groups: Sequence[Iterable[int]],
+        labels: Sequence[str] | None = None,
+    ) -> list[GroupCost]:
+        """Costs of several groups of one graph with one MLP call (what search loops want);
+        `labels`: each group's realization feature (default: the model's `realization_of`)."""
         groups = [frozenset(g) for g in groups]
         bases = [self.analytical.group_cost(graph, g) for g in groups]
         work = [i for i, b in enumerate(bases) if b.latency_s > 0]
@@ -162,7 +182,7 @@ class CorrectedModel:
                     group_descriptor(graph, groups[i]),
                     dtype=dtype,
                     spec=self.feature_spec,
-                    realization=self.realization_of(graph, groups[i]),
+                    realization=labels[i] if labels else self.realization_of(graph, groups[i]),
                 )
                 for i in work
             ]

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 from learned_cost.analytical import AnalyticalModel
 from planner.cost import GroupCost
-from planner.fusion.realization import realization_of
+from planner.fusion.realization import realization_of, split_label
 from planner.fusion.recognize import find_attention, find_sibling_gemms
 from planner.ir.graph import Category, OpGraph
 
@@ -43,10 +43,15 @@ class RealizedRoofline(AnalyticalModel):
     def __repr__(self) -> str:
         return f"RealizedRoofline({self.spec.name})"
 
-    def kernels(self, graph: OpGraph, nodes: Iterable[int]) -> list[frozenset[int]]:
-        """The node sets of the kernels the group's realization launches."""
+    def kernels(
+        self, graph: OpGraph, nodes: Iterable[int], label: str | None = None
+    ) -> list[frozenset[int]]:
+        """The node sets of the kernels the group's realization launches: the rule's, or
+        `label`'s (planner.fusion.realization.LABELS). With a compile mode ("+autotune")
+        each GEMM kernel also takes the elementwise ops that only read its result and the
+        group's inputs: the epilogue a GEMM template fuses."""
         members = frozenset(nodes)
-        realization = realization_of(graph, members)
+        realization, mode = split_label(label or realization_of(graph, members))
         if realization == "eager":
             work = [i for i in members if graph.nodes[i].category is not Category.VIEW]
             return [frozenset((i,)) for i in work] if len(work) > 1 else [members]
@@ -66,6 +71,9 @@ class RealizedRoofline(AnalyticalModel):
                 taken |= unit
         if not units:
             return [members]
+        if mode:
+            for unit in units:
+                taken |= _epilogue(graph, unit, members - taken)
         rest = members - taken
         return [frozenset(u) for u in units] + _components(graph, rest)
 
@@ -83,8 +91,12 @@ class RealizedRoofline(AnalyticalModel):
         return None
 
     def group_cost(self, graph: OpGraph, nodes: Iterable[int]) -> GroupCost:
+        return self.group_cost_as(graph, nodes, None)
+
+    def group_cost_as(self, graph: OpGraph, nodes: Iterable[int], label: str | None) -> GroupCost:
+        """The group's cost when it runs as `label` (None: the rule's label)."""
         members = frozenset(nodes)
-        parts = self.kernels(graph, members)
+        parts = self.kernels(graph, members, label)
         if len(parts) <= 1:
             return super().group_cost(graph, members)
         costs = [super(RealizedRoofline, self).group_cost(graph, p) for p in parts]
@@ -98,6 +110,25 @@ class RealizedRoofline(AnalyticalModel):
             bytes_in=whole.bytes_in,
             bytes_out=whole.bytes_out,
         )
+
+
+def _epilogue(graph: OpGraph, unit: set[int], free: frozenset[int] | set[int]) -> set[int]:
+    """Grow `unit` (in place) by the pointwise ops of `free` whose inputs come from the unit
+    or from outside `free`; returns what was added."""
+    added: set[int] = set()
+    grew = True
+    while grew:
+        grew = False
+        for i in sorted(free - unit):
+            n = graph.nodes[i]
+            if n.category not in (Category.POINTWISE, Category.VIEW):
+                continue
+            srcs = {graph.tensors[t].producer for t in n.inputs}
+            if srcs & unit and not (srcs - unit) & set(free):
+                unit.add(i)
+                added.add(i)
+                grew = True
+    return added
 
 
 def _components(graph: OpGraph, nodes: set[int]) -> list[frozenset[int]]:

@@ -11,7 +11,18 @@ import argparse
 from pathlib import Path
 
 # The names `search.strategies.STRATEGIES` registers.
-STRATEGY_NAMES = ("exact", "greedy", "nsga2", "priority", "rl", "rl-ft", "tpe")
+STRATEGY_NAMES = (
+    "exact",
+    "greedy",
+    "joint-nsga2",
+    "joint-rl",
+    "joint-tpe",
+    "nsga2",
+    "priority",
+    "rl",
+    "rl-ft",
+    "tpe",
+)
 
 COST_MODEL_DEFAULT = "realized"
 COST_MODEL_NAMES = ("analytical", "realized", "learned")

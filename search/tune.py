@@ -20,6 +20,7 @@ This is the composition root of the pipeline (docs/architecture.md): it wires th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -40,6 +41,7 @@ from planner import units
 from planner.cost import CostModel
 from planner.errors import CacheError, FusionPlannerError, is_out_of_memory
 from planner.fusion.partition import Partition
+from planner.fusion.realization import realizations_of
 from planner.hardware import cache_dir, device_fingerprint, local_device_name
 from planner.measurement import Measurement, PlanJob, Runner, Timing
 from planner.objective import Objective
@@ -85,13 +87,21 @@ class TuneConfig:
 
 @dataclass(frozen=True)
 class Candidate:
-    strategy: str
+    strategy: str  # what found it: a strategy name (a baseline's when they found the same)
     partition: Partition
     predicted_s: float
     measured: Timing | None = None
     error: str = ""
     fallbacks: dict[int, str] = field(default_factory=dict)  # group -> why it runs eagerly
     measurement: Measurement | None = None  # the runner's whole record
+    labels: tuple[str, ...] | None = None  # each group's realization (None: the rule's)
+    found_by: str = ""  # within a joint search: the warm start, enumeration, a trial
+
+    @property
+    def key(self) -> tuple[Partition, tuple[str, ...]]:
+        return self.partition, self.labels or realizations_of(
+            self.partition.graph, self.partition.masks
+        )
 
 
 @dataclass(frozen=True)
@@ -186,13 +196,31 @@ def _strategy_kwargs(cfg: TuneConfig, bucket_key: str) -> dict[str, Any]:
 
 
 def search_candidates(
-    graph: Any, objective: Objective, cfg: TuneConfig, bucket_key: str
+    graph: Any,
+    objective: Objective,
+    cfg: TuneConfig,
+    bucket_key: str,
+    progress: Callable[[str], None] | None = None,
 ) -> list[Candidate]:
-    """The main strategy's plan and the baselines', distinct, lowest predicted first."""
+    """The main strategy's plan(s) and the baselines', distinct, lowest predicted first.
+
+    A plan the main strategy shares with a baseline is the baseline's (it found nothing
+    new). A joint strategy (search/strategies/joint.py) contributes its `top_k` best points,
+    each with its realization labels and what found it."""
     budget = Budget(max_evals=cfg.budget_evals, max_seconds=cfg.budget_seconds)
-    names = [cfg.strategy, *(b for b in BASELINES if b != cfg.strategy)]
-    seen: dict[Partition, Candidate] = {}
+    names = [*(b for b in BASELINES if b != cfg.strategy), cfg.strategy]
+    if cfg.strategy in BASELINES:
+        names = [cfg.strategy, *(b for b in BASELINES if b != cfg.strategy)]
+    seen: dict[Any, Candidate] = {}
     for name in names:
+        if name == cfg.strategy and name in JOINT:
+            res = get_strategy(name, **_joint_kwargs(cfg)).plan(graph, objective, budget, cfg.seed)
+            if progress is not None:
+                progress(f"  {name}: {res.notes}")
+            for part, labels, pred, found_by in res.extra.get("variants", [])[: cfg.top_k]:
+                c = Candidate(name, part, pred, labels=labels, found_by=found_by)
+                seen.setdefault(c.key, c)
+            continue
         if name == cfg.strategy and cfg.workers > 1:
             results = tune_parallel(
                 graph,
@@ -220,9 +248,46 @@ def search_candidates(
                 .partition
             )
         ev = objective.evaluate(part)
-        if part not in seen and ev.legal:
-            seen[part] = Candidate(name, part, ev.total_s)
+        c = Candidate(name, part, ev.total_s)
+        if c.key not in seen and ev.legal:
+            seen[c.key] = c
     return sorted(seen.values(), key=lambda c: c.predicted_s)
+
+
+JOINT = ("joint-tpe", "joint-nsga2", "joint-rl")
+
+
+def to_measure(cands: list[Candidate], cfg: TuneConfig) -> list[Candidate]:
+    """The `top_k` lowest predicted; with a joint strategy, priority's plan too (the
+    reference the search started from is measured, whatever the model says of it)."""
+    out = cands[: cfg.top_k]
+    if cfg.strategy in JOINT:
+        out += [c for c in cands[cfg.top_k :] if c.strategy == "priority"]
+    return out
+
+
+# Without --trials a joint search samples until the budget, or until it stops finding new
+# plans (its patience), or the space is exhausted: the budget the user gave is what binds.
+JOINT_UNBOUNDED_TRIALS = 1_000_000
+
+
+def _joint_kwargs(cfg: TuneConfig) -> dict[str, Any]:
+    return {"max_trials": cfg.trials or JOINT_UNBOUNDED_TRIALS}
+
+
+def candidate_plan(
+    objective: Objective, c: Candidate, *, device: str, dtype: str, strategy: str | None = None
+) -> Plan:
+    """The Plan record of a candidate, with its realization labels when it has its own."""
+    ev = objective.evaluate(c.partition)
+    plan = objective.make_plan(
+        c.partition, ev, strategy=strategy or c.strategy, device=device, dtype=dtype
+    )
+    if c.labels is None:
+        return plan
+    groups = tuple(dataclasses.replace(gp, realization=r) for gp, r in zip(plan.groups, c.labels))
+    notes = f"found by {c.found_by}" if c.found_by else plan.notes
+    return dataclasses.replace(plan, groups=groups, predicted_s=c.predicted_s, notes=notes)
 
 
 def _say(msg: str) -> None:
@@ -261,7 +326,7 @@ def tune_bucket(
     graph = captured.graph
     objective = Objective(cost_model)
     t0 = time.perf_counter()
-    cands = search_candidates(graph, objective, cfg, bucket.key)
+    cands = search_candidates(graph, objective, cfg, bucket.key, progress)
     search_s = time.perf_counter() - t0
     progress(
         f"bucket {spec.label(bucket)} at {params}: {len(graph.nodes)} ops, "
@@ -285,9 +350,8 @@ def tune_bucket(
     torch._dynamo.reset()
     measured: list[Candidate] = []
     t0 = time.perf_counter()
-    for c in cands[: cfg.top_k]:
-        ev = objective.evaluate(c.partition)
-        plan = objective.make_plan(c.partition, ev, strategy=c.strategy, device=device, dtype=dt)
+    for c in to_measure(cands, cfg):
+        plan = candidate_plan(objective, c, device=device, dtype=dt)
         job = PlanJob(
             captured,
             plan,
@@ -298,14 +362,12 @@ def tune_bucket(
             bucket_spec=spec,
         )
         m = runner.measure_plan(job)
-        c = Candidate(
-            c.strategy,
-            c.partition,
-            c.predicted_s,
-            m.timing,
-            str(m.error) if m.error else "",
-            dict(m.fallbacks),
-            m,
+        c = dataclasses.replace(
+            c,
+            measured=m.timing,
+            error=str(m.error) if m.error else "",
+            fallbacks=dict(m.fallbacks),
+            measurement=m,
         )
         if m.timing is not None:
             fb = f"; {len(c.fallbacks)} group(s) fell back" if c.fallbacks else ""
@@ -322,10 +384,7 @@ def tune_bucket(
     best = min((c for c in measured if c.measured), key=lambda c: c.measured.median_s, default=None)
     plan, stored = None, "nothing measured: no plan stored"
     if best is not None:
-        ev = objective.evaluate(best.partition)
-        plan = objective.make_plan(
-            best.partition, ev, strategy=best.strategy, device=device, dtype=dt
-        )
+        plan = candidate_plan(objective, best, device=device, dtype=dt)
         plan = plan.with_measurement(
             best.measured.median_s,
             best.measured.p99_s,
@@ -372,9 +431,16 @@ def _store(
 def _online_update(
     cost_model: CostModel, graph: Any, measured: list[Candidate], progress: Callable[[str], None]
 ) -> None:
-    """The learned model refines itself on what was just measured (docs/formulas.md §13)."""
+    """The learned model refines itself on what was just measured (docs/formulas.md §13).
+    Only plans that run the rule's labels: the model prices those (a plan a joint search
+    compiled with max-autotune, say, would teach it another realization's time)."""
     update = getattr(cost_model, "update", None)
-    obs = [c for c in measured if c.measured is not None]
+    obs = [
+        c
+        for c in measured
+        if c.measured is not None
+        and (c.labels is None or c.labels == realizations_of(graph, c.partition.masks))
+    ]
     if update is None or not obs:
         return
     report = update(

@@ -12,6 +12,7 @@ one `--cost-model` names (search.cost_models; the same default as every command)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
         dtype=r.dtype_name,
         notes=result.notes,
     )
+    variants = result.extra.get("variants") or []
+    if variants and variants[0][0] == result.partition:  # a joint search: its labels too
+        labels = variants[0][1]
+        groups = tuple(dataclasses.replace(g, realization=r) for g, r in zip(plan.groups, labels))
+        plan = dataclasses.replace(plan, groups=groups, predicted_s=variants[0][2])
     title = f"{r.spec.label} on {r.device_name} ({r.dtype_name}), strategy {args.strategy}"
     summary = _summary_lines(result, unfused)
     if args.html:
@@ -66,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
     if args.save_plan:
         Path(args.save_plan).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
     rows = group_rows(result.partition, result.evaluation)
+    labels = {tuple(gp.nodes): gp.realization for gp in plan.groups}
+    for row in rows:  # what the plan records (a joint search chooses labels)
+        row["realization"] = labels.get(tuple(row["nodes"]), row["realization"])
     payload = {
         "model": r.spec.label,
         "device": r.device_name,

@@ -61,7 +61,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--budget-seconds", type=positive_float, default=30.0, help="search seconds per bucket"
     )
-    p.add_argument("--trials", type=positive_int, default=None, help="Optuna trials (tpe, nsga2)")
+    p.add_argument(
+        "--trials",
+        type=positive_int,
+        default=None,
+        help="trials: Optuna (tpe, nsga2, joint-tpe, joint-nsga2) or samples (joint-rl)",
+    )
     p.add_argument("--top-k", type=positive_int, default=3, help="candidates realized and measured")
     add_device_arg(p, measures=True)
     add_dtype_arg(p)

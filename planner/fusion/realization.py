@@ -45,6 +45,16 @@ REALIZATIONS = (
     "eager",  # run the aten ops as they are (singletons, fallbacks, opaque ops)
 )
 
+# A compiled label may carry a compile mode after a "+": the same rewrite, compiled with
+# other Inductor options. The mode changes how the group's kernels are generated, not which
+# ops they hold, so the learned model's one-hot features (REALIZATIONS) read the base label.
+MODES = {
+    "autotune": "Inductor max-autotune: Triton GEMM/convolution templates benchmarked "
+    "against the library call, the group's epilogue fused into the winning template",
+}
+COMPILED = ("inductor", "sdpa", "concat_gemm")  # the labels Inductor compiles
+LABELS = REALIZATIONS + tuple(f"{b}+{m}" for b in COMPILED for m in MODES)
+
 
 @dataclass(frozen=True)
 class RealizationRule:
@@ -115,6 +125,19 @@ REALIZATION_RULES: tuple[RealizationRule, ...] = (
 # fmt: on
 
 
+def split_label(label: str) -> tuple[str, str]:
+    """(base realization, compile mode) of a label: "inductor+autotune" -> ("inductor",
+    "autotune"); a label without a mode has mode ""."""
+    base, _, mode = label.partition("+")
+    return base, mode
+
+
+def _has_anchor(graph: OpGraph, members: list[int]) -> bool:
+    """Whether the group holds a GEMM or convolution (what a GEMM template would run)."""
+    ks = kinds(graph)
+    return any(ks[i] is Kind.ANCHOR for i in members)
+
+
 def _members(nodes: int | Iterable[int]) -> list[int]:
     if isinstance(nodes, int):
         return [i for i in range(nodes.bit_length()) if nodes >> i & 1]
@@ -147,14 +170,48 @@ def unmet(graph: OpGraph, nodes: int | Iterable[int], label: str) -> str | None:
     """Why the group cannot run as `label` (None when it can). A fused-kernel label needs
     its pattern inside the group; "inductor" and "eager" can always be attempted (a group
     Inductor cannot compile falls back to eager at realization, with its reason)."""
-    if label not in REALIZATIONS:
-        return f"unknown realization {label!r} (known: {', '.join(REALIZATIONS)})"
+    if label not in LABELS:
+        return f"unknown realization {label!r} (known: {', '.join(LABELS)})"
     members = _members(nodes)
+    label, mode = split_label(label)
+    if mode and not _has_anchor(graph, members):
+        return f"the group holds no GEMM or convolution for {mode} templates to run"
     if label == "sdpa" and not find_attention(graph, members):
         return "the group holds no attention pattern the SDPA rewrite applies to"
     if label == "concat_gemm" and not find_sibling_gemms(graph, members):
         return "the group holds no sibling linears on one input to concatenate"
     return None
+
+
+def choices_for(graph: OpGraph, nodes: int | Iterable[int]) -> tuple[str, ...]:
+    """The labels worth trying for a group, the rule's first; one label when there is no
+    choice that changes the group's kernels.
+
+    Only groups holding a GEMM or convolution get more: Inductor's default (the library
+    call, the rest fused into separate kernels) is the rule's; its max-autotune templates
+    with the epilogue fused ("+autotune"); for a fused-kernel label, the ops compiled as
+    they are instead (separate GEMMs rather than one on concatenated weights, explicit
+    attention rather than SDPA); and eager (each op its own kernel, no compile). Opaque
+    groups run eagerly whatever is asked."""
+    rule = rule_for(graph, nodes)
+    members = _members(nodes)
+    if rule.label == "eager" and _opaque(graph, members, members):
+        return (rule.label,)
+    if not _has_anchor(graph, members):
+        return (rule.label,)
+    out = [rule.label]
+    bases = [rule.label] if rule.label != "eager" else []
+    if rule.label in ("sdpa", "concat_gemm"):
+        bases.append("inductor")
+    if rule.label == "eager":
+        bases.append("inductor")  # one GEMM alone: a template may beat the library call
+    for b in bases:
+        for label in (b, *(f"{b}+{m}" for m in MODES)):
+            if label not in out:
+                out.append(label)
+    if "eager" not in out:
+        out.append("eager")
+    return tuple(out)
 
 
 def labels_to_run(
@@ -188,9 +245,9 @@ def labels_to_run(
         wanted = list(realizations)
         if len(wanted) != n:
             raise ValueError(f"{len(wanted)} realizations for {n} groups")
-    bad = sorted({r for r in wanted if r not in REALIZATIONS})
+    bad = sorted({r for r in wanted if r not in LABELS})
     if bad:
-        raise ValueError(f"unknown realization(s) {bad}; use 'auto', 'plan' or {REALIZATIONS}")
+        raise ValueError(f"unknown realization(s) {bad}; use 'auto', 'plan' or {LABELS}")
     return wanted
 
 
@@ -236,15 +293,20 @@ def substitute_unmet(
 
 
 __all__ = [
+    "COMPILED",
+    "LABELS",
+    "MODES",
     "REALIZATIONS",
     "REALIZATION_RULES",
     "RULE_VERSION",
     "RealizationRule",
+    "choices_for",
     "current_labels",
     "labels_to_run",
     "realization_of",
     "realizations_of",
     "rule_for",
+    "split_label",
     "substitute_unmet",
     "unmet",
 ]

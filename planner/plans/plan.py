@@ -15,7 +15,7 @@ import torch
 
 from planner.errors import PlanError
 from planner.fusion.partition import Partition
-from planner.fusion.realization import REALIZATIONS, RULE_VERSION, realizations_of
+from planner.fusion.realization import LABELS, RULE_VERSION, realizations_of
 from planner.ir.graph import OpGraph
 
 SCHEMA_VERSION = 1
@@ -31,8 +31,8 @@ class GroupPlan:
     predicted_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.realization and self.realization not in REALIZATIONS:
-            raise PlanError(f"unknown realization {self.realization!r}; use one of {REALIZATIONS}")
+        if self.realization and self.realization not in LABELS:
+            raise PlanError(f"unknown realization {self.realization!r}; use one of {LABELS}")
 
 
 def versions() -> dict[str, str]:

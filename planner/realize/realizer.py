@@ -11,7 +11,9 @@ the label a Plan records for it (by default), else the realization rule's:
 - "sdpa" / "concat_gemm": the group's attention pattern or sibling GEMMs rewritten into a
   known fused kernel first (planner.realize.kernels), then compiled like "inductor" when
   anything is left to fuse around it;
-- "eager": the aten ops as they are (singletons, views, opaque ops, fallbacks).
+- "eager": the aten ops as they are (singletons, views, opaque ops, fallbacks);
+- a compiled label with a mode ("inductor+autotune", "concat_gemm+autotune", ...): the
+  same rewrite, compiled with the mode's Inductor options (`MODE_OPTIONS`).
 
 Correctness first: a group whose compile fails, or whose outputs are less accurate than
 eager's on the same inputs (judged against a higher-precision run of the same ops,
@@ -66,6 +68,7 @@ from planner.realize.graph import (
 )
 from planner.realize.reference import HighRun, run_in_high_precision
 from planner.realize.units import (
+    MODE_OPTIONS,
     GroupReport,
     GroupUnit,
     _clone,
@@ -622,6 +625,7 @@ def _prepare_propagating(
     wanted: list[str],
     compile_group: GroupCompiler,
     fake_mode: Any,
+    compilers: Mapping[str, GroupCompiler] | None = None,
 ) -> tuple[list[GroupUnit], dict[int, list[int]]]:
     """Prepare the groups in execution order, each traced with the layouts its producers
     hand it (planner.realize.layout). Returns the units and, for user outputs whose
@@ -647,6 +651,7 @@ def _prepare_propagating(
             fake_mode,
             RealizeWarning,
             keep_layout=False,
+            compilers=compilers,
         )
         unit.out_fakes = tuple(unit.predicted_outputs(fake_mode))
         actual.update(zip(gg.outputs, unit.out_fakes))
@@ -699,6 +704,8 @@ def realize(
     groups: list[GroupGraph] = group_graphs(parts, partition)
     order = group_order(parts, groups)
     compile_group = compiler or inductor_compiler()
+    # an injected compiler (tests) compiles every mode; else Inductor with the mode's options
+    compilers = {m: compiler or inductor_compiler(o) for m, o in MODE_OPTIONS.items()}
     t0 = time.perf_counter()
     fake_mode = fake_mode_of(parts)
     out_orders: dict[int, list[int]] = {}
@@ -709,7 +716,7 @@ def realize(
     if propagate_layouts and not _symbolic(parts):
         try:
             units, out_orders = _prepare_propagating(
-                graph, parts, groups, order, wanted, compile_group, fake_mode
+                graph, parts, groups, order, wanted, compile_group, fake_mode, compilers
             )
         except PlanError as e:
             warnings.warn(
@@ -719,10 +726,9 @@ def realize(
                 stacklevel=2,
             )
     if units is None:
+        args = (compile_group, fake_mode, RealizeWarning)
         units = [
-            prepare_unit(
-                graph, parts, gg, wanted[gg.index], compile_group, fake_mode, RealizeWarning
-            )
+            prepare_unit(graph, parts, gg, wanted[gg.index], *args, compilers=compilers)
             for gg in groups
         ]
     for gi, why in substituted.items():

@@ -13,7 +13,7 @@ import logging
 import operator
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 import planner.realize.kernels as patterns
 from planner.errors import PlanError
+from planner.fusion.realization import split_label
 from planner.ir import taxonomy
 from planner.ir.graph import Category, OpGraph
 from planner.realize.graph import GroupGraph, ProgramParts
@@ -37,6 +38,15 @@ from planner.realize.layout import (
 log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
+
+# Inductor's options per compile mode of a label (planner.fusion.realization.MODES):
+# "autotune" benchmarks Triton GEMM/convolution templates against the library call and
+# fuses the epilogue into the template that wins (Inductor's max-autotune for GEMMs).
+MODE_OPTIONS: dict[str, dict[str, Any]] = {
+    "autotune": {
+        "config_patches": {"max_autotune": True, "max_autotune_gemm": True, "epilogue_fusion": True}
+    },
+}
 
 
 def fake_mode_of(parts: ProgramParts) -> Any:
@@ -274,10 +284,15 @@ def prepare_unit(
     fake_mode: Any,
     warning: type[Warning] = UserWarning,
     keep_layout: bool = True,
+    compilers: Mapping[str, Callable[[fx.GraphModule, tuple[Any, ...], Any], Callable[..., Any]]]
+    | None = None,
 ) -> GroupUnit:
     """Make group `gg` runnable as `requested` (see the module doc); never raises for a
     group that fails to rewrite or compile: it runs eagerly instead, with a warning.
 
+    A label with a compile mode ("inductor+autotune", planner.fusion.realization.MODES)
+    is rewritten as its base label and compiled by `compilers[mode]` (`compile_group` when
+    none is given for the mode); it is always compiled, even one op alone.
     `keep_layout`: every boundary output keeps eager's strides (a rewrite's results are
     copied back where they differ); False when realize propagates layouts
     (planner.realize.layout): outputs keep the layout their kernel computes, and the
@@ -285,18 +300,19 @@ def prepare_unit(
     """
     if requested == "eager" or work_ops(gg.module) == 0:
         return GroupUnit(gg, requested, {})
-    realization, module, names, fakes = requested, gg.module, list(gg.inputs), list(gg.fakes)
+    base, mode = split_label(requested)
+    realization, module, names, fakes = base, gg.module, list(gg.inputs), list(gg.fakes)
     extra: dict[str, torch.Tensor] = {}
     note = ""
-    if requested in ("sdpa", "concat_gemm"):
+    if base in ("sdpa", "concat_gemm"):
         try:
-            rewritten = _rewrite(graph, parts, gg, requested, fake_mode, keep_layout)
+            rewritten = _rewrite(graph, parts, gg, base, fake_mode, keep_layout)
         except Exception as e:  # a rewrite that does not trace: compile the group as is
             rewritten = None
-            note = f"{requested} rewrite failed ({type(e).__name__}: {str(e)[:160]})"
+            note = f"{base} rewrite failed ({type(e).__name__}: {str(e)[:160]})"
         if rewritten is None:
             realization = "inductor"
-            note = note or f"no {requested} pattern in the group"
+            note = note or f"no {base} pattern in the group"
             msg = f"group {gg.index} asked for {requested}, runs as inductor: {note}"
             log.warning(msg)
             warnings.warn(msg, warning, stacklevel=3)
@@ -306,26 +322,28 @@ def prepare_unit(
         trimmed = _clone(module)
         if drop_empty_cat_inputs(trimmed):
             module = trimmed
-    alone = realization != "inductor"
+    alone = realization != "inductor" and not mode
     if realization in ("inductor", "sdpa", "concat_gemm") and patterns.gelu_epilogue_sites(module):
         try:
             fused = _clone(module)
             n = patterns.rewrite_gelu_epilogue(fused)
             propagate(fused, fakes, fake_mode)
-            module, alone = fused, True
+            module, alone = fused, not mode
             note = "; ".join(filter(None, [note, f"{n} GEMM+bias+GELU as one cuBLASLt call"]))
         except Exception as e:  # keep the group as it was
             why = f"GELU epilogue rewrite failed ({type(e).__name__}: {str(e)[:160]})"
             note = "; ".join(filter(None, [note, why]))
+    label = f"{realization}+{mode}" if mode else realization
     unit = GroupUnit(gg, requested, extra)
     unit.note = note
     unit.module, unit.module_fakes = module, tuple(fakes)
     if alone and work_ops(module) <= 1:
-        unit.use(realization, module.forward, names, compiled=False)  # the kernel alone
+        unit.use(label, module.forward, names, compiled=False)  # the kernel alone
         return unit
+    compiler = (compilers or {}).get(mode, compile_group) if mode else compile_group
     t0 = time.perf_counter()
     try:
-        fn = compile_group(module, tuple(fakes), fake_mode)
+        fn = compiler(module, tuple(fakes), fake_mode)
     except Exception as e:
         unit.compile_s = time.perf_counter() - t0
         reason = f"compile failed: {type(e).__name__}: {str(e).strip()[:300]}"
@@ -334,7 +352,7 @@ def prepare_unit(
         warnings.warn(f"group {gg.index} runs eagerly: {reason}", warning, stacklevel=3)
         return unit
     unit.compile_s = time.perf_counter() - t0
-    unit.use(realization, fn, names, compiled=True)
+    unit.use(label, fn, names, compiled=True)
     return unit
 
 

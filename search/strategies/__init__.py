@@ -11,6 +11,7 @@ from typing import Any
 from planner.errors import FusionPlannerError
 from search.strategies.exact import ExactStrategy
 from search.strategies.greedy import GreedyStrategy
+from search.strategies.joint import JointNSGA2Strategy, JointRLStrategy, JointTPEStrategy
 from search.strategies.nsga2 import NSGA2Strategy
 from search.strategies.priority import PriorityStrategy
 from search.strategies.rl import RLFinetuneStrategy, RLStrategy
@@ -22,6 +23,9 @@ STRATEGIES: dict[str, type[Strategy]] = {
     for cls in (
         ExactStrategy,
         GreedyStrategy,
+        JointNSGA2Strategy,
+        JointRLStrategy,
+        JointTPEStrategy,
         NSGA2Strategy,
         PriorityStrategy,
         RLStrategy,
