@@ -49,6 +49,16 @@ TOL = {"bfloat16": 3e-2, "float16": 1e-2, "float32": 1e-4}
 
 
 # ---- rows on disk -------------------------------------------------------------------
+META_KEYS = ("backend", "world_size", "device", "torch", "dtype", "compile")
+
+
+def render_jsonl(path: Path) -> str:
+    """results.md of a committed results.jsonl (the run's settings read off its rows)."""
+    rows = load_rows(path)
+    first = next(iter(rows.values()), {})
+    return markdown(rows, {k: first.get(k) for k in META_KEYS})
+
+
 def load_rows(path: Path) -> dict[str, dict[str, Any]]:
     """The last row per key (a rerun appends; a row that parses badly is skipped)."""
     rows: dict[str, dict[str, Any]] = {}
@@ -544,8 +554,8 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": a.dtype,
         "compile": a.compile,
     }
-    if a.table_only:
-        (a.out / "results.md").write_text(markdown(load_rows(path), meta))
+    if a.table_only:  # the run's settings as its rows recorded them
+        (a.out / "results.md").write_text(render_jsonl(path))
         print(f"wrote {a.out / 'results.md'}")
         return 0
     deadline = time.monotonic() + a.time_limit_s

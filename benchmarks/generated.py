@@ -75,6 +75,24 @@ def _real_models(name: str) -> Callable[[], str]:
     return render
 
 
+def _distributed(name: str) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import distributed_gpu
+
+        return distributed_gpu.render_jsonl(RESULTS / name / "results.jsonl")
+
+    return render
+
+
+def _search_measured(name: str) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import search_measured
+
+        return search_measured.render_jsonl(RESULTS / name / "search_measured.jsonl")
+
+    return render
+
+
 def _learned_cost_doc() -> str:
     from cli.commands.cost import STUDIES_DIR, read_meta, render_report
     from learned_cost.study.heldout_report import read_study
@@ -191,6 +209,23 @@ GENERATED: tuple[Generated, ...] = (
         _real_models("real_models_bucket_h100"),
         "python benchmarks/real_models.py --from-jsonl "
         "benchmarks/results/real_models_bucket_h100.jsonl",
+    ),
+    Generated(
+        "benchmarks/results/real_models_bucket_h200.md",
+        _real_models("real_models_bucket_h200"),
+        "python benchmarks/real_models.py --from-jsonl "
+        "benchmarks/results/real_models_bucket_h200.jsonl",
+    ),
+    Generated(
+        "benchmarks/results/distributed_h200x2/results.md",
+        _distributed("distributed_h200x2"),
+        "python benchmarks/distributed_gpu.py --table-only --out "
+        "benchmarks/results/distributed_h200x2",
+    ),
+    Generated(
+        "benchmarks/results/search_measured_h200/search_measured.md",
+        _search_measured("search_measured_h200"),
+        "python benchmarks/generated.py",
     ),
     Generated("docs/learned_cost.md", _learned_cost_doc, "fusion-plan cost report"),
     # Blocks of hand-written documents that quote measured figures.

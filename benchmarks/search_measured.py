@@ -370,7 +370,8 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             v = st.get(n, {})
             b = v.get("best_s")
             if b is None:
-                cells_.append("skipped" if n in r.get("skipped", {}) else "failed")
+                why = "not run" if n not in st else "failed"
+                cells_.append("skipped" if n in r.get("skipped", {}) else why)
                 continue
             mark = "!" if str(v.get("best_found_by", "")).startswith("priority") else ""
             cells_.append(f"{b / prio:.3f}{mark}" if prio else _us(b))
@@ -384,6 +385,12 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         cells_.append(f"{tune_s:.0f} / {ma:.0f}" if ma else f"{tune_s:.0f} / —")
         lines.append("| " + " | ".join(cells_) + " |")
     return "\n".join(lines) + "\n"
+
+
+def render_jsonl(path: Path) -> str:
+    """The table of a committed search_measured.jsonl (its last row's command)."""
+    rows = read_rows(path)
+    return markdown(rows, next((r["command"] for r in reversed(rows) if r.get("command")), ""))
 
 
 def main(args: Any, command: str, say: Callable[[str], None]) -> int:
@@ -425,6 +432,7 @@ def main(args: Any, command: str, say: Callable[[str], None]) -> int:
         finally:
             longest = max(longest, time.perf_counter() - c0)
         row["cell_s"] = time.perf_counter() - c0
+        row["command"] = command
         with jsonl.open("a") as f:
             f.write(json.dumps(row) + "\n")
         write_table()  # after every cell: a run cut short still leaves its table
