@@ -223,6 +223,36 @@ def test_a_kernel_laying_out_its_output_otherwise_is_copied_to_the_planned_layou
     assert got.stride() == want.stride()
 
 
+@pytest.mark.parametrize("whole", [False, True])
+def test_unaligned_linears_run_on_padded_weights_and_return_eagers_layout(monkeypatch, whole):
+    """A linear whose output width is not 16-byte aligned runs on a weight (and bias) padded
+    once with zero rows; the caller gets eager's values and strides. (On CUDA only by
+    default: the test lets CPU weights qualify.)"""
+    from planner.realize import units
+
+    pad = units.pad_unaligned_linears
+    monkeypatch.setattr(
+        units, "pad_unaligned_linears", lambda *a, **k: pad(*a, **{**k, "devices": ("cpu",)})
+    )
+    torch.manual_seed(0)
+    module = _Head(d=16, vocab=37).float()
+    module.head.bias = torch.nn.Parameter(torch.randn(37))
+    x = torch.randn(2, 5, 16)
+    c = export_model(module, (x,))
+    p = Partition.whole(c.graph) if whole else Partition.singletons(c.graph)
+    r = realize(c, p)
+    assert not r.fallbacks
+    assert any("padded to 16-byte rows" in g.note for g in r.groups)
+    head = next(g for g in r.groups if "padded" in g.note)
+    padded = [t for u in r._units if u.group.index == head.index for t in u.extra_state.values()]
+    assert {tuple(t.shape) for t in padded} == {(40, 16), (40,)}
+    for _ in range(2):
+        x = torch.randn(2, 5, 16)
+        got, want = r(x), eager_out(module, (x,))
+        assert_close(got, want, tol=1e-5)
+        assert [g.stride() for g in got] == [w.stride() for w in want]
+
+
 def test_unknown_realization_and_cyclic_partition_are_refused():
     _, _, c = build("mlp")
     with pytest.raises(PlanError, match="unknown realization"):

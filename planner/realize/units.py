@@ -258,7 +258,22 @@ def _rewrite(
                 fakes.append(fake_mode.from_tensor(extra[b_name]))
     else:
         return None
-    # drop placeholders the rewrite left unused (e.g. the separate weights)
+    _finish(gm, names, fakes, replaced, parts, gg, fake_mode, keep_layout)
+    return gm, names, fakes, extra
+
+
+def _finish(
+    gm: fx.GraphModule,
+    names: list[str],
+    fakes: list[Any],
+    replaced: Sequence[tuple[fx.Node, str]],
+    parts: ProgramParts,
+    gg: GroupGraph,
+    fake_mode: Any,
+    keep_layout: bool,
+) -> None:
+    """After a rewrite of `gm` (in place): placeholders it left unused dropped (from
+    `names` and `fakes` too), and its outputs laid out as `keep_layout` asks."""
     for node in list(gm.graph.nodes):
         if node.op == "placeholder" and not node.users:
             i = names.index(node.target)
@@ -272,7 +287,75 @@ def _rewrite(
         )
     else:  # layouts propagate: the consumers are traced with whatever this computes
         propagate(gm, fakes, fake_mode)
-    return gm, names, fakes, extra
+
+
+_ALIGN_BYTES = 16  # cuBLAS's fast kernels want every leading dimension 16-byte aligned
+
+
+def pad_unaligned_linears(
+    parts: ProgramParts,
+    gg: GroupGraph,
+    module: fx.GraphModule,
+    names: Sequence[str],
+    fakes: Sequence[Any],
+    fake_mode: Any,
+    keep_layout: bool,
+    devices: tuple[str, ...] = ("cuda",),
+) -> tuple[fx.GraphModule, list[str], list[Any], dict[str, torch.Tensor], int] | None:
+    """`module` with each `linear` whose weight is model state and whose output width is not
+    a multiple of 16 bytes run on a copy of the weight (and bias) padded with zero rows to
+    an aligned width, its output the first columns of that (a view with aligned rows):
+    cuBLAS runs an unaligned output with slow kernels (an LM head over a 50257-token
+    vocabulary), and the padded copy is made once, here, not on every call as Inductor's
+    pad_mm does. None when the module holds no such linear. The padded copies are the
+    unit's extra state, like a concatenated GEMM's: made from the weights at realization.
+    Only weights on `devices` (CUDA: the alignment rule is cuBLAS's)."""
+    gm = _clone(module)
+    g = gm.graph
+    names, fakes = list(names), list(fakes)
+    extra: dict[str, torch.Tensor] = {}
+    replaced: list[tuple[fx.Node, str]] = []
+    for node in list(g.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.linear.default:
+            continue
+        x, w = node.args[0], node.args[1]
+        b = node.args[2] if len(node.args) > 2 else None
+        state = [a for a in (w, b) if a is not None]
+        if not all(isinstance(a, fx.Node) and a.target in parts.state for a in state):
+            continue
+        weight = parts.state[w.target]
+        if weight.dim() != 2 or not weight.is_floating_point() or weight.device.type not in devices:
+            continue
+        per = max(1, _ALIGN_BYTES // weight.element_size())
+        width = int(weight.shape[0])
+        if width % per == 0:
+            continue
+        pad = -width % per
+        new_args: list[Any] = [x]
+        last = [n for n in g.nodes if n.op == "placeholder"][-1]
+        for a, what in ((w, "w"), (b, "b")):
+            if a is None:
+                continue
+            name = f"padded_{what}_{gg.index}_{len(extra)}"
+            t = parts.state[a.target].detach()
+            extra[name] = torch.nn.functional.pad(t, (0, 0, 0, pad) if t.dim() == 2 else (0, pad))
+            with g.inserting_after(last):
+                last = g.placeholder(name)
+            names.append(name)
+            fakes.append(fake_mode.from_tensor(extra[name]))
+            new_args.append(last)
+        out_dim = node.meta["val"].dim() - 1 if "val" in node.meta else -1
+        with g.inserting_after(node):
+            wide = g.call_function(torch.ops.aten.linear.default, tuple(new_args))
+        with g.inserting_after(wide):
+            cut = g.call_function(torch.ops.aten.slice.Tensor, (wide, out_dim, 0, width))
+        node.replace_all_uses_with(cut)
+        replaced.append((cut, node.name))
+        g.erase_node(node)
+    if not replaced:
+        return None
+    _finish(gm, names, fakes, replaced, parts, gg, fake_mode, keep_layout)
+    return gm, names, fakes, extra, len(replaced)
 
 
 def prepare_unit(
@@ -323,6 +406,18 @@ def prepare_unit(
         if drop_empty_cat_inputs(trimmed):
             module = trimmed
     alone = realization != "inductor" and not mode
+    if realization in ("inductor", "sdpa", "concat_gemm") and not mode:
+        try:
+            padded = pad_unaligned_linears(parts, gg, module, names, fakes, fake_mode, keep_layout)
+        except Exception as e:  # keep the group as it was
+            padded = None
+            why = f"padding unaligned GEMMs failed ({type(e).__name__}: {str(e)[:160]})"
+            note = "; ".join(filter(None, [note, why]))
+        if padded is not None:
+            module, names, fakes, more, n = padded
+            extra = {**extra, **more}
+            alone = True  # a lone padded GEMM runs as its library call, uncompiled
+            note = "; ".join(filter(None, [note, f"{n} GEMM(s) on weights padded to 16-byte rows"]))
     if realization in ("inductor", "sdpa", "concat_gemm") and patterns.gelu_epilogue_sites(module):
         try:
             fused = _clone(module)
