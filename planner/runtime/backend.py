@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 MEMO_MAX = 1 << 16  # distinct dynamic-size tuples remembered per graph
 MAX_RUN_FAILURES = 3  # shapes a realization may fail on before its bucket runs eager
 # One realization at a time per process: Inductor's compile state is not made for two
-# compiles at once, and a static specialization may build in a background thread.
+# compiles at once.
 _REALIZE_LOCK = threading.Lock()
 
 
@@ -69,8 +69,8 @@ class Realizer(Protocol):
     program's user inputs (positional). The plan has been fitted to `captured.graph`
     (`plan.graph_key == captured.graph.key`), so `plan.partition(captured.graph)` and each
     group's realization label apply as they are. May raise: the backend then runs eager.
-    A realizer that takes a `cuda_graphs` keyword (as planner.realize.realizer does) lets static
-    specializations build in a background thread; others build them on the calling one."""
+    A realizer that takes a `cuda_graphs` keyword (as planner.realize.realizer does) is
+    given `cuda_graphs=False` where the backend records the CUDA graph itself."""
 
     def __call__(self, captured: Captured, plan: Plan) -> Callable[..., Any]: ...
 
@@ -259,6 +259,7 @@ class FusionPlannerBackend:
         self.static_after = static_after
         self.static_budget = static_budget
         self.static_background = static_background
+        self._background_declined = False
         self.stats = RuntimeStats()
         self._lock = threading.Lock()
         self._static_taken = 0
@@ -272,14 +273,25 @@ class FusionPlannerBackend:
             return True
 
     def background_for(self, device: torch.device) -> bool:
-        """Whether a static specialization builds in a background thread. Off unless asked
-        for: torch's tracer keeps process-wide state (torch.fx's current make_fx tracer), so
-        an export in the background can break a torch.compile that the serving thread
-        starts meanwhile (seen on an H100: "s33 is not tracked with proxy for
-        _ModuleStackTracer" in a model compiled while a specialization was exporting). Ask
-        for it only where nothing else compiles while specializations build."""
+        """Whether a static specialization builds in a background thread: never. torch's
+        tracers patch process-wide state while they export (torch.fx's current make_fx
+        tracer, and nn.Module.__call__ itself), so an export in a background thread breaks
+        what the serving thread runs meanwhile: on an H100 a model compiled meanwhile
+        failed inside dynamo ("s33 is not tracked with proxy for _ModuleStackTracer"), and
+        on the CPU a plain call of the served model was caught by the exporting tracer
+        (KeyError 'custom' in torch.fx.traceback). `static_background=True` is declined
+        with one warning; the specialization builds in the calling thread."""
         del device
-        return bool(self.static_background)
+        if self.static_background and not self._background_declined:
+            self._background_declined = True
+            warnings.warn(
+                "static_background=True is ignored: torch's tracers patch process-wide state "
+                "while they export, so a specialization built in a background thread breaks "
+                "calls served meanwhile; it builds in the calling thread instead",
+                PlannerRuntimeWarning,
+                stacklevel=3,
+            )
+        return False
 
     def wait_static(self, timeout: float | None = None) -> bool:
         """Wait for static specializations building in the background; True if none is left."""
@@ -362,8 +374,9 @@ def fusion_planner_backend(
     dynamic dim; None uses the spec the tuning job stored for the model, else pow2.
     Keyword options of FusionPlannerBackend: `static_after` (calls of one shape before it
     gets a static specialization of its bucket's plan; None: never), `static_budget` (how
-    many specializations the process pays for), `static_background` (build them in a
-    background thread; off by default, see FusionPlannerBackend.background_for).
+    many specializations the process pays for), `static_background` (declined with a
+    warning: specializations build in the calling thread, see
+    FusionPlannerBackend.background_for).
     """
     return FusionPlannerBackend(
         cache,
