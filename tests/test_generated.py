@@ -63,3 +63,9 @@ def test_the_slow_entries_are_left_out_unless_asked(monkeypatch):
     slow = Generated("x.md", lambda: calls.append(1) or "", "cmd", slow=True)
     monkeypatch.setattr(generated, "GENERATED", (slow,))
     assert stale() == [] and calls == []
+
+
+def test_every_committed_plot_is_drawn_from_its_saved_points():
+    from benchmarks.generated import stale_plots
+
+    assert stale_plots() == [], "redraw with `PYTHONPATH=. python benchmarks/generated.py`"
