@@ -228,7 +228,7 @@ def render_report(
         "plans alike as copies of their kernels in one CUDA graph: data/README.md); "
         "`tau (within graph)` is the mean Kendall tau over the groups of one graph, which "
         "the pooled tau flatters less. A model's predicted-vs-measured plot (held out by "
-        "family) is drawn from the points saved beside it (`NAME.points.json`) and shown "
+        "its first split) is drawn from the points saved beside it (`NAME.points.json`) and shown "
         "only where its panels' figures are the table's (learned_cost/study/plots.py).",
         "",
         "Measured elsewhere, by commands in the repo: how far a plan is from the sum of its "
