@@ -26,10 +26,11 @@ from learned_cost.study.plan_eval import GraphCache
 COLUMNS = ["kind", "model", "family", "shape", "dtype", "graph_key"]
 
 
-def check(path: str) -> dict[str, Counter]:
-    """Counts of graphs, rows and plan rows by how they match: exact, former, none."""
+def check(path: str, graphs: GraphCache | None = None) -> dict[str, Counter]:
+    """Counts of graphs, rows and plan rows by how they match: exact, former, none.
+    `graphs` may be shared between datasets: a graph is captured once."""
     rows = pq.read_table(path, columns=COLUMNS).to_pylist()
-    graphs = GraphCache()
+    graphs = graphs or GraphCache()
     how: dict[tuple[str, str, str, str], str] = {}
     for r in rows:
         k = (r["model"], r["shape"] or "", r["dtype"], r["graph_key"])
@@ -63,8 +64,9 @@ def table(paths: list[str]) -> str:
         "|---|---|---|---|---|---|",
     ]
     notes = []
+    graphs = GraphCache()
     for path in paths:
-        got = check(path)
+        got = check(path, graphs)
         for what in ("graphs", "rows", "plan rows"):
             c = got[what]
             lines.append(
