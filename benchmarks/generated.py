@@ -2,11 +2,14 @@
 
     PYTHONPATH=. python benchmarks/generated.py            # rewrite every stale one
     PYTHONPATH=. python benchmarks/generated.py --check    # list stale ones, exit 1 if any
+    PYTHONPATH=. python benchmarks/generated.py --slow     # the slow entries too (minutes)
 
 Each entry re-renders from committed artifacts only (JSON lines, Parquet, saved models,
 other generated files) or recomputes a seeded CPU result (docs/accuracy_figures.py): no
 device, no timing, seconds. tests/test_generated.py runs the
 check, so a committed table that no longer matches its artifact fails the default suite.
+An entry marked slow (minutes: it recaptures and plans every graph of a dataset) is
+checked by the slow tests and by `--slow` only.
 
 A generated block is the text between `<!-- generated:NAME -->` and
 `<!-- /generated:NAME -->` in a document; figures in prose outside such blocks are not
@@ -34,6 +37,7 @@ class Generated:
     render: Callable[[], str]
     command: str  # what a person runs to regenerate it by hand
     block: str = ""
+    slow: bool = False  # minutes, not seconds: checked by the slow tests only
 
 
 # Each renderer imports its generator when it runs: checking one entry loads only the
@@ -65,6 +69,35 @@ def _stream_summary(name: str) -> Callable[[], str]:
     return render
 
 
+def _raw(module: str, name: str) -> Callable[[], str]:
+    """A results file rendered from the raw rows saved beside it (benchmarks/raw_rows.py)."""
+
+    def render() -> str:
+        import importlib
+
+        from benchmarks import raw_rows
+
+        return importlib.import_module(f"benchmarks.{module}").render(
+            raw_rows.load(RESULTS / f"{name}.json")
+        )
+
+    return render
+
+
+def _raw_cmd(module: str, name: str) -> str:
+    return (
+        f"python benchmarks/{module}.py --from-json benchmarks/results/{name}.json "
+        f"> benchmarks/results/{name}.md"
+    )
+
+
+RAW_ROWS = (
+    ("planning_time", "planning_time"),
+    ("lookup_latency", "lookup_latency_cpu"),
+    ("mlp_sweep", "mlp_sweep_cpu"),
+)
+
+
 def _real_models(name: str) -> Callable[[], str]:
     def render() -> str:
         from benchmarks import real_models
@@ -93,6 +126,73 @@ def _search_measured(name: str) -> Callable[[], str]:
     return render
 
 
+HELDOUT_PLANS = (
+    "compare --data data/h100_profiles.parquet --data data/h100_heldout.parquet "
+    "--plans data/h100_heldout_plans.json --retime data/h100_plan_retime.parquet"
+)
+
+
+def _heldout_plans() -> str:
+    """Recaptures every graph of the H100 data and plans it again (a few minutes)."""
+    import os
+    import warnings
+
+    from benchmarks import heldout_plans
+
+    here = os.getcwd()
+    os.chdir(ROOT)  # the table names its files relative to the repository
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return heldout_plans.render(heldout_plans.parser().parse_args(HELDOUT_PLANS.split()))
+    finally:
+        os.chdir(here)
+
+
+def _plan_additivity() -> str:
+    """Recaptures the H100 graphs and cross-validates plan-level models (minutes)."""
+    import contextlib
+    import io
+    import os
+    import warnings
+
+    from benchmarks import plan_additivity
+    from learned_cost.data import load_profiles
+
+    data = "data/h100_profiles.parquet"
+    prof = load_profiles([str(ROOT / data)])
+    buf = io.StringIO()
+    here = os.getcwd()
+    os.chdir(ROOT)  # the result names its file relative to the repository
+    try:
+        with contextlib.redirect_stdout(buf), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan_additivity.main([data, "--residual"])
+    finally:
+        os.chdir(here)
+    return (
+        f"# PYTHONPATH=. python benchmarks/plan_additivity.py {data} --residual\n"
+        f"# (this machine's CPU; {data} at hash {prof.data_hash}, {len(prof.rows)} rows)\n"
+        + buf.getvalue()
+    )
+
+
+def _recapture() -> str:
+    """Recaptures every graph of every committed dataset (a few minutes)."""
+    import os
+
+    from benchmarks import recapture
+
+    here = os.getcwd()
+    os.chdir(ROOT)  # the table names its files relative to the repository
+    try:
+        return recapture.table(
+            sorted(str(p.relative_to(ROOT)) for p in (ROOT / "data").glob("*.parquet"))
+        )
+    finally:
+        os.chdir(here)
+
+
 def _learned_cost_doc() -> str:
     from cli.commands.cost import STUDIES_DIR, read_meta, render_report
     from learned_cost.study.heldout_report import read_study
@@ -102,7 +202,7 @@ def _learned_cost_doc() -> str:
     studies = [
         (str(p.relative_to(ROOT)), read_study(str(p))) for p in sorted(STUDIES_DIR.glob("*.json"))
     ]
-    return render_report(metas, studies)
+    return render_report(metas, studies, root=ROOT)
 
 
 def _section(name: str, heading: str) -> Callable[[], str]:
@@ -227,7 +327,15 @@ GENERATED: tuple[Generated, ...] = (
         _search_measured("search_measured_h200"),
         "python benchmarks/generated.py",
     ),
+    *(Generated(f"benchmarks/results/{n}.md", _raw(m, n), _raw_cmd(m, n)) for m, n in RAW_ROWS),
     Generated("docs/learned_cost.md", _learned_cost_doc, "fusion-plan cost report"),
+    Generated(
+        "benchmarks/results/heldout_plans_h100.md",
+        _heldout_plans,
+        f"python benchmarks/heldout_plans.py {HELDOUT_PLANS} "
+        "> benchmarks/results/heldout_plans_h100.md",
+        slow=True,
+    ),
     # Blocks of hand-written documents that quote measured figures.
     Generated(
         "docs/runtime.md",
@@ -244,6 +352,20 @@ GENERATED: tuple[Generated, ...] = (
         for t in ("draws_table", "wrong_kernels_table")
     ),
     Generated("data/README.md", _data_summary, "python benchmarks/generated.py", block="datasets"),
+    Generated(
+        "benchmarks/results/plan_additivity_h100.txt",
+        _plan_additivity,
+        "PYTHONPATH=. python benchmarks/plan_additivity.py data/h100_profiles.parquet "
+        "--residual (below the two header lines)",
+        slow=True,
+    ),
+    Generated(
+        "data/README.md",
+        _recapture,
+        "python benchmarks/generated.py --slow",
+        block="recapture",
+        slow=True,
+    ),
     Generated(
         "docs/search.md",
         _policy_record,
@@ -292,11 +414,14 @@ def expected(entry: Generated, current: str) -> str:
     return pattern.sub(lambda m: m.group(1) + body + m.group(3), current, count=1)
 
 
-def stale(root: Path = ROOT) -> list[tuple[Generated, str]]:
-    """(entry, expected text of its file) for every entry whose file is out of date."""
+def stale(root: Path = ROOT, slow: bool = False) -> list[tuple[Generated, str]]:
+    """(entry, expected text of its file) for every entry whose file is out of date; the
+    slow entries only with `slow`."""
     texts: dict[str, str] = {}
     out = []
     for entry in GENERATED:
+        if entry.slow and not slow:
+            continue
         current = texts.get(entry.path)
         if current is None:
             current = (root / entry.path).read_text()
@@ -307,11 +432,26 @@ def stale(root: Path = ROOT) -> list[tuple[Generated, str]]:
     return out
 
 
+def stale_plots(root: Path = ROOT) -> list[Path]:
+    """Plots under docs/img with saved points (learned_cost.study.plots) that were not drawn
+    from them. (Whether their titles are their model's figures is checked where
+    docs/learned_cost.md shows them: a plot that disagrees is left out of it.)"""
+    from learned_cost.study import plots
+
+    out = []
+    for src in sorted((root / "docs" / "img").glob("*.points.json")):
+        png = src.with_name(src.name.removesuffix(".points.json") + ".png")
+        if not png.is_file() or plots.png_digest(png) != plots.digest(src):
+            out.append(png)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="only list stale files")
+    p.add_argument("--slow", action="store_true", help="the slow entries too (minutes)")
     args = p.parse_args(argv)
-    found = stale()
+    found: list = stale(slow=args.slow)
     for entry, want in found:
         what = f"{entry.path}" + (f" (block {entry.block})" if entry.block else "")
         if args.check:
@@ -319,6 +459,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             (ROOT / entry.path).write_text(want)
             print(f"wrote {what}")
+    for png in stale_plots():
+        if args.check:
+            print(f"stale: {png.relative_to(ROOT)}; redraw with `python benchmarks/generated.py`")
+        else:
+            from learned_cost.study import plots
+
+            plots.render_png(png)
+            print(f"drew {png.relative_to(ROOT)} from its points")
+        found.append(png)
     return 1 if args.check and found else 0
 
 

@@ -199,6 +199,21 @@ def _summary(r: np.ndarray) -> str:
 
 
 def compare(args: argparse.Namespace) -> None:
+    sys.stdout.write(render(args))
+
+
+def render(args: argparse.Namespace) -> str:
+    """The table `compare` prints (benchmarks/results/heldout_plans_h100.md)."""
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        _compare(args)
+    return buf.getvalue()
+
+
+def _compare(args: argparse.Namespace) -> None:
     got = _best_pairs(args)
     spec, ps = got["spec"], got["pairs"]
     ratios = np.array([p["heldout"][0] / p["analytical"][0] for p in ps])
@@ -271,7 +286,7 @@ def _plan_noise(data: list[str], retime: list[str], device: str) -> np.ndarray:
     return np.array([abs(again[k] / first[k] - 1) for k in again if k in first])
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
@@ -303,9 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--device", default="h100")
     pr.add_argument("--plans", required=True, help="the file `make` wrote")
     pr.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     {"make": make, "compare": compare, "pairs": pairs}[args.cmd](args)
-
-
-if __name__ == "__main__":
-    main()

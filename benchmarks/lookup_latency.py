@@ -1,6 +1,10 @@
 """Plan-cache lookup latency (L1 / L2) and the runtime backend's per-call overhead.
 
     python benchmarks/lookup_latency.py [--out benchmarks/results/lookup_latency_cpu.md]
+    python benchmarks/lookup_latency.py --from-json benchmarks/results/lookup_latency_cpu.json
+
+Every sample (nanoseconds, in time order) is saved beside the markdown (`.json`) and the
+markdown's percentiles are computed from them; `--from-json` renders it again.
 
 Targets: L1 p99 <= 10 us, L2 p99 <= 500 us on this machine. Each sample times
 one call with perf_counter_ns, so p99 includes the occasional GC pause or scheduler
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 
 import zoo
+from benchmarks import raw_rows
 from planner.errors import FusionPlannerError
 from planner.fusion.partition import Partition
 from planner.hardware import cpu_model_name
@@ -38,8 +43,8 @@ from planner.runtime.backend import fusion_planner_backend
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def sample(fn: Callable[[int], Any], n: int, warmup: int = 50) -> list[float]:
-    """n timings (seconds) of fn(i), i = 0..n-1, one call per sample."""
+def sample(fn: Callable[[int], Any], n: int, warmup: int = 50) -> list[int]:
+    """n timings (nanoseconds) of fn(i), i = 0..n-1, one call per sample."""
     for i in range(warmup):
         fn(i)
     out = []
@@ -47,7 +52,7 @@ def sample(fn: Callable[[int], Any], n: int, warmup: int = 50) -> list[float]:
     for i in range(n):
         t0 = clock()
         fn(i)
-        out.append((clock() - t0) * 1e-9)
+        out.append(clock() - t0)
     return out
 
 
@@ -59,10 +64,17 @@ def pct(xs: list[float], q: float) -> float:
 ROUNDS = 5  # the samples of a row, in time order, cut into this many consecutive rounds
 
 
-def row(name: str, xs: list[float], target_us: float | None = None) -> str:
+def row(name: str, ns: list[int], target_us: float | None = None) -> dict[str, Any]:
+    """One raw row: what was timed, its samples (ns, in time order) and its target."""
+    return {"what": name, "samples_ns": ns, "target_us": target_us}
+
+
+def format_row(r: dict[str, Any]) -> str:
     """p50 and p99 over all samples, and the p99 of the quietest round. The target is
     judged on the all-samples p99, the tail a caller sees; the quietest fifth stands
     beside it as an estimate of the code's own tail on a machine other processes share."""
+    name, target_us = r["what"], r["target_us"]
+    xs = [t * 1e-9 for t in r["samples_ns"]]
     p50, p99 = pct(xs, 0.5) * 1e6, pct(xs, 0.99) * 1e6
     k = max(1, len(xs) // ROUNDS)
     quiet = min(pct(xs[i : i + k], 0.99) for i in range(0, len(xs) - k + 1, k)) * 1e6
@@ -82,7 +94,7 @@ def fill(cache: PlanCache, plan: Plan, models: int, buckets: list) -> None:
             cache.store(other, b)
 
 
-def lookup_rows(n: int, models: int) -> tuple[list[str], dict[str, Any]]:
+def lookup_rows(n: int, models: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     module, inputs = zoo.get("transformer-block").build(
         {"B": 8, "S": 512, "D": 768, "H": 12}, device="meta"
     )
@@ -153,11 +165,11 @@ def lookup_rows(n: int, models: int) -> tuple[list[str], dict[str, Any]]:
             500,
         )
     )
-    info = {"entries": n_entries, "fill_s": fill_s, "groups": plan.n_groups, "db": url}
+    info = {"entries": n_entries, "fill_s": fill_s, "groups": plan.n_groups}
     return rows, info
 
 
-def backend_rows(n: int) -> tuple[list[str], dict[str, Any]]:
+def backend_rows(n: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per-call time: torch.compile(backend=fusion-planner) vs the realized plan called
     directly, on a model small enough that the overhead shows."""
     # One intra-op thread: at this size a second thread only adds wake-up jitter, and
@@ -223,33 +235,70 @@ def backend_rows(n: int) -> tuple[list[str], dict[str, Any]]:
     return rows, {"model": "zoo:mlp B=8 D=64 HID=128 L=2 (fp32, 1 intra-op thread)"}
 
 
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    """Time every row; the raw run `render` turns into the markdown."""
+    load_before = os.getloadavg()[0]
+    lk_rows, lk = lookup_rows(args.samples, args.models)
+    be_rows, be = backend_rows(args.samples // 4)
+    return {
+        "command": f"python benchmarks/lookup_latency.py --samples {args.samples} "
+        f"--models {args.models}",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{cpu_model_name()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, torch {torch.__version__}",
+        "load": [load_before, os.getloadavg()[0]],
+        "models": args.models,
+        "lookup": lk,
+        "backend": be,
+        "rows": [{"section": "lookup", **r} for r in lk_rows]
+        + [{"section": "backend", **r} for r in be_rows],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/lookup_latency_cpu.md"))
     p.add_argument("--samples", type=int, default=20000)
     p.add_argument("--models", type=int, default=250, help="other models filling the cache")
+    p.add_argument(
+        "--from-json", default=None, help="render the markdown from a saved rows file instead"
+    )
     args = p.parse_args(argv)
-    load_before = os.getloadavg()[0]
-    lk_rows, lk = lookup_rows(args.samples, args.models)
-    be_rows, be = backend_rows(args.samples // 4)
+    if args.from_json:
+        sys.stdout.write(render(raw_rows.load(args.from_json)))
+        return 0
+    out = Path(args.out)
+    run = {**collect(args), "rows_file": raw_rows.rows_path(out).name}
+    raw_rows.save(raw_rows.rows_path(out), run, compact=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(run))
+    print(f"wrote {out} and {raw_rows.rows_path(out)}")
+    return 0
+
+
+def render(run: dict[str, Any]) -> str:
+    """The markdown of a raw run (`collect`)."""
+    lk, be = run["lookup"], run["backend"]
+    lk_rows = [format_row(r) for r in run["rows"] if r["section"] == "lookup"]
+    be_rows = [format_row(r) for r in run["rows"] if r["section"] == "backend"]
+    load_before, load_after = run["load"]
     header = (
         "| what | samples | p50 us | p99 us | p99 us, quietest 1/5 | mean us | target p99 us "
         "| met |\n|---|---|---|---|---|---|---|---|"
     )
-    cpu = cpu_model_name()
     text = f"""# Plan-cache lookup latency and runtime backend overhead (CPU)
 
-Produced by `python benchmarks/lookup_latency.py` on {time.strftime("%Y-%m-%d")}:
-{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}.
+Produced by `{run["command"]}` on {run["date"]}:
+{run["machine"]}. Raw samples: `{run["rows_file"]}` beside this file.
 One call per sample (perf_counter_ns); p99 includes GC and scheduler noise. Each row's
 samples, in time order, are also cut into {ROUNDS} rounds: "quietest 1/5" is the p99 of
 the round least disturbed by other processes; targets are judged on all samples. Load average
-(1 min) when it started: {load_before:.2f}, when it ended: {os.getloadavg()[0]:.2f}; a load
+(1 min) when it started: {load_before:.2f}, when it ended: {load_after:.2f}; a load
 above the core count means other processes competed for the CPU and stretched the tails.
 
 ## Lookups
 
-The cache is a SQLite file holding {lk["entries"]} plans ({args.models} other models x 6
+The cache is a SQLite file holding {lk["entries"]} plans ({run["models"]} other models x 6
 buckets, plus the target: the zoo's transformer block, {lk["groups"]}-group plan JSON per
 entry), filled through the public API in {lk["fill_s"]:.1f} s. Spec: S=128..4096, pow2.
 
@@ -285,10 +334,7 @@ kernels.
   torch.compile backend pays: compare dynamo alone (backend "eager", running dynamo's
   graph) with the eager module.
 """
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return text
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
     python benchmarks/mlp_sweep.py --data data/h100_profiles.parquet \
         --data data/h100_repeatability/collect1.parquet --device h100 \
         --config dropout=0.3 --config dropout=0.1 --config dropout=0 \
-        --config dropout=0,hidden=128x128
+        --config dropout=0,hidden=128x128 --out benchmarks/results/mlp_sweep_h100.md
+    python benchmarks/mlp_sweep.py --from-json benchmarks/results/mlp_sweep_h100.json
 
 One network per setting (`n_members=1` unless the setting names it), the free form, grouped
 5-fold cross-validation by graph and by family on the rows training uses (today's
@@ -17,8 +18,13 @@ the form's choice is; docs/learned_cost.md, docs/design_notes.md).
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 import time
+from dataclasses import asdict
+from pathlib import Path
 
+from benchmarks import raw_rows
 from learned_cost.data import group_rows, load_profiles, plan_rows
 from learned_cost.study.evaluate import MODELS, cross_validate, group_metrics
 from learned_cost.study.plan_eval import GraphCache, current_descriptors, evaluate_plans
@@ -41,30 +47,14 @@ def parse_config(text: str) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", action="append", required=True)
-    ap.add_argument("--device", required=True)
-    ap.add_argument("--config", action="append", required=True, type=parse_config)
-    ap.add_argument("--split", default="graph_key,family")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--plans", action="store_true", help="score the plan rows too")
-    args = ap.parse_args(argv)
+def collect(args: argparse.Namespace, command: str) -> dict:
+    """Cross-validate every setting on every split; the rows `render` turns into markdown."""
     spec = get_spec(args.device)
     profiles, graphs = load_profiles(args.data), GraphCache()
     rows = current_descriptors(group_rows(profiles, device=spec.name), graphs)
     prows = plan_rows(profiles, device=spec.name) if args.plans else []
     mlp = [m for m in MODELS if m[0] == "mlp-free"]
-    print(
-        f"{len(rows)} group rows"
-        + (f", {len(prows)} plan rows" if prows else "")
-        + f" of {spec.name}"
-    )
-    plan_cols = " plan error | regret |" if prows else ""
-    print(
-        f"| held out by | setting | MAPE | median APE | tau (all) | tau (within graph) |{plan_cols} s |"
-    )
-    print("|---|---|---|---|---|---|" + ("---|---|" if prows else "") + "---|")
+    out = []
     for split in args.split.split(","):
         for cfg in args.config:
             t0 = time.perf_counter()
@@ -78,16 +68,86 @@ def main(argv: list[str] | None = None) -> None:
                 overrides={"mlp-free": {"n_members": 1, **cfg}},
             )
             m = group_metrics(cv.predicted_s("mlp-free"), cv.design.measured_s, cv.graph_ids)
-            plan = ""
+            row = {"split": split, "setting": repr(cfg), **asdict(m)}
             if prows:
                 pm = evaluate_plans(prows, cv, lambda _name: spec, graphs).metrics("mlp-free")
-                plan = f" {100 * pm.plan_mape:.1f}% | {100 * pm.mean_regret:.1f}% |"
-            print(
-                f"| {split} | {cfg} | {100 * m.mape:.1f}% | {100 * m.median_ape:.1f}% "
-                f"| {m.kendall_tau:.3f} | {m.kendall_tau_within:.3f} |{plan}"
-                f" {time.perf_counter() - t0:.0f} |",
-                flush=True,
-            )
+                row |= {"plan_mape": pm.plan_mape, "mean_regret": pm.mean_regret}
+            row["seconds"] = time.perf_counter() - t0
+            out.append(row)
+            print(format_row(row), flush=True)
+    return {
+        "command": command,
+        "device": spec.name,
+        "data": list(args.data),
+        "n_group_rows": len(rows),
+        "n_plan_rows": len(prows),
+        "rows": out,
+    }
+
+
+def format_row(r: dict) -> str:
+    plan = (
+        f" {100 * r['plan_mape']:.1f}% | {100 * r['mean_regret']:.1f}% |"
+        if "plan_mape" in r
+        else ""
+    )
+    return (
+        f"| {r['split']} | {r['setting']} | {100 * r['mape']:.1f}% | {100 * r['median_ape']:.1f}% "
+        f"| {r['kendall_tau']:.3f} | {r['kendall_tau_within']:.3f} |{plan} {r['seconds']:.0f} |"
+    )
+
+
+def render(run: dict) -> str:
+    """The markdown of a sweep's rows (`collect`)."""
+    plans = run["n_plan_rows"] > 0
+    plan_cols = " plan error | regret |" if plans else ""
+    lines = [
+        f"# Correction MLP settings, held out ({run['device']})",
+        "",
+        f"`{run['command']}`; raw rows: `{run['rows_file']}` beside this file. One network per "
+        "setting (free form), grouped 5-fold cross-validation; s: seconds per setting on the "
+        "machine that ran it.",
+        "",
+        f"{run['n_group_rows']} group rows"
+        + (f", {run['n_plan_rows']} plan rows" if plans else "")
+        + f" of {run['device']}",
+        "",
+        f"| held out by | setting | MAPE | median APE | tau (all) | tau (within graph) |{plan_cols} s |",
+        "|---|---|---|---|---|---|" + ("---|---|" if plans else "") + "---|",
+        *(format_row(r) for r in run["rows"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", action="append")
+    ap.add_argument("--device")
+    ap.add_argument("--config", action="append", type=parse_config)
+    ap.add_argument("--split", default="graph_key,family")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plans", action="store_true", help="score the plan rows too")
+    ap.add_argument("--out", default=None, help="the markdown; its rows go beside it (.json)")
+    ap.add_argument(
+        "--from-json", default=None, help="render the markdown from a saved rows file instead"
+    )
+    args = ap.parse_args(argv)
+    if args.from_json:
+        sys.stdout.write(render(raw_rows.load(args.from_json)))
+        return
+    if not (args.data and args.device and args.config):
+        ap.error("--data, --device and --config are required (or --from-json)")
+    command = "python benchmarks/mlp_sweep.py " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
+    run = collect(args, command)
+    if args.out:
+        out = Path(args.out)
+        run["rows_file"] = raw_rows.rows_path(out).name
+        raw_rows.save(raw_rows.rows_path(out), run)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render(run))
+        print(f"wrote {out} and {raw_rows.rows_path(out)}")
 
 
 if __name__ == "__main__":

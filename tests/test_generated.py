@@ -7,11 +7,13 @@ import shutil
 
 import pytest
 
-from benchmarks.generated import GENERATED, ROOT, expected, stale
+from benchmarks.generated import GENERATED, ROOT, Generated, expected, stale
 
 
 @pytest.mark.parametrize(
-    "entry", GENERATED, ids=[e.path + (f"#{e.block}" if e.block else "") for e in GENERATED]
+    "entry",
+    [pytest.param(e, marks=pytest.mark.slow) if e.slow else e for e in GENERATED],
+    ids=[e.path + (f"#{e.block}" if e.block else "") for e in GENERATED],
 )
 def test_generated_file_matches_its_artifact(entry):
     current = (ROOT / entry.path).read_text()
@@ -41,3 +43,29 @@ def test_a_document_without_its_markers_is_reported():
     entry = next(e for e in GENERATED if e.block)
     with pytest.raises(ValueError, match=f"generated:{entry.block}"):
         expected(entry, "no markers here\n")
+
+
+def test_a_file_that_is_not_a_benchmarks_rows_is_refused(tmp_path):
+    from benchmarks import raw_rows
+
+    bad = tmp_path / "x.json"
+    bad.write_text('{"command": "c"}')
+    with pytest.raises(SystemExit, match="no 'rows' list"):
+        raw_rows.load(bad)
+    with pytest.raises(SystemExit, match="cannot read benchmark rows"):
+        raw_rows.load(tmp_path / "missing.json")
+
+
+def test_the_slow_entries_are_left_out_unless_asked(monkeypatch):
+    import benchmarks.generated as generated
+
+    calls = []
+    slow = Generated("x.md", lambda: calls.append(1) or "", "cmd", slow=True)
+    monkeypatch.setattr(generated, "GENERATED", (slow,))
+    assert stale() == [] and calls == []
+
+
+def test_every_committed_plot_is_drawn_from_its_saved_points():
+    from benchmarks.generated import stale_plots
+
+    assert stale_plots() == [], "redraw with `PYTHONPATH=. python benchmarks/generated.py`"

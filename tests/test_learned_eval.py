@@ -37,7 +37,8 @@ from learned_cost.study.evaluate import (
     repeatability,
 )
 from learned_cost.study.plan_eval import GraphCache, evaluate_plans
-from learned_cost.study.train import TrainConfig, family_styles, train
+from learned_cost.study.plots import family_styles
+from learned_cost.study.train import TrainConfig, train
 from planner.errors import CostModelError
 from planner.hardware import device_fingerprint, get_spec
 

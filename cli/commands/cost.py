@@ -199,10 +199,14 @@ def _heldout_command(args: argparse.Namespace, device: str, out: Path) -> str:
 
 # ---- docs ------------------------------------------------------------------------------------
 def render_report(
-    metas: list[tuple[str, ModelMeta]], studies: list[tuple[str, dict]] | None = None
+    metas: list[tuple[str, ModelMeta]],
+    studies: list[tuple[str, dict]] | None = None,
+    root: str | Path = ".",
 ) -> str:
     """docs/learned_cost.md: the held-out studies (`cost heldout`) first, then every saved
-    model's own held-out tables, plus the feature schema."""
+    model's own held-out tables, plus the feature schema. A model's plot is shown only
+    where it was drawn from saved points whose figures are the model's tables' (paths
+    relative to `root`)."""
     lines = [
         "# Learned cost model: held-out results",
         "",
@@ -223,7 +227,9 @@ def render_report(
         "left out. Groups are timed alone (on GPU since collector version 3, groups and "
         "plans alike as copies of their kernels in one CUDA graph: data/README.md); "
         "`tau (within graph)` is the mean Kendall tau over the groups of one graph, which "
-        "the pooled tau flatters less.",
+        "the pooled tau flatters less. A model's predicted-vs-measured plot (held out by "
+        "its first split) is drawn from the points saved beside it (`NAME.points.json`) and shown "
+        "only where its panels' figures are the table's (learned_cost/study/plots.py).",
         "",
         "Measured elsewhere, by commands in the repo: how far a plan is from the sum of its "
         "groups timed alone, the floor under any additive plan error "
@@ -292,8 +298,7 @@ def render_report(
                 lines += [f"Folds (families held out together): {folds}", ""]
         lines += _repeatability(met.get("repeatability"))
         if met.get("plot"):
-            rel = Path(met["plot"]).relative_to("docs") if met["plot"].startswith("docs/") else None
-            lines += [f"![predicted vs measured, {m.device}]({rel or met['plot']})", ""]
+            lines += _plot(m.device, met["plot"], Path(root))
     lines += [
         f"## Features (schema {SCHEMA_HASH})",
         "",
@@ -303,6 +308,21 @@ def render_report(
         "",
     ]
     return "\n".join(lines)
+
+
+def _plot(device: str, plot: str, root: Path) -> list[str]:
+    """The plot's image line, or why it is left out."""
+    from learned_cost.study.plots import problems
+
+    found = problems(plot, root)
+    if found:
+        return [
+            f"The predicted-vs-measured plot is not shown: {'; '.join(found)}. Training again "
+            "with the command above saves its points and draws it from them.",
+            "",
+        ]
+    rel = Path(plot).relative_to("docs") if plot.startswith("docs/") else plot
+    return [f"![predicted vs measured, {device}]({rel})", ""]
 
 
 def _committed(met: dict) -> str:

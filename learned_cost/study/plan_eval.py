@@ -32,6 +32,7 @@ from learned_cost.study.evaluate import CVResult, PlanMetrics, ape, plan_metrics
 from planner.errors import FusionPlannerError
 from planner.features import group_descriptor
 from planner.hardware import DeviceSpec
+from planner.ir.backend_forms import former_keys
 from planner.ir.capture import capture
 from planner.ir.graph import OpGraph
 from zoo import modelspec
@@ -44,6 +45,11 @@ SUMS_ONLY = frozenset({"analytical", "mean-bias"})
 
 class GraphCache:
     """Graphs recaptured from a row's (model, shape, dtype), checked against its graph_key.
+
+    A row matches a graph whose key is its graph_key, or whose key under an earlier capture
+    that differed only in backend-dependent outputs is (`planner.ir.backend_forms.former_keys`:
+    rows collected on a CPU carry batch norm's empty statistics). A row that matches neither
+    was captured differently in substance and gets no graph.
 
     `capture_fn(model, shape, dtype, device)` replaces the capture (tests pass their own)."""
 
@@ -59,7 +65,7 @@ class GraphCache:
             if k not in self._graphs:
                 self._graphs[k] = self._capture_fn(*base, device)
             g = self._graphs[k]
-            if g is not None and (not want or g.key == want):
+            if g is not None and (not want or g.key == want or want in former_keys(g)):
                 return g
         return None  # captured differently than when measured (code changed): skip
 

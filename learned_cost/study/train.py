@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on build machines or the GPU box
-import matplotlib.pyplot as plt
 import numpy as np
 
 from learned_cost.data import MAX_NOISE, Profiles, group_rows, noisy_rows, plan_groups, plan_rows
@@ -29,6 +24,7 @@ from learned_cost.features import design_matrix, normalize_dtype
 from learned_cost.mlp import FORMS, CorrectionMLP
 from learned_cost.persist import ModelMeta, save_model
 from learned_cost.plan_context import PlanContext, fit_plan_context_groups, graph_footprint
+from learned_cost.study import plots
 from learned_cost.study.evaluate import (
     MODEL_NAMES,
     MODELS,
@@ -264,7 +260,11 @@ def train(
     context = fit_final_context(profiles, final, spec, graphs)
     metrics = metrics_record(run, form, final)
     if plot:
-        metrics["plot"] = str(plot_predictions(run.splits[0], plot, title=f"{spec.name}"))
+        metrics["plot"] = str(
+            plot_predictions(
+                run.splits[0], plot, title=spec.name, model_file=str(out or ""), command=command
+            )
+        )
     meta = None
     if out:
         meta = save_model(
@@ -303,75 +303,14 @@ def render_run(run: EvalRun, model: str | None = None) -> str:
     return "\n".join(lines)
 
 
-# Qualitative colours far apart from each other (matplotlib's tab10 and four more); with a
-# marker per family too, two families never look alike even where colours are near.
-FAMILY_COLORS = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-    "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#000080", "#ff00ff", "#7fff00",
-)  # fmt: skip
-FAMILY_MARKERS = ("o", "s", "^", "D", "v")
-
-
-def family_styles(families: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """(colour, marker) per family, in sorted order: distinct pairs for up to 70 families."""
-    out = {}
-    for k, fam in enumerate(sorted(set(families))):
-        out[fam] = (FAMILY_COLORS[k % len(FAMILY_COLORS)], FAMILY_MARKERS[k % len(FAMILY_MARKERS)])
-    return out
-
-
-def plot_predictions(sr: SplitResult, path: str | Path, title: str = "") -> Path:
-    """Held-out predicted vs measured latency, one panel per model, log-log (PNG).
-
-    Every family keeps one colour and marker across the panels; the legend sits in a
-    panel of its own (the last, empty one where the grid has one) so it hides no points.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    names = list(sr.cv.oof_log_ratio)
-    measured = sr.cv.design.measured_s * 1e6
-    families = sr.cv.design.groups if sr.split == "family" else None
-    styles = family_styles(list(families)) if families is not None else {}
-    cols = 3
-    rows = math.ceil((len(names) + (1 if styles else 0)) / cols)
-    fig, axes = plt.subplots(
-        rows, cols, figsize=(4.2 * cols, 4.0 * rows + 0.4), squeeze=False, layout="constrained"
-    )
-    lo, hi = measured.min() / 2, measured.max() * 2
-    for ax, name in zip(axes.flat, names):
-        pred = sr.cv.predicted_s(name) * 1e6
-        s = sr.score(name).groups
-        if families is not None:
-            for fam, (color, marker) in styles.items():
-                m = families == fam
-                ax.scatter(
-                    measured[m], pred[m], s=7, alpha=0.6, color=color, marker=marker,
-                    linewidths=0, label=fam,
-                )  # fmt: skip
-        else:
-            ax.scatter(measured, pred, s=6, alpha=0.6)
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-        for f in (0.9, 1.1):
-            ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.5)
-        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
-        ax.set_title(f"{name}: MAPE {100 * s.mape:.1f}%, tau {s.kendall_tau:.2f}", fontsize=9)
-        ax.set_xlabel("measured (us)", fontsize=8)
-        ax.set_ylabel("predicted (us)", fontsize=8)
-    spare = list(axes.flat)[len(names) :]
-    for ax in spare:
-        ax.axis("off")
-    if styles:
-        handles, labels = axes.flat[0].get_legend_handles_labels()
-        spare[0].legend(
-            handles, labels, title="model family", loc="center", fontsize=9, markerscale=2.5,
-            frameon=False,
-        )  # fmt: skip
-        for h in spare[0].get_legend().legend_handles:
-            h.set_alpha(1.0)
-    fig.suptitle(f"{title} held-out groups, split by {sr.split}".strip(), fontsize=12)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+def plot_predictions(
+    sr: SplitResult, path: str | Path, title: str = "", *, model_file: str = "", command: str = ""
+) -> Path:
+    """Held-out predicted vs measured latency, one panel per model, log-log (PNG): the points
+    are saved beside `path` first and the PNG drawn from them (learned_cost.study.plots)."""
+    pts = plots.make_points(sr, title, model_file=model_file, command=command)
+    plots.write_points(pts, path)
+    return plots.render_png(path)
 
 
 def describe_models() -> list[str]:

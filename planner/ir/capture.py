@@ -46,6 +46,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
+import planner.ir.backend_forms as backend_forms
 import planner.ir.taxonomy as taxonomy
 from planner.distributed.collectives import group_size_of
 from planner.errors import CaptureError, PlanError
@@ -634,6 +635,7 @@ class _Reader:
         if category is Category.COLLECTIVE and "group_name" in attrs:
             attrs.setdefault("group_size", group_size_of(str(attrs["group_name"])))
         op = taxonomy.packet_of(target)
+        vals = backend_forms.canonical_values(op, attrs, vals, self._input_val(node))
         first = self.tensors[inputs[0]] if inputs else None
         if category is Category.VIEW and op in taxonomy.MAYBE_COPY_VIEWS and first is not None:
             src = self._input_val(node)
