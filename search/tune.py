@@ -240,6 +240,8 @@ def search_candidates(
             res = plan_through_outages(name, kw, graph, objective, budget, cfg.seed)
             if res.notes.startswith("failed:"):  # said out loud: the baselines compete alone
                 _say(f"  {name} search {res.notes[:300]}; measuring the baselines' plans")
+            elif progress is not None and res.notes:  # e.g. a small space enumerated whole
+                progress(f"  {name}: {res.notes}")
             part = res.partition
         else:  # the deterministic baselines: milliseconds, no budget needed
             part = (
