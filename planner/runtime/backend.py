@@ -25,7 +25,6 @@ stdlib and the cache only.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import threading
 import warnings
@@ -68,9 +67,7 @@ class Realizer(Protocol):
     """Turns a captured program and a plan for its graph into a callable over the
     program's user inputs (positional). The plan has been fitted to `captured.graph`
     (`plan.graph_key == captured.graph.key`), so `plan.partition(captured.graph)` and each
-    group's realization label apply as they are. May raise: the backend then runs eager.
-    A realizer that takes a `cuda_graphs` keyword (as planner.realize.realizer does) is
-    given `cuda_graphs=False` where the backend records the CUDA graph itself."""
+    group's realization label apply as they are. May raise: the backend then runs eager."""
 
     def __call__(self, captured: Captured, plan: Plan) -> Callable[..., Any]: ...
 
@@ -95,14 +92,6 @@ def default_partition(graph: OpGraph) -> Partition:
 def _default_realizer(captured: Captured, plan: Plan, **options: Any) -> Callable[..., Any]:
     """planner.realize.realizer: each group one compiled unit, verified against eager."""
     return realize(captured, plan, **options)
-
-
-def _takes_cuda_graphs(realizer: Callable[..., Any]) -> bool:
-    try:
-        params = inspect.signature(realizer).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "cuda_graphs" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _default_exporter(
@@ -619,38 +608,19 @@ class _PlannedGraph:
             return
         user = tuple(args[p] for p in self.lifted.user_positions)
         device = next((t.device for t in user if isinstance(t, torch.Tensor)), None)
-        if (
-            device is None
-            or not backend.background_for(device)
-            or (device.type == "cuda" and not _takes_cuda_graphs(backend.realizer))
-        ):
-            self._build_static(rec, user, background=False)
-            return
-        # the caller may reuse or free its tensors: the thread works on copies
-        copies = tuple(t.detach().clone() if isinstance(t, torch.Tensor) else t for t in user)
-        th = threading.Thread(
-            target=self._build_static,
-            args=(rec, copies, True),
-            daemon=True,
-            name="fusion-planner-static",
-        )
-        with backend._lock:
-            backend._pending.append(th)
-        th.start()
+        if device is not None:
+            backend.background_for(device)  # warns once where static_background was asked
+        self._build_static(rec, user)
 
-    def _build_static(self, rec: _Recurring, user: tuple[Any, ...], background: bool) -> None:
+    def _build_static(self, rec: _Recurring, user: tuple[Any, ...]) -> None:
+        """The static specialization of `rec`'s shape, built in the calling thread."""
         stats = self.backend.stats
         try:
             with _REALIZE_LOCK, torch.no_grad():
                 captured = export_model(self.lifted.module, user, name="runtime-static")
                 rec.plan.partition_for(captured.graph)
                 fitted = dataclasses.replace(rec.plan, graph_key=captured.graph.key)
-                if background and _takes_cuda_graphs(self.backend.realizer):
-                    # A CUDA graph is recorded on the serving thread: recording one here
-                    # would forbid that thread's allocations while it lasts.
-                    realized = self.backend.realizer(captured, fitted, cuda_graphs=False)
-                else:
-                    realized = self.backend.realizer(captured, fitted)
+                realized = self.backend.realizer(captured, fitted)
         except Exception as e:  # the bucket's realization goes on serving this shape
             reason = (
                 f"{rec.sizes}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -658,19 +628,7 @@ class _PlannedGraph:
             stats.static_failed.append(reason)
             log.info("no static specialization for %s", reason)
             return
-        run = self._runner(realized, rec.fn)
-        record = getattr(realized, "capture_cuda_graph", None) if background else None
-        if record is None:
-            self._memo[rec.sizes] = run
-        else:
-            positions = self.lifted.user_positions
-
-            def first(args: tuple[Any, ...]) -> Any:
-                self._memo[rec.sizes] = run
-                record([args[p] for p in positions], True)
-                return run(args)
-
-            self._memo[rec.sizes] = first
+        self._memo[rec.sizes] = self._runner(realized, rec.fn)
         stats.static += 1
 
 
