@@ -95,6 +95,8 @@ RAW_ROWS = (
     ("planning_time", "planning_time"),
     ("lookup_latency", "lookup_latency_cpu"),
     ("mlp_sweep", "mlp_sweep_cpu"),
+    ("search_quality", "search_quality"),
+    ("search_quality", "encoding_study"),
 )
 
 

@@ -2,6 +2,11 @@
 
     python benchmarks/search_quality.py [--out benchmarks/results/search_quality.md] [--quick]
     python benchmarks/search_quality.py --encoding-study [--out benchmarks/results/encoding_study.md]
+    python benchmarks/search_quality.py --from-json benchmarks/results/search_quality.json
+
+The modelled benchmark and the encoding study save their raw rows as JSON beside their
+markdown (benchmarks/raw_rows.py, same name, `.json`); the markdown is rendered from them
+and `--from-json` renders it again (to stdout).
     python benchmarks/search_quality.py --measure --out DIR [--quick] [--cells P,...] \
         [--budget-s S] [--trials N] [--top-k K] [--time-limit-s T]
 
@@ -54,6 +59,7 @@ import torch  # noqa: E402
 
 import benchmarks.search_measured as measured  # noqa: E402
 import zoo  # noqa: E402
+from benchmarks import raw_rows  # noqa: E402
 from learned_cost.analytical import AnalyticalModel  # noqa: E402
 from planner.hardware import get_spec  # noqa: E402
 from planner.ir.capture import capture  # noqa: E402
@@ -102,6 +108,23 @@ class Row:
     ref_s: float = math.nan
 
 
+def row_dict(r: Row) -> dict[str, Any]:
+    """One graph's row as saved in the rows file."""
+    d = dataclasses.asdict(r)
+    d["results"] = {
+        n: {"total_s": t, "seconds": secs, "complete": c, "notes": notes}
+        for n, (t, secs, c, notes) in r.results.items()
+    }
+    return d
+
+
+def row_from_dict(d: dict[str, Any]) -> Row:
+    res = {
+        n: (v["total_s"], v["seconds"], v["complete"], v["notes"]) for n, v in d["results"].items()
+    }
+    return Row(**{**d, "results": res})
+
+
 def objective() -> Objective:
     spec = get_spec("h100", measured=False)
     return Objective(AnalyticalModel(spec), spec=spec)
@@ -134,6 +157,10 @@ def equal_budget(n: int, quick: bool) -> Budget:
     return Budget(max_evals=12 * n + 400, max_seconds=seconds / (2 if quick else 1))
 
 
+def exact_seconds(quick: bool) -> float:
+    return 10.0 if quick else 30.0
+
+
 def run_graph(g: OpGraph, seen: str, quick: bool) -> Row:
     budget = equal_budget(len(g.nodes), quick)
     cap = budget.max_evals or 0  # trials (tpe) or episodes (rl-ft): see the docstring
@@ -141,7 +168,7 @@ def run_graph(g: OpGraph, seen: str, quick: bool) -> Row:
     plans: list[tuple[str, Any, Budget | None]] = [
         ("greedy", get_strategy("greedy"), None),
         ("priority", get_strategy("priority"), None),
-        ("exact", get_strategy("exact"), Budget(max_seconds=10.0 if quick else 30.0)),
+        ("exact", get_strategy("exact"), Budget(max_seconds=exact_seconds(quick))),
         ("tpe", get_strategy("tpe", max_trials=cap, patience=cap), budget),
         ("rl", get_strategy("rl"), None),
         (
@@ -245,32 +272,31 @@ def summary(rows: list[Row]) -> list[str]:
     return lines
 
 
-def encoding_study(quick: bool) -> list[str]:
-    """tpe: contested vs plain encoding, TPE vs random sampler, pruning, equal trials."""
-    trials = 60 if quick else 150
+ENCODING_VARIANTS = (
+    ("contested, TPE", {"mode": "contested"}, "tpe"),
+    ("contested, random", {"mode": "contested"}, "random"),
+    ("contested, TPE, pruning", {"mode": "contested", "prune": True}, "tpe"),
+    ("all links, TPE", {"mode": "all", "max_free": 100_000}, "tpe"),
+    ("all links, random", {"mode": "all", "max_free": 100_000}, "random"),
+)
+
+
+def encoding_trials(quick: bool) -> int:
+    return 60 if quick else 150
+
+
+def encoding_study(quick: bool) -> list[dict[str, Any]]:
+    """tpe: contested vs plain encoding, TPE vs random sampler, pruning, equal trials; one
+    row per graph and variant."""
+    trials = encoding_trials(quick)
     cases = [
         (n, HELD_OUT_SEED + 7000 + n + k) for n in (100, 250, 500) for k in range(2 if quick else 3)
     ]
-    variants = (
-        ("contested, TPE", {"mode": "contested"}, "tpe"),
-        ("contested, random", {"mode": "contested"}, "random"),
-        ("contested, TPE, pruning", {"mode": "contested", "prune": True}, "tpe"),
-        ("all links, TPE", {"mode": "all", "max_free": 100_000}, "tpe"),
-        ("all links, random", {"mode": "all", "max_free": 100_000}, "random"),
-    )
-    lines = [
-        f"Equal trials ({trials}, warm-started with priority and greedy), cost relative to "
-        "priority (negative: better); decisions exposed; seconds.",
-        "",
-        "| graph | ops | " + " | ".join(v[0] for v in variants) + " |",
-        "|---|---|" + "---|" * len(variants),
-    ]
-    totals = {v[0]: [] for v in variants}
+    rows = []
     for n, seed in cases:
         g = random_graph(n, seed)
         prio = get_strategy("priority").plan(g, objective()).total_s
-        cells = []
-        for label, kw, sampler in variants:
+        for label, kw, sampler in ENCODING_VARIANTS:
             strat = get_strategy("tpe", max_trials=trials, patience=trials, sampler=sampler, **kw)
             t0 = time.perf_counter()
             r = strat.plan(g, objective(), seed=0)
@@ -279,16 +305,104 @@ def encoding_study(quick: bool) -> list[str]:
                     g, objective(), mode=kw["mode"], max_free=kw.get("max_free", 64)
                 ).decisions
             )
-            rel = r.total_s / prio - 1
-            totals[label].append(rel)
-            cells.append(f"{100 * rel:+.2f}% (k={k}, {time.perf_counter() - t0:.0f}s)")
-        lines.append(f"| {g.name} | {n} | " + " | ".join(cells) + " |")
+            rows.append(
+                {
+                    "graph": g.name,
+                    "nodes": n,
+                    "seed": seed,
+                    "variant": label,
+                    "total_s": r.total_s,
+                    "priority_s": prio,
+                    "decisions": k,
+                    "seconds": time.perf_counter() - t0,
+                }
+            )
+            print(f"{g.name} {label}: {100 * (r.total_s / prio - 1):+.2f}%", flush=True)
+    return rows
+
+
+def encoding_table(rows: list[dict[str, Any]], trials: int) -> list[str]:
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    lines = [
+        f"Equal trials ({trials}, warm-started with priority and greedy), cost relative to "
+        "priority (negative: better); decisions exposed; seconds.",
+        "",
+        "| graph | ops | " + " | ".join(variants) + " |",
+        "|---|---|" + "---|" * len(variants),
+    ]
+    totals: dict[str, list[float]] = {v: [] for v in variants}
+    for name in dict.fromkeys(r["graph"] for r in rows):
+        mine = {r["variant"]: r for r in rows if r["graph"] == name}
+        cells = []
+        for v in variants:
+            r = mine[v]
+            rel = r["total_s"] / r["priority_s"] - 1
+            totals[v].append(rel)
+            cells.append(f"{100 * rel:+.2f}% (k={r['decisions']}, {r['seconds']:.0f}s)")
+        lines.append(f"| {name} | {r['nodes']} | " + " | ".join(cells) + " |")
     means = [
         f"{100 * sum(v) / len(v):+.2f}%, better on {sum(x < -1e-9 for x in v)}/{len(v)}"
         for v in totals.values()
     ]
     lines.append("| mean | | " + " | ".join(means) + " |")
     return lines
+
+
+def _header(run: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Command: `{run['command']}`  ",
+        f"Machine: {run['machine']}; cost model: analytical roofline, H100 datasheet figures.  ",
+        f"Raw rows: `{run['rows_file']}` beside this file.",
+    ]
+    if run["settings"]["quick"]:
+        lines += [
+            "",
+            "Settings other than the defaults: `--quick` (every third zoo shape and every "
+            "other random-DAG size; fewer trials or smaller budgets, as stated below).",
+        ]
+    return [*lines, ""]
+
+
+def render(run: dict[str, Any]) -> str:
+    """The markdown of a run's rows (the modelled benchmark's or the encoding study's)."""
+    quick = run["settings"]["quick"]
+    if run["benchmark"] == "encoding_study":
+        body = [
+            "# Encoding study (tpe)",
+            "",
+            *_header(run),
+            *encoding_table(run["rows"], run["settings"]["trials"]),
+        ]
+    else:
+        rows = [row_from_dict(d) for d in run["rows"]]
+        small, mid, b = (equal_budget(n, quick) for n in (SMALL, LARGE - 1, LARGE))
+        body = [
+            "# Search quality",
+            "",
+            *_header(run),
+            "Cells: modelled cost relative to the reference (exact when it proved optimality "
+            "within its budget, else the best any strategy found) / wall time. tpe and rl-ft "
+            "share one budget per graph, whichever binds first: 12 x ops + 400 objective "
+            f"evaluations, and {small.max_seconds:.0f} s (<= {SMALL} ops), "
+            f"{mid.max_seconds:.0f} s (< {LARGE}) or {b.max_seconds:.0f} s, and at most as "
+            "many tpe trials or rl-ft episodes as evaluations (the script's docstring says "
+            "why); exact has "
+            f"{exact_seconds(quick):.0f} s (not run past {2 * LARGE} ops).",
+            "",
+            "## Targets",
+            "",
+            *targets(rows),
+            "",
+            "## Per strategy",
+            "",
+            *summary(rows),
+            "",
+            "## Per graph",
+            "",
+            *table(rows),
+        ]
+    body += ["", f"Total benchmark time: {run['total_seconds']:.0f} s.", ""]
+    return "\n".join(body)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,7 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=2, help="--measure: plans measured per search")
     ap.add_argument("--cost-model", default=None, help="--measure: the tune flag's values")
     ap.add_argument("--time-limit-s", type=float, default=0.0, help="--measure: no cell after")
+    ap.add_argument(
+        "--from-json", default=None, help="render the markdown from a saved rows file instead"
+    )
     args = ap.parse_args(argv)
+    if args.from_json:
+        sys.stdout.write(render(raw_rows.load(args.from_json)))
+        return 0
     cmd = "python benchmarks/search_quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.measure:
         if not args.out:
@@ -319,54 +439,38 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("the modelled benchmark needs optuna (tpe); pip install optuna")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    header = [
-        f"Command: `{cmd.strip()}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores (load average "
+    machine = (
+        f"{platform.machine()}, {os.cpu_count()} cores (load average "
         f"{os.getloadavg()[0]:.2f} at start), {torch.get_num_threads()} torch thread, Python "
-        f"{platform.python_version()}, torch {torch.__version__}, optuna {optuna.__version__}; "
-        "cost model: analytical roofline, H100 datasheet figures.",
-        "",
-    ]
+        f"{platform.python_version()}, torch {torch.__version__}, optuna {optuna.__version__}"
+    )
+    settings: dict[str, Any] = {"quick": args.quick}
     if args.encoding_study:
-        body = ["# Encoding study (tpe)", "", *header, *encoding_study(args.quick)]
-        out = Path(args.out or ROOT / "benchmarks/results/encoding_study.md")
+        name = "encoding_study"
+        settings["trials"] = encoding_trials(args.quick)
+        rows = encoding_study(args.quick)
     else:
-        out = Path(args.out or ROOT / "benchmarks/results/search_quality.md")
+        name = "search_quality"
         rows = []
         for g, seen in graphs(args.quick):
             rows.append(run_graph(g, seen, args.quick))
             print(table(rows[-1:])[-1], flush=True)
-        small, mid, b = (equal_budget(n, args.quick) for n in (SMALL, LARGE - 1, LARGE))
-        body = [
-            "# Search quality",
-            "",
-            *header,
-            "Cells: modelled cost relative to the reference (exact when it proved optimality "
-            "within its budget, else the best any strategy found) / wall time. tpe and rl-ft "
-            "share one budget per graph, whichever binds first: 12 x ops + 400 objective "
-            f"evaluations, and {small.max_seconds:.0f} s (<= {SMALL} ops), "
-            f"{mid.max_seconds:.0f} s (< {LARGE}) or {b.max_seconds:.0f} s, and at most as "
-            "many tpe trials or rl-ft episodes as evaluations (the script's docstring says "
-            "why); exact has "
-            f"{10 if args.quick else 30} s (not run past {2 * LARGE} ops).",
-            "",
-            "## Targets",
-            "",
-            *targets(rows),
-            "",
-            "## Per strategy",
-            "",
-            *summary(rows),
-            "",
-            "## Per graph",
-            "",
-            *table(rows),
-        ]
-    body.append("")
-    body.append(f"Total benchmark time: {time.perf_counter() - t0:.0f} s.")
+        rows = [row_dict(r) for r in rows]
+    out = Path(args.out or ROOT / f"benchmarks/results/{name}.md")
+    run = {
+        "benchmark": name,
+        "command": cmd.strip(),
+        "machine": machine,
+        "settings": settings,
+        "total_seconds": time.perf_counter() - t0,
+        "rows_file": raw_rows.rows_path(out).name,
+        "rows": rows,
+    }
+    raw_rows.save(raw_rows.rows_path(out), run)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(body) + "\n")
-    print("\n".join(body))
+    out.write_text(render(run))
+    print(render(run))
+    print(f"wrote {out} and {raw_rows.rows_path(out)}")
     return 0
 
 
