@@ -260,19 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/lookup_latency_cpu.md"))
     p.add_argument("--samples", type=int, default=20000)
     p.add_argument("--models", type=int, default=250, help="other models filling the cache")
-    p.add_argument(
-        "--from-json", default=None, help="render the markdown from a saved rows file instead"
-    )
+    raw_rows.add_from_json(p)
     args = p.parse_args(argv)
     if args.from_json:
-        sys.stdout.write(render(raw_rows.load(args.from_json)))
-        return 0
-    out = Path(args.out)
-    run = {**collect(args), "rows_file": raw_rows.rows_path(out).name}
-    raw_rows.save(raw_rows.rows_path(out), run, compact=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(run))
-    print(f"wrote {out} and {raw_rows.rows_path(out)}")
+        return raw_rows.rerender(args.from_json, render)
+    raw_rows.write(args.out, collect(args), render, compact=True)
     return 0
 
 

@@ -22,7 +22,6 @@ import shlex
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 from benchmarks import raw_rows
 from learned_cost.data import group_rows, load_profiles, plan_rows
@@ -128,12 +127,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plans", action="store_true", help="score the plan rows too")
     ap.add_argument("--out", default=None, help="the markdown; its rows go beside it (.json)")
-    ap.add_argument(
-        "--from-json", default=None, help="render the markdown from a saved rows file instead"
-    )
+    raw_rows.add_from_json(ap)
     args = ap.parse_args(argv)
     if args.from_json:
-        sys.stdout.write(render(raw_rows.load(args.from_json)))
+        raw_rows.rerender(args.from_json, render)
         return
     if not (args.data and args.device and args.config):
         ap.error("--data, --device and --config are required (or --from-json)")
@@ -142,12 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     run = collect(args, command)
     if args.out:
-        out = Path(args.out)
-        run["rows_file"] = raw_rows.rows_path(out).name
-        raw_rows.save(raw_rows.rows_path(out), run)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(render(run))
-        print(f"wrote {out} and {raw_rows.rows_path(out)}")
+        raw_rows.write(args.out, run, render)
 
 
 if __name__ == "__main__":

@@ -263,19 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULTS["quality_seeds"],
         help="graphs per size, quality table",
     )
-    ap.add_argument(
-        "--from-json", default=None, help="render the markdown from a saved rows file instead"
-    )
+    raw_rows.add_from_json(ap)
     args = ap.parse_args(argv)
     if args.from_json:
-        sys.stdout.write(render(raw_rows.load(args.from_json)))
-        return 0
-    out = Path(args.out)
-    run = {**collect(args), "rows_file": raw_rows.rows_path(out).name}
-    raw_rows.save(raw_rows.rows_path(out), run)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(run))
-    print(f"wrote {out} and {raw_rows.rows_path(out)}")
+        return raw_rows.rerender(args.from_json, render)
+    raw_rows.write(args.out, collect(args), render)
     return 0
 
 

@@ -8,7 +8,10 @@ committed markdown against it.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +39,35 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(run, dict) or not isinstance(run.get("rows"), list):
         raise SystemExit(f"{path} is not a benchmark's rows file (no 'rows' list)")
     return run
+
+
+def add_from_json(ap: argparse.ArgumentParser) -> None:
+    """The `--from-json FILE` option every rows-saving benchmark takes."""
+    ap.add_argument(
+        "--from-json", default=None, help="render the markdown from a saved rows file instead"
+    )
+
+
+def rerender(path: str | Path, render: Callable[[dict[str, Any]], str]) -> int:
+    """`--from-json`: print the markdown `render` makes of the rows saved in `path`."""
+    sys.stdout.write(render(load(path)))
+    return 0
+
+
+def write(
+    markdown: str | Path,
+    run: dict[str, Any],
+    render: Callable[[dict[str, Any]], str],
+    compact: bool = False,
+) -> str:
+    """Save `run` beside `markdown` (recording the rows file's name in it), then write the
+    markdown `render` makes of it; returns that markdown."""
+    out = Path(markdown)
+    rows = rows_path(out)
+    run["rows_file"] = rows.name
+    save(rows, run, compact)
+    text = render(run)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out} and {rows}")
+    return text

@@ -418,13 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=2, help="--measure: plans measured per search")
     ap.add_argument("--cost-model", default=None, help="--measure: the tune flag's values")
     ap.add_argument("--time-limit-s", type=float, default=0.0, help="--measure: no cell after")
-    ap.add_argument(
-        "--from-json", default=None, help="render the markdown from a saved rows file instead"
-    )
+    raw_rows.add_from_json(ap)
     args = ap.parse_args(argv)
     if args.from_json:
-        sys.stdout.write(render(raw_rows.load(args.from_json)))
-        return 0
+        return raw_rows.rerender(args.from_json, render)
     cmd = "python benchmarks/search_quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.measure:
         if not args.out:
@@ -466,11 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows_file": raw_rows.rows_path(out).name,
         "rows": rows,
     }
-    raw_rows.save(raw_rows.rows_path(out), run)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(run))
-    print(render(run))
-    print(f"wrote {out} and {raw_rows.rows_path(out)}")
+    print(raw_rows.write(out, run, render))
     return 0
 
 
