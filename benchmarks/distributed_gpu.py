@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as a script: the repo root on the path
 import torch
 
 from planner.distributed.comm_cost import collective_time_s
-from planner.distributed.links import AlphaBeta, get_link
+from planner.distributed.links import AlphaBeta, get_link, measured_link_filename
 from profiling.commbench import bench_comm, fit_alpha_beta, predict_s, run_ranks
 
 ANCHORS = [(1, 128, 768, 12), (8, 512, 768, 12), (32, 512, 1024, 16), (4, 2048, 1024, 16)]
@@ -90,22 +90,13 @@ def comm_row(a: argparse.Namespace, collective: str, timeout_s: float) -> dict[s
         + (" --quick" if a.quick else ""),
     )
     link_name = "local-nccl" if a.backend == "nccl" else "local"
-    suffix = "" if collective == "all_reduce" else f".{collective}"
-    (a.out / f"link-{link_name}{suffix}.json").write_text(res.link.to_json())
+    (a.out / measured_link_filename(link_name, collective)).write_text(res.link.to_json())
     return {
         "collective": collective,
         "fits": [f.__dict__ for f in res.collective_fits],
         "link_fits": [f.__dict__ for f in res.link.fits],
         "train": res.train,
-        "heldout": [
-            {
-                "bytes": b,
-                "measured_s": t,
-                "predicted_s": predict_s(res.collective_fits, b),
-                "rel_err": e,
-            }
-            for (b, t), e in zip(res.heldout, res.heldout_rel_err, strict=True)
-        ],
+        "heldout": res.heldout_rows(),
         "heldout_max_rel_err": res.link.heldout_max_rel_err,
         "heldout_median_rel_err": sorted(res.heldout_rel_err)[len(res.heldout_rel_err) // 2]
         if res.heldout_rel_err

@@ -388,6 +388,18 @@ class CommBenchResult:
     heldout: tuple[tuple[int, float], ...]
     heldout_rel_err: tuple[float, ...]
 
+    def heldout_rows(self) -> list[dict[str, float]]:
+        """Each held-out size: bytes, measured and predicted seconds, relative error."""
+        return [
+            {
+                "bytes": b,
+                "measured_s": t,
+                "predicted_s": predict_s(self.collective_fits, b),
+                "rel_err": e,
+            }
+            for (b, t), e in zip(self.heldout, self.heldout_rel_err, strict=True)
+        ]
+
 
 def default_sizes(quick: bool, backend: str = "gloo") -> tuple[list[int], list[int]]:
     """Training sizes (powers of two) and held-out sizes (1.5x each power of two between

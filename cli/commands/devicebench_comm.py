@@ -11,7 +11,7 @@ from dataclasses import asdict
 from cli.common import emit
 from planner.distributed.links import LINKS, MEASURED_ONLY, save_measured_link
 from planner.errors import FusionPlannerError
-from profiling.commbench import bench_comm, predict_s
+from profiling.commbench import bench_comm
 
 
 def run_comm(args: argparse.Namespace) -> int:
@@ -68,23 +68,18 @@ def _one(args: argparse.Namespace, backend: str, link: str, kind: str) -> tuple[
             f"{lf.alpha_s * 1e6:14.2f} {lf.bandwidth_Bps / 1e9:12.3f}"
         )
     rows.append(f"{'held-out bytes':<16} {'measured us':>12} {'predicted us':>13} {'error':>7}")
-    for (b, t), e in zip(res.heldout, res.heldout_rel_err, strict=True):
-        pred = predict_s(res.collective_fits, b)
-        rows.append(f"{b:<16} {t * 1e6:12.1f} {pred * 1e6:13.1f} {e:7.1%}")
+    heldout = res.heldout_rows()
+    for h in heldout:
+        rows.append(
+            f"{h['bytes']:<16} {h['measured_s'] * 1e6:12.1f} {h['predicted_s'] * 1e6:13.1f} "
+            f"{h['rel_err']:7.1%}"
+        )
     rows.append(f"held-out worst error {m.heldout_max_rel_err:.1%}")
     rows.append(f"saved to {path}" if path else "not saved (--no-save)")
     data = {
         "measured": asdict(m),
         "collective_fits": [asdict(f) for f in res.collective_fits],
-        "heldout": [
-            {
-                "bytes": b,
-                "measured_s": t,
-                "predicted_s": predict_s(res.collective_fits, b),
-                "rel_err": e,
-            }
-            for (b, t), e in zip(res.heldout, res.heldout_rel_err, strict=True)
-        ],
+        "heldout": heldout,
         "saved_to": str(path) if path else None,
     }
     return "\n".join(rows), data

@@ -144,12 +144,16 @@ def known_links() -> list[str]:
     return [*LINKS, *ALIASES, *MEASURED_ONLY]
 
 
-def _measured_path(name: str, committed: bool, collective: str = "all_reduce") -> Path:
+def measured_link_filename(name: str, collective: str = "all_reduce") -> str:
     """link-<name>.json holds the all-reduce fit (what a link's α-β means by default),
     link-<name>.<collective>.json each other collective's."""
-    base = COMMITTED_DIR if committed else cache_dir() / "devices"
     suffix = "" if collective == "all_reduce" else f".{collective}"
-    return base / f"link-{name}{suffix}.json"
+    return f"link-{name}{suffix}.json"
+
+
+def _measured_path(name: str, committed: bool, collective: str = "all_reduce") -> Path:
+    base = COMMITTED_DIR if committed else cache_dir() / "devices"
+    return base / measured_link_filename(name, collective)
 
 
 def save_measured_link(name: str, m: MeasuredLink, committed: bool = False) -> Path:
