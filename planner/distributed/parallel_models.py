@@ -97,6 +97,28 @@ class TPMLP(nn.Module):
         return m
 
 
+def local_attention(
+    x: torch.Tensor,
+    ln: nn.Module,
+    q: nn.Module,
+    k: nn.Module,
+    v: nn.Module,
+    local_heads: int,
+    dh: int,
+) -> torch.Tensor:
+    """This rank's heads of pre-norm attention: ln(x), its column-parallel Q/K/V, and
+    softmax(Q K^T / sqrt(dh)) V, as (B, S, local_heads * dh)."""
+    b, s, _ = x.shape
+    y = ln(x)
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.view(b, s, local_heads, dh).transpose(1, 2)
+
+    qh, kh, vh = heads(q(y)), heads(k(y)), heads(v(y))
+    probs = torch.softmax(qh @ kh.transpose(-1, -2) / math.sqrt(dh), dim=-1)
+    return (probs @ vh).transpose(1, 2).reshape(b, s, local_heads * dh)
+
+
 class TPBlock(nn.Module):
     """One rank's shard of a pre-norm transformer block (heads and MLP split over tp)."""
 
@@ -122,15 +144,7 @@ class TPBlock(nn.Module):
         self._collectives = self.mlp.collectives = bool(on)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        y = self.ln1(x)
-
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(b, s, self.local_heads, self.dh).transpose(1, 2)
-
-        q, k, v = heads(self.q(y)), heads(self.k(y)), heads(self.v(y))
-        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.dh), dim=-1)
-        ctx = (probs @ v).transpose(1, 2).reshape(b, s, self.local_heads * self.dh)
+        ctx = local_attention(x, self.ln1, self.q, self.k, self.v, self.local_heads, self.dh)
         h = _all_reduce(self.o(ctx), self.group, self._collectives) + self.o_bias + x
         return self.mlp(self.ln2(h)) + h
 

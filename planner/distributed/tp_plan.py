@@ -29,7 +29,6 @@ compute stream wait for it), then the epilogue. Forward only (inference).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from planner.distributed.overlap import COMM, COMPUTE, Task, Timeline, schedule
-from planner.distributed.parallel_models import TPBlock
+from planner.distributed.parallel_models import TPBlock, local_attention
 from planner.errors import ModelSpecError
 
 HOST = "host"
@@ -193,15 +192,8 @@ class _Attention(nn.Module):
         self.local_heads, self.dh = blk.local_heads, blk.dh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        y = self.ln1(x)
-
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(b, s, self.local_heads, self.dh).transpose(1, 2)
-
-        q, k, v = heads(self.q(y)), heads(self.k(y)), heads(self.v(y))
-        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.dh), dim=-1)
-        return (probs @ v).transpose(1, 2).reshape(b * s, self.local_heads * self.dh)
+        ctx = local_attention(x, self.ln1, self.q, self.k, self.v, self.local_heads, self.dh)
+        return ctx.reshape(-1, ctx.shape[-1])
 
 
 class _MLPIn(nn.Module):
