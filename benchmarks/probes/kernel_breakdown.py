@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import zoo
+from benchmarks.real_models import kernel_breakdown
 from learned_cost.analytical import AnalyticalModel
 from planner.hardware import get_spec, local_device_name
 from planner.ir.capture import export_model
@@ -22,19 +22,10 @@ from search.planning import make_plan
 
 def profile_fn(label: str, fn, inputs, reps: int = 10) -> None:
     with torch.no_grad():
-        for _ in range(5):
-            fn(*inputs)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                fn(*inputs)
-            torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-    events.sort(key=lambda e: -e.device_time_total)
-    total = sum(e.device_time_total for e in events) / reps
-    print(f"== {label}: {total:.1f} us of kernels per call")
-    for e in events[:14]:
-        print(f"  {e.device_time_total / reps:8.1f} us  x{e.count // reps:<3} {e.key[:110]}")
+        k = kernel_breakdown(lambda: fn(*inputs), torch.device("cuda"), reps)
+    print(f"== {label}: {k['us_per_call']:.1f} us of kernels per call")
+    for us, count, name in k["top"][:14]:
+        print(f"  {us:8.1f} us  x{int(count):<3} {name[:110]}")
 
 
 def main() -> None:
