@@ -252,7 +252,6 @@ class FusionPlannerBackend:
         self.stats = RuntimeStats()
         self._lock = threading.Lock()
         self._static_taken = 0
-        self._pending: list[threading.Thread] = []
 
     def take_static_budget(self) -> bool:
         with self._lock:
@@ -283,14 +282,10 @@ class FusionPlannerBackend:
         return False
 
     def wait_static(self, timeout: float | None = None) -> bool:
-        """Wait for static specializations building in the background; True if none is left."""
-        with self._lock:
-            pending = list(self._pending)
-        for th in pending:
-            th.join(timeout)
-        with self._lock:
-            self._pending = [th for th in self._pending if th.is_alive()]
-            return not self._pending
+        """True: static specializations build in the calling thread (background_for), so
+        none is ever left in flight. Kept for callers that wait for them before timing."""
+        del timeout
+        return True
 
     @property
     def cache(self) -> PlanCache | None:
