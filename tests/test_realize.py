@@ -223,10 +223,53 @@ def test_a_kernel_laying_out_its_output_otherwise_is_copied_to_the_planned_layou
     assert got.stride() == want.stride()
 
 
+def test_a_padded_output_only_the_caller_reads_is_returned_without_a_copy():
+    """A compiled group whose user output comes back with padded rows, and which no other
+    group reads, returns it as it is: same values, same dimension order, no copy. A
+    transposed layout is not padding: it is copied back to eager's strides."""
+    module, inputs, c = build("mlp")
+    last = len(c.graph) - 1
+    p = Partition.from_groups(c.graph, [*[[i] for i in range(last)], [last]])
+
+    def compiler(pad: bool):
+        def make(gm, fakes, fake_mode):
+            def run(*a):
+                outs = []
+                for t in gm.forward(*a):
+                    if pad:
+                        wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 3, dtype=t.dtype)
+                        wide[..., : t.shape[-1]] = t
+                        outs.append(wide[..., : t.shape[-1]])
+                    else:
+                        outs.append(t.mT.contiguous().mT)  # column-major
+                return outs
+
+            return run
+
+        return make
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RealizeWarning)
+        r = realize(c, p, compiler=compiler(pad=True), realizations={last: "inductor"})
+    note = r.groups[last].note
+    assert "returned with padded rows" in note and "copied" not in note
+    got, want = r(*inputs), eager_out(module, inputs)
+    assert_close(got, want)
+    assert got.stride() != want.stride() and got.stride()[-1] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RealizeWarning)
+        r = realize(c, p, compiler=compiler(pad=False), realizations={last: "inductor"})
+    assert "copied to the planned layout" in r.groups[last].note
+    got = r(*inputs)
+    assert_close(got, want)
+    assert got.stride() == want.stride()
+
+
 @pytest.mark.parametrize("whole", [False, True])
-def test_unaligned_linears_run_on_padded_weights_and_return_eagers_layout(monkeypatch, whole):
+def test_unaligned_linears_run_on_padded_weights_and_return_padded_rows(monkeypatch, whole):
     """A linear whose output width is not 16-byte aligned runs on a weight (and bias) padded
-    once with zero rows; the caller gets eager's values and strides. (On CUDA only by
+    once with zero rows; the caller gets eager's values in eager's dimension order, its
+    rows padded (as torch.compile returns them) rather than copied. (On CUDA only by
     default: the test lets CPU weights qualify.)"""
     from planner.realize import units
 
@@ -250,7 +293,9 @@ def test_unaligned_linears_run_on_padded_weights_and_return_eagers_layout(monkey
         x = torch.randn(2, 5, 16)
         got, want = r(x), eager_out(module, (x,))
         assert_close(got, want, tol=1e-5)
-        assert [g.stride() for g in got] == [w.stride() for w in want]
+        assert got[0].stride() == want[0].stride()  # the hidden state: eager's layout
+        logits = got[1]  # 37 columns, rows padded to 40
+        assert logits.shape == want[1].shape and logits.stride() == (40 * 5, 40, 1)
 
 
 def test_unknown_realization_and_cyclic_partition_are_refused():

@@ -25,6 +25,7 @@ sizes of the call (`bindings`).
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -52,6 +53,23 @@ LAYOUT_DEPENDENT = frozenset(
 
 def same_strides(a: Any, b: Any) -> bool:
     return [str(s) for s in a.stride()] == [str(s) for s in b.stride()]
+
+
+def padded_of(shape: Sequence[int], strides: Sequence[int], planned: Sequence[int]) -> bool:
+    """Whether `strides` lay a tensor of `shape` out in the same dimension order as the
+    `planned` strides, with the same innermost stride, only with gaps between rows: the
+    layout of a view into a larger buffer whose rows were padded (Inductor's padding of
+    GEMM outputs writes this). Size-1 dimensions are ignored."""
+    dims = [d for d in range(len(shape)) if shape[d] > 1]
+    if not dims:
+        return True
+    order = sorted(dims, key=lambda d: (-planned[d], d))
+    if order != sorted(dims, key=lambda d: (-strides[d], d)):
+        return False
+    inner = order[-1]
+    if strides[inner] != planned[inner]:
+        return False
+    return all(strides[outer] >= strides[d] * shape[d] for outer, d in itertools.pairwise(order))
 
 
 def propagate(gm: fx.GraphModule, fakes: Sequence[Any], fake_mode: Any) -> list[Any]:

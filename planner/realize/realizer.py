@@ -244,7 +244,8 @@ class RealizedPlan:
             {k: v for u in units for k, v in u.extra_state.items()},
         )
         self._forward = self.top.forward
-        # user outputs whose layout a fused kernel changed: given eager's order back
+        # user outputs whose layout a fused kernel changed (beyond padded rows): given
+        # eager's order back
         self._out_orders = dict(out_orders or {})
         if self._out_orders:
             top, fix = self.top.forward, self._out_orders
@@ -378,6 +379,19 @@ class RealizedPlan:
         user = [v for v, k in zip(high.values, kinds) if k == "USER_OUTPUT"]
         return dataclasses.replace(high, values=user)
 
+    def _free_user_outputs(self) -> set[str]:
+        """User outputs that no group reads and whose layout is not fixed up afterwards:
+        the caller is the only reader, so a padded layout a kernel writes them in (same
+        dimension order, gaps between rows) may be returned as it is instead of copied."""
+        read = {name for u in self._units for name in u.inputs}
+        fixed = {
+            v.name
+            for i, v in enumerate(self._parts.outputs)
+            if i in self._out_orders and isinstance(v, fx.Node)
+        }
+        returned = {v.name for v in self._parts.outputs if isinstance(v, fx.Node)}
+        return returned - read - fixed
+
     def check_groups(self, ref: dict[str, Any], bound: dict[Any, int] | None = None) -> None:
         """Each non-eager group on eager's values of its inputs (in the layouts the unit was
         made for) vs eager's values of its outputs, judged against the group's own ops run
@@ -386,6 +400,7 @@ class RealizedPlan:
         bound = bound or {}
         dtype = self._compute_dtype()
         restrided = False
+        free = self._free_user_outputs()
         for unit in self._units:
             if unit.is_eager:
                 continue
@@ -410,6 +425,19 @@ class RealizedPlan:
                         if o.numel() > 1
                         and list(o.stride()) != (strides := layout.concrete_layout(f, bound)[1])
                     }
+                    padded = [
+                        j
+                        for j, st in moved.items()
+                        if unit.group.outputs[j] in free
+                        and layout.padded_of(got[j].shape, got[j].stride(), st)
+                    ]
+                    for j in padded:  # returned as the kernel wrote it, as torch.compile does
+                        del moved[j]
+                    if padded:
+                        what = ", ".join(f"output {j} {tuple(got[j].stride())}" for j in padded)
+                        unit.note = "; ".join(
+                            filter(None, [unit.note, f"returned with padded rows: {what}"])
+                        )
                     if moved:  # e.g. Inductor padded a GEMM's output rows (its pad_mm pass)
                         restrided = True
                         self._impls[unit.group.index] = _in_planned_layout(
@@ -531,17 +559,11 @@ class RealizedPlan:
         their outputs is a user output, returned as it is (no layout fix-up), and read by
         no other group. Run outside, they write fresh memory the caller may keep, so their
         outputs need no copy out of the graph's static buffers."""
-        read = {name for u in self._units for name in u.inputs}
-        fixed = {
-            v.name
-            for i, v in enumerate(self._parts.outputs)
-            if i in self._out_orders and isinstance(v, fx.Node)
-        }
-        returned = {v.name for v in self._parts.outputs if isinstance(v, fx.Node)}
+        free = self._free_user_outputs()
         out = []
         for g, u in enumerate(self._units):
             names = set(u.group.outputs)
-            if names and names <= returned and not names & read and not names & fixed:
+            if names and names <= free:
                 out.append(g)
         return tuple(out)
 
@@ -598,6 +620,18 @@ def _in_planned_layout(
         return tuple(outs)
 
     return run
+
+
+def _padded_fake(got: Any, eager: Any) -> bool:
+    """Whether `got` is `eager`'s layout with padded rows (static sizes only): such an
+    output is returned as it is, as torch.compile returns Inductor's padded GEMM outputs."""
+    try:
+        shape, st, want = (
+            tuple(int(d) for d in x) for x in (got.shape, got.stride(), eager.stride())
+        )
+    except (TypeError, RuntimeError):  # symbolic sizes
+        return False
+    return layout.padded_of(shape, st, want)
 
 
 def _symbolic(parts: ProgramParts) -> bool:
@@ -659,8 +693,8 @@ def _prepare_propagating(
     out_orders = {}
     for i, v in enumerate(parts.outputs):
         if isinstance(v, fx.Node) and v.name in actual:
-            eager = parts.by_name[v.name].meta["val"]
-            if not layout.same_strides(actual[v.name], eager):
+            eager, got = parts.by_name[v.name].meta["val"], actual[v.name]
+            if not layout.same_strides(got, eager) and not _padded_fake(got, eager):
                 out_orders[i] = layout.stride_order(eager)
     return [u for u in units if u is not None], out_orders
 
