@@ -27,8 +27,10 @@ Cells are (model, shape) pairs of `benchmarks/models` (`SUITE`), named like
    graph-level fallbacks) and, per realized plan, how many groups fell back to eager and
    whether the whole plan did.
 
-With `--bucket`, the tuned bucket is (v/2, v] of the cell's dynamic size v, every compiled
-contender has `dynamic=True`, and every contender is also called at a second shape of the
+With `--bucket`, the tuned bucket is (v/2, v] of the cell's bucket size v (the sequence
+length for text, the batch for vision: an image model serves one image size; a cell whose
+bucket would hold sizes below 2, e.g. a vision cell at B=1, is tuned at its one shape and
+compiled as such), every compiled contender has `dynamic=True`, and every contender is also called at a second shape of the
 bucket (its size 3v/4, inputs built like the cell's): `<mode>@other`. The planner gets
 `static_after` calls at each shape and its static specializations are waited for; then both
 shapes' contenders are timed in the same interleaved rounds, and the table adds served / tuned
@@ -131,20 +133,35 @@ def max_abs_diff(ref: Any, got: Any) -> float | None:
 
 
 # ---- one cell -------------------------------------------------------------------------------
+def served_dim(m: SuiteModel, shape: dict[str, int], bucket: bool) -> str | None:
+    """The parameter `--bucket` varies over (v/2, v] for this cell (`m.bucket_dim`), or
+    None for a cell tuned at its one shape: without `--bucket`, or where the bucket would
+    hold a size below 2 (a size-1 dimension is specialized, never dynamic)."""
+    if not bucket:
+        return None
+    d = m.bucket_dim
+    return d if shape[d] >= 3 else None
+
+
 def other_shape(m: SuiteModel, shape: dict[str, int]) -> dict[str, int] | None:
     """A second shape of the bucket (v/2, v] that `--bucket` tunes: the cell's shape with
-    its dynamic size at 3v/4; None when the bucket has no size other than v."""
-    v = shape[m.dim]
+    its bucket size at 3v/4; None when the cell has no bucket (`served_dim`)."""
+    d = served_dim(m, shape, True)
+    if d is None:
+        return None
+    v = shape[d]
     size = max(2, v // 2 + 1, 3 * v // 4)
-    return None if size >= v else {**shape, m.dim: size}
+    return None if size >= v else {**shape, d: size}
 
 
 def tune_cell(m: SuiteModel, shape: dict[str, int], args: Any, db: str) -> dict[str, Any]:
-    """`fusion-plan tune` of the cell's shape into `db`, in a subprocess."""
-    fixed = ",".join(f"{k}={v}" for k, v in shape.items() if k != m.dim)
-    v = shape[m.dim]
-    # --bucket: one bucket (v/2, v] whose representative is the cell's size
-    lo = max(2, v // 2 + 1) if args.bucket else v
+    """`fusion-plan tune` of the cell's shape into `db`, in a subprocess: one bucket
+    (v/2, v] of `served_dim` whose representative is the cell's size, or the cell's one
+    shape."""
+    d = served_dim(m, shape, args.bucket) or m.dim
+    fixed = ",".join(f"{k}={v}" for k, v in shape.items() if k != d)
+    v = shape[d]
+    lo = max(2, v // 2 + 1) if served_dim(m, shape, args.bucket) else v
     cmd = [
         sys.executable,
         "-m",
@@ -155,7 +172,7 @@ def tune_cell(m: SuiteModel, shape: dict[str, int], args: Any, db: str) -> dict[
         "--shape",
         fixed,
         "--dynamic",
-        f"{m.dim}={lo}..{v}",
+        f"{d}={lo}..{v}",
         "--buckets",
         f"edges:{v}",
         "--strategy",
@@ -255,7 +272,7 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
         "torch": torch.__version__,
         "tiny": args.tiny,
         "strategy": args.strategy,
-        "bucket": args.bucket,
+        "bucket": served_dim(m, shape, args.bucket) is not None,
     }
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "plans.sqlite")
@@ -283,7 +300,7 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
                 setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
         with torch.inference_mode():
             fns, backend, realized = contenders(
-                module, db, device, args.modes, dynamic=True if args.bucket else None
+                module, db, device, args.modes, dynamic=True if row["bucket"] else None
             )
             calls = {n: (lambda f=f, x=inputs: f(*x)) for n, f in fns.items()}
             if other_inputs is not None:

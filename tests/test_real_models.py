@@ -244,15 +244,30 @@ def test_bucket_mode_times_the_other_shape_after_it_recurs(tmp_path):
     from benchmarks import real_models as bench
 
     stem = tmp_path / "rm"
-    args = ["--device", "cpu", "--tiny", "--cells", "resnet18", "--modes", "eager,planner"]
+    args = ["--device", "cpu", "--tiny", "--cells", "gpt2", "--modes", "eager,planner"]
     assert bench.main([*args, "--bucket", "--rounds", "2", "--out", str(stem)]) == 0
     (r,) = bench.read_jsonl(stem.with_suffix(".jsonl"))
-    assert r["other_shape"] == {"B": 2, "IMG": 24}
+    assert r["other_shape"] == {"B": 2, "S": 24}
     assert set(r["timing"]) == {"eager", "planner", "eager@other", "planner@other"}
     assert r["runtime_stats"]["static"] == 2 and r["max_abs_diff"]["planner@other"] < 1e-3
     row = stem.with_suffix(".md").read_text().splitlines()
     head = next(ln for ln in row if ln.startswith("| cell"))
     assert "served/tuned (other)" in head
+
+
+def test_bucket_cells_vary_what_the_model_serves():
+    """Text cells vary the sequence length over (v/2, v]; vision cells the batch (one image
+    size is served); a cell whose bucket would reach size 1 is tuned at its one shape."""
+    from benchmarks.real_models import other_shape, served_dim
+
+    vit, gpt2 = BY_NAME["vit"], BY_NAME["gpt2"]
+    assert served_dim(vit, {"B": 32, "IMG": 224}, True) == "B"
+    assert other_shape(vit, {"B": 32, "IMG": 224}) == {"B": 24, "IMG": 224}
+    assert served_dim(vit, {"B": 1, "IMG": 224}, True) is None
+    assert other_shape(vit, {"B": 1, "IMG": 224}) is None
+    assert served_dim(gpt2, {"B": 1, "S": 128}, True) == "S"
+    assert other_shape(gpt2, {"B": 1, "S": 128}) == {"B": 1, "S": 96}
+    assert served_dim(gpt2, {"B": 1, "S": 128}, False) is None
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -29,6 +29,13 @@ class SuiteModel:
     tiny_shape: dict[str, int]  # the CPU tests' shape
     factory: str = "factory"
     needs: str = ""  # an optional package the factory imports (the suite skips it if absent)
+    # the parameter `real_models.py --bucket` varies over a bucket: the sequence length for
+    # text; the batch for vision (an image model serves one image size, batches vary)
+    serve_dim: str = ""
+
+    @property
+    def bucket_dim(self) -> str:
+        return self.serve_dim or self.dim
 
     def spec(self, tiny: bool = False) -> str:
         """The `--model` spec text, e.g. ".../gpt2.py:factory"."""
@@ -52,13 +59,15 @@ SUITE: tuple[SuiteModel, ...] = (
     SuiteModel("llama", "llama.py", "S", TEXT, {"B": 2, "S": 32}),
     SuiteModel("bert", "bert.py", "S", TEXT, {"B": 2, "S": 32}),
     SuiteModel("t5-encoder", "t5.py", "S", TEXT, {"B": 2, "S": 32}),
-    SuiteModel("vit", "vit.py", "IMG", VISION, {"B": 2, "IMG": 32}),
-    SuiteModel("resnet18", "resnet.py", "IMG", VISION, {"B": 2, "IMG": 32}),
+    SuiteModel("vit", "vit.py", "IMG", VISION, {"B": 2, "IMG": 32}, serve_dim="B"),
+    SuiteModel("resnet18", "resnet.py", "IMG", VISION, {"B": 2, "IMG": 32}, serve_dim="B"),
 )
 
 # Measured on the GPU when their package imports there; no tiny config.
 OPTIONAL: tuple[SuiteModel, ...] = (
-    SuiteModel("resnet18-timm", "resnet.py", "IMG", VISION, {}, "timm_factory", "timm"),
+    SuiteModel(
+        "resnet18-timm", "resnet.py", "IMG", VISION, {}, "timm_factory", "timm", serve_dim="B"
+    ),
 )
 
 BY_NAME = {m.name: m for m in SUITE + OPTIONAL}

@@ -142,14 +142,23 @@ class _GraphReplay:
         if not self.copy_outputs:
             return self.static_out
         fresh = {g: _flat_tensors(impl(*self.tail_args[g])) for g, impl in self.tail_impls.items()}
-        return tuple(
+        out = [
             fresh[t[0]][t[1]] if t is not None else self._copied(i, o)
             for i, (o, t) in enumerate(zip(self.static_out, self.from_tail))
-        )
+        ]
+        clones = [i for i, o in enumerate(out) if o is _CLONE]
+        if clones:  # one multi-tensor copy rather than a launch per output (a KV cache's)
+            src = [self.static_out[i] for i in clones]
+            dst = [torch.empty_like(o) for o in src]
+            torch._foreach_copy_(dst, src)
+            for i, t in zip(clones, dst):
+                out[i] = t
+        return tuple(out)
 
     def _copied(self, i: int, o: Any) -> Any:
         """Output i out of the graph's buffers: in the layout the plan owes the caller
-        (`out_orders`), which is a copy where the layout changes, else a clone."""
+        (`out_orders`), which is a copy where the layout changes, else `_CLONE` (cloned
+        with the other plain outputs in one copy)."""
         if not isinstance(o, torch.Tensor):
             return o
         order = self.out_orders.get(i)
@@ -157,7 +166,10 @@ class _GraphReplay:
             fixed = layout.to_order(o, order)
             if fixed.data_ptr() != o.data_ptr():
                 return fixed
-        return o.clone()
+        return _CLONE
+
+
+_CLONE = object()  # marks an output `_GraphReplay` copies out with the others
 
 
 def _flat_tensors(outs: Any) -> list[Any]:
