@@ -110,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--needed", action="store_true", help="only say whether a run is due")
     p.add_argument("--out", default=str(RESULTS), help="the results file to append the row to")
+    p.add_argument(
+        "--tree",
+        default=None,
+        help="the commit the tree is at, where this machine's git cannot say (a copy of a "
+        "working tree sent to the GPU machine); default: HEAD, +dirty if changed",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     if args.needed:
@@ -125,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    tree = commit()
+    tree = args.tree or commit()
     date = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     proc = subprocess.run([sys.executable, *PYTEST], cwd=ROOT, capture_output=True, text=True)
     sys.stdout.write(proc.stdout[-4000:])
