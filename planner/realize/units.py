@@ -22,6 +22,7 @@ import torch.fx as fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 import planner.realize.kernels as patterns
+import planner.realize.library_attention as library_attention
 from planner.errors import PlanError
 from planner.fusion.realization import split_label
 from planner.ir import taxonomy
@@ -427,6 +428,18 @@ def prepare_unit(
             note = "; ".join(filter(None, [note, f"{n} GEMM+bias+GELU as one cuBLASLt call"]))
         except Exception as e:  # keep the group as it was
             why = f"GELU epilogue rewrite failed ({type(e).__name__}: {str(e)[:160]})"
+            note = "; ".join(filter(None, [note, why]))
+    if realization in ("inductor", "sdpa", "concat_gemm") and library_attention.attention_sites(
+        module
+    ):
+        try:
+            lib = _clone(module)
+            n = library_attention.use_library_attention(lib)
+            propagate(lib, fakes, fake_mode)
+            module = lib
+            note = "; ".join(filter(None, [note, f"{n} attention(s) as eager's library kernel"]))
+        except Exception as e:  # keep the group as it was
+            why = f"library attention failed ({type(e).__name__}: {str(e)[:160]})"
             note = "; ".join(filter(None, [note, why]))
     label = f"{realization}+{mode}" if mode else realization
     unit = GroupUnit(gg, requested, extra)

@@ -1,0 +1,113 @@
+"""Attention inside a compiled group runs the library kernel eager would run.
+
+Inductor lowers `scaled_dot_product_attention` by the backend choice it makes on fake
+tensors when it traces a group. For some models that choice is the math fallback: on the
+H200 a Hugging Face ViT-B/16 (197 tokens) compiled its attention, in `torch.compile` and in
+the planner's compiled groups alike, into float32 GEMMs and a separate softmax, about 2.5x
+eager's cuDNN attention kernel on the same inputs.
+
+Here each `aten.scaled_dot_product_attention` node of a group that Inductor will compile
+on CUDA is replaced by `fusion_planner::attention`, an operator Inductor cannot decompose:
+at run time it calls `torch.nn.functional.scaled_dot_product_attention`, which picks its
+kernel on the real tensors, as eager does. Its output has the layout the fused kernels
+write (4-D attention: (batch, tokens, heads, dim) in memory, seen as (batch, heads,
+tokens, dim)), so the usual transpose and reshape after it are views; an output that
+comes back otherwise (the math kernel) is copied into that layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+LIBRARY_ATTENTION_DEVICES = ("cuda",)
+
+
+def _layout_of(shape: Sequence[int]) -> tuple[int, ...]:
+    """Dimension order, outermost first, of the layout the operator returns."""
+    return (0, 2, 1, 3) if len(shape) == 4 else tuple(range(len(shape)))
+
+
+def _empty_in_layout(like: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    order = _layout_of(shape)
+    inverse = [order.index(d) for d in range(len(shape))]
+    base = like.new_empty([shape[d] for d in order])
+    return base.permute(inverse)
+
+
+@torch.library.custom_op("fusion_planner::attention", mutates_args=())
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> torch.Tensor:
+    """`scaled_dot_product_attention` as eager runs it, in the layout `_layout_of` says."""
+    kwargs = {"enable_gqa": True} if enable_gqa else {}
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs
+    )
+    want = _empty_in_layout(out, out.shape)
+    if out.stride() == want.stride():
+        return out
+    return want.copy_(out)
+
+
+@attention.register_fake
+def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    shape = [*query.shape[:-1], value.shape[-1]]
+    return _empty_in_layout(query, shape)
+
+
+def attention_sites(gm: fx.GraphModule, devices: Sequence[str] | None = None) -> list[fx.Node]:
+    """The `scaled_dot_product_attention` nodes of `gm` on `devices` (default CUDA) whose
+    output only other nodes of `gm` read."""
+    out = []
+    for node in gm.graph.nodes:
+        if (
+            node.op != "call_function"
+            or node.target is not aten.scaled_dot_product_attention.default
+        ):
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.device.type not in (
+            devices or LIBRARY_ATTENTION_DEVICES
+        ):
+            continue
+        if any(u.op == "output" for u in node.users):
+            continue  # a group output keeps the layout the plan gave it
+        out.append(node)
+    return out
+
+
+_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False}
+
+
+def use_library_attention(gm: fx.GraphModule, devices: Sequence[str] | None = None) -> int:
+    """Replace each of `attention_sites(gm)` by `fusion_planner::attention` (in place);
+    returns how many. The caller re-propagates fake values (the output layout changes)."""
+    sites = attention_sites(gm, devices)
+    g = gm.graph
+    for node in sites:
+        given = dict(zip(_ARGS, node.args))
+        given.update({k: v for k, v in node.kwargs.items() if k in _ARGS})
+        args = tuple(given.get(k, _DEFAULTS.get(k)) for k in _ARGS)
+        scale = node.kwargs.get("scale")
+        gqa = bool(node.kwargs.get("enable_gqa", False))
+        with g.inserting_before(node):
+            new = g.call_function(torch.ops.fusion_planner.attention.default, (*args, scale, gqa))
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        g.erase_node(node)
+    if sites:
+        gm.recompile()
+    return len(sites)

@@ -1,0 +1,87 @@
+"""Attention inside a compiled group runs as `fusion_planner::attention`, the library call
+eager makes, instead of whatever Inductor would lower it to."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from planner.fusion.partition import Partition
+from planner.ir.capture import export_model
+from planner.realize import library_attention
+from planner.realize.realizer import RealizeWarning, realize
+
+
+class _Attend(torch.nn.Module):
+    """ViT-style attention: projections, heads split by view and transpose, SDPA, merge."""
+
+    def __init__(self, d: int = 32, h: int = 4):
+        super().__init__()
+        self.h = h
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(3))
+        self.out = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (p(x).view(b, s, self.h, d // self.h).transpose(1, 2) for p in self.qkv)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.out(o.transpose(1, 2).reshape(b, s, d) * 0.5 + x)
+
+
+def _captured():
+    torch.manual_seed(0)
+    module = _Attend().eval()
+    x = torch.randn(2, 13, 32)
+    return module, x, export_model(module, (x,))
+
+
+def test_attention_in_a_compiled_group_is_the_library_call(monkeypatch):
+    monkeypatch.setattr(library_attention, "LIBRARY_ATTENTION_DEVICES", ("cpu",))
+    module, x, c = _captured()
+    ops = [n.op for n in c.graph.nodes]
+    at = ops.index("scaled_dot_product_attention")
+    # the attention and everything after it up to the output projection in one group
+    tail = [i for i in range(at, len(ops)) if ops[i] != "linear"]
+    rest = [[i] for i in range(len(ops)) if i not in tail]
+    p = Partition.from_groups(c.graph, [*rest, tail])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RealizeWarning)
+        r = realize(c, p)
+    g = next(g for g in r.groups if "attention(s) as eager's library kernel" in g.note)
+    assert r.realizations[g.index] == "inductor" and not r.fallbacks
+    code = str(r.modules[g.index].graph)
+    assert "fusion_planner.attention" in code and "scaled_dot_product_attention" not in code
+    for _ in range(2):
+        x = torch.randn(2, 13, 32)
+        with torch.no_grad():
+            want = module(x)
+        torch.testing.assert_close(r(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_operator_returns_its_layout_and_eager_values():
+    q, k, v = (torch.randn(2, 4, 13, 8) for _ in range(3))
+    mask = torch.rand(13, 13) > 0.3
+    for kwargs in ({}, {"attn_mask": mask}, {"is_causal": True}, {"scale": 0.3}):
+        got = torch.ops.fusion_planner.attention(
+            q,
+            k,
+            v,
+            kwargs.get("attn_mask"),
+            0.0,
+            kwargs.get("is_causal", False),
+            kwargs.get("scale"),
+            False,
+        )
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == (13 * 4 * 8, 8, 4 * 8, 1)  # (batch, tokens, heads, dim) in memory
+    torch.library.opcheck(
+        torch.ops.fusion_planner.attention.default, (q, k, v, None, 0.0, False, None, False)
+    )
+
+
+def test_off_cuda_and_at_group_outputs_nothing_changes():
+    _, _, c = _captured()
+    r = realize(c, Partition.whole(c.graph))  # the CPU: Inductor's own lowering stays
+    assert not any("library kernel" in g.note for g in r.groups)
