@@ -85,3 +85,24 @@ def test_off_cuda_and_at_group_outputs_nothing_changes():
     _, _, c = _captured()
     r = realize(c, Partition.whole(c.graph))  # the CPU: Inductor's own lowering stays
     assert not any("library kernel" in g.note for g in r.groups)
+
+
+def test_an_attention_leaving_its_group_hands_its_layout_on(monkeypatch):
+    """Where layouts propagate (a static plan), an attention that is its group's output is
+    replaced too: the consumer group is traced with the operator's layout."""
+    monkeypatch.setattr(library_attention, "LIBRARY_ATTENTION_DEVICES", ("cpu",))
+    module, x, c = _captured()
+    ops = [n.op for n in c.graph.nodes]
+    at = ops.index("scaled_dot_product_attention")
+    head = [i for i in range(at + 1) if ops[i] != "linear"]  # views, transposes, attention
+    rest = [[i] for i in range(len(ops)) if i not in head]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RealizeWarning)
+        p = Partition.from_groups(c.graph, [head, *rest])
+        g = next(i for i, grp in enumerate(p.groups) if at in grp)
+        r = realize(c, p, realizations={g: "inductor"})
+    assert "library kernel" in r.groups[g].note and not r.fallbacks
+    x = torch.randn(2, 13, 32)
+    with torch.no_grad():
+        want = module(x)
+    torch.testing.assert_close(r(x), want, rtol=1e-4, atol=1e-4)

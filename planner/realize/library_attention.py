@@ -12,7 +12,9 @@ at run time it calls `torch.nn.functional.scaled_dot_product_attention`, which p
 kernel on the real tensors, as eager does. Its output has the layout the fused kernels
 write (4-D attention: (batch, tokens, heads, dim) in memory, seen as (batch, heads,
 tokens, dim)), so the usual transpose and reshape after it are views; an output that
-comes back otherwise (the math kernel) is copied into that layout.
+comes back otherwise (the math kernel) is copied into that layout. Where a group's outputs
+keep eager's strides (a plan realized over a shape range), an attention whose output
+leaves the group keeps Inductor's lowering.
 """
 
 from __future__ import annotations
@@ -67,9 +69,12 @@ def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     return _empty_in_layout(query, shape)
 
 
-def attention_sites(gm: fx.GraphModule, devices: Sequence[str] | None = None) -> list[fx.Node]:
-    """The `scaled_dot_product_attention` nodes of `gm` on `devices` (default CUDA) whose
-    output only other nodes of `gm` read."""
+def attention_sites(
+    gm: fx.GraphModule, devices: Sequence[str] | None = None, keep_layout: bool = True
+) -> list[fx.Node]:
+    """The `scaled_dot_product_attention` nodes of `gm` on `devices` (default CUDA); with
+    `keep_layout` (the group's outputs keep eager's strides) only those whose output only
+    other nodes of `gm` read."""
     out = []
     for node in gm.graph.nodes:
         if (
@@ -82,7 +87,7 @@ def attention_sites(gm: fx.GraphModule, devices: Sequence[str] | None = None) ->
             devices or LIBRARY_ATTENTION_DEVICES
         ):
             continue
-        if any(u.op == "output" for u in node.users):
+        if keep_layout and any(u.op == "output" for u in node.users):
             continue  # a group output keeps the layout the plan gave it
         out.append(node)
     return out
@@ -92,10 +97,13 @@ _ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 _DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False}
 
 
-def use_library_attention(gm: fx.GraphModule, devices: Sequence[str] | None = None) -> int:
-    """Replace each of `attention_sites(gm)` by `fusion_planner::attention` (in place);
-    returns how many. The caller re-propagates fake values (the output layout changes)."""
-    sites = attention_sites(gm, devices)
+def use_library_attention(
+    gm: fx.GraphModule, devices: Sequence[str] | None = None, keep_layout: bool = True
+) -> int:
+    """Replace each of `attention_sites(gm, devices, keep_layout)` by
+    `fusion_planner::attention` (in place); returns how many. The caller re-propagates fake
+    values (the output layout changes)."""
+    sites = attention_sites(gm, devices, keep_layout)
     g = gm.graph
     for node in sites:
         given = dict(zip(_ARGS, node.args))

@@ -430,11 +430,11 @@ def prepare_unit(
             why = f"GELU epilogue rewrite failed ({type(e).__name__}: {str(e)[:160]})"
             note = "; ".join(filter(None, [note, why]))
     if realization in ("inductor", "sdpa", "concat_gemm") and library_attention.attention_sites(
-        module
+        module, keep_layout=keep_layout
     ):
         try:
             lib = _clone(module)
-            n = library_attention.use_library_attention(lib)
+            n = library_attention.use_library_attention(lib, keep_layout=keep_layout)
             propagate(lib, fakes, fake_mode)
             module = lib
             note = "; ".join(filter(None, [note, f"{n} attention(s) as eager's library kernel"]))
