@@ -1,0 +1,125 @@
+"""Where a model's attention goes on its way to kernels: the captured ops, the groups of
+the plan the backend realizes, and what each attention group runs as.
+
+    PYTHONPATH=. python benchmarks/probes/attention_lowering.py --model vit --shape B=1,IMG=224
+
+Prints, for `export_model`'s capture and for the graph the `torch.compile` backend
+realizes (`--cache`'s plan, else the default plan of an empty cache), the attention-related ops (any op whose name
+holds attention, softmax, bmm or matmul) and, per realized group holding one, its
+realization, its note and its ops. Then the device kernels of one call under
+torch.profiler whose names hold gemm/sdpa/softmax/attention/fmha. JSON lines to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.models import BY_NAME  # noqa: E402
+from planner.ir.capture import export_model  # noqa: E402
+from planner.runtime.backend import fusion_planner_backend  # noqa: E402
+from zoo.modelspec import parse_dtype, resolve  # noqa: E402
+
+WORDS = ("attention", "softmax", "bmm", "matmul")
+KERNEL_WORDS = ("gemm", "sdpa", "softmax", "attention", "fmha", "flash", "nvjet")
+
+
+def _attention_ops(ops: list[str]) -> dict[str, int]:
+    return dict(Counter(o for o in ops if any(w in o for w in WORDS)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="vit", help="a suite model name (benchmarks/models)")
+    p.add_argument("--shape", default="B=1,IMG=224")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--out", default=None, help="JSON lines file to append to")
+    p.add_argument("--tiny", action="store_true", help="the CPU tests' config")
+    p.add_argument("--cache", default=None, help="a plan cache `fusion-plan tune` filled")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shape = {k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(","))}
+    spec = resolve(BY_NAME[args.model].spec(tiny=args.tiny), shape)
+    module, inputs = spec.build(dtype=parse_dtype(args.dtype), device=device, seed=0)
+    row: dict = {
+        "model": args.model,
+        "shape": shape,
+        "device": str(device),
+        "torch": torch.__version__,
+    }
+    if device.type == "cuda":
+        row["gpu"] = torch.cuda.get_device_name(device)
+    with torch.inference_mode():
+        c = export_model(module, inputs)
+    row["export_ops"] = _attention_ops([n.op for n in c.graph.nodes])
+    realized: list = []
+    with tempfile.TemporaryDirectory() as tmp:
+        db = args.cache or str(Path(tmp) / "empty.sqlite")
+        backend = fusion_planner_backend(db, device=device)
+        base = backend.realizer
+
+        def recording(captured, plan, **options):
+            rp = base(captured, plan, **options)
+            realized.append(rp)
+            return rp
+
+        backend.realizer = recording
+        torch._dynamo.reset()
+        fn = torch.compile(module, backend=backend)
+        with torch.inference_mode():
+            for _ in range(3):
+                fn(*inputs)
+        groups = []
+        for rp in realized:
+            ops = [n.op for n in rp.captured.graph.nodes]
+            row.setdefault("backend_ops", []).append(_attention_ops(ops))
+            for g, report in enumerate(rp.groups):
+                members = [ops[i] for i in rp.partition.groups[g]]
+                if any(any(w in o for w in WORDS) for o in members):
+                    groups.append(
+                        {
+                            "group": g,
+                            "realization": rp.realizations[g],
+                            "note": report.note,
+                            "ops": members,
+                            "module_ops": sorted(
+                                {
+                                    str(n.target)
+                                    for n in rp.modules[g].graph.nodes
+                                    if n.op == "call_function"
+                                }
+                            ),
+                        }
+                    )
+        row["attention_groups"] = groups
+        if device.type == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+
+            with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn(*inputs)
+                torch.cuda.synchronize()
+            kernels = Counter()
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA and any(
+                    w in e.name.lower() for w in KERNEL_WORDS
+                ):
+                    kernels[e.name[:140]] += 1
+            row["kernels"] = dict(kernels)
+    print(json.dumps(row, indent=1))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
