@@ -192,6 +192,37 @@ def test_lifted_dynamo_graph_has_the_direct_capture_structure_key(name):
     torch.testing.assert_close(tuple(out), ref if isinstance(ref, tuple) else (ref,))
 
 
+class _Strided(torch.nn.Module):
+    """Reads its input's stride: dynamo passes that stride in as a size input."""
+
+    def forward(self, x):
+        return x.sum(-1) * x.stride(0)
+
+
+@pytest.mark.parametrize("reads_stride", [False, True])
+def test_size_inputs_that_are_strides_lift(reads_stride):
+    """Inputs cut from a longer tensor and cloned keep its row stride (a size-1 batch's
+    stride is free): dynamo passes that stride in as a size input of its own, unused
+    unless the model reads it. Unused, it is dropped; read, it is the tensor's stride."""
+    module = _Strided() if reads_stride else torch.nn.Sequential(torch.nn.Embedding(50, 8))
+    base = torch.randint(0, 50, (1, 64)).float() if reads_stride else torch.randint(0, 50, (1, 64))
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(lift_graph(gm, list(example_inputs)))
+        return gm.forward
+
+    compiled = torch.compile(module, backend=backend, dynamic=True)
+    for s in (20, 33):
+        x = base.narrow(1, 0, s).clone()
+        assert x.stride(0) == 64
+        compiled(x)
+    lifted = seen[-1]
+    x = base.narrow(1, 0, 41).clone()
+    (out,) = lifted.module(x)
+    torch.testing.assert_close(out, module(x))
+
+
 # ---- backend: correctness and bookkeeping --------------------------------------------------------
 def test_backend_matches_eager_over_varying_shapes_and_queues_misses(cache):
     module = block()

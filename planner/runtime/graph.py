@@ -154,6 +154,8 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
             user.append((pos, env[node], fake))
     dynamic: set[tuple[int, int]] = set()
     for node, fake in symbols:
+        if not node.users:  # e.g. the stride of a size-1 dimension: nothing reads it
+            continue
         expr = _sym_expr(fake)
         hit = next(
             (
@@ -164,13 +166,28 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
             ),
             None,
         )
-        if hit is None:
+        if hit is not None:
+            ui, axis = hit
+            env[node] = g.call_function(torch.ops.aten.sym_size.int, (user[ui][1], axis))
+            continue
+        stride = next(
+            (
+                (ui, axis)
+                for ui, (_, _, uf) in enumerate(user)
+                if isinstance(uf, torch.Tensor)
+                for axis, st in enumerate(uf.stride())
+                if expr is not None and _sym_expr(st) == expr
+            ),
+            None,
+        )
+        if stride is None:
             raise LiftError(
-                f"size input {node.name} ({expr}) is not a dimension of any user tensor "
-                "(an int argument to forward?): the runtime plans tensor shapes only"
+                f"size input {node.name} ({expr}) is neither a dimension nor a stride of any "
+                "user tensor (an int argument to forward?): the runtime plans tensor shapes "
+                "only"
             )
-        ui, axis = hit
-        env[node] = g.call_function(torch.ops.aten.sym_size.int, (user[ui][1], axis))
+        ui, axis = stride
+        env[node] = g.call_function(torch.ops.aten.sym_stride.int, (user[ui][1], axis))
     for ui, (_, _, uf) in enumerate(user):
         for axis, size in enumerate(getattr(uf, "shape", ())):
             if _sym_expr(size) is not None and not _sym_expr(size).is_number:
