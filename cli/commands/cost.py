@@ -322,12 +322,37 @@ def run_adapt_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_score(args: argparse.Namespace) -> int:
+    from learned_cost.study.external import render_external, score_external
+
+    record = score_external(
+        args.model, args.data, args.device, recapture=not args.stored_descriptors
+    )
+    parts = ["fusion-plan", "cost", "score", "--model", args.model]
+    for d in args.data:
+        parts += ["--data", d]
+    parts += ["--device", args.device]
+    if args.stored_descriptors:
+        parts.append("--stored-descriptors")
+    if args.out:
+        parts += ["--out", args.out]
+    record["command"] = shlex.join(parts)
+    print(render_external(record))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1, default=float) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
 # ---- docs ------------------------------------------------------------------------------------
 def render_report(
     metas: list[tuple[str, ModelMeta]],
     studies: list[tuple[str, dict]] | None = None,
     root: str | Path = ".",
     adapt_studies: list[tuple[str, dict]] | None = None,
+    external: list[tuple[str, dict]] | None = None,
 ) -> str:
     """docs/learned_cost.md: the held-out studies (`cost heldout`) first, then every saved
     model's own held-out tables, plus the feature schema. A model's plot is shown only
@@ -400,6 +425,19 @@ def render_report(
         ]
         for path, study in adapt_studies:
             lines += [render_curve(study), f"(study file: `{path}`)", ""]
+    if external:
+        from learned_cost.study.external import render_external
+
+        lines += [
+            "# Saved models on data they were not trained on (`fusion-plan cost score`)",
+            "",
+            "Every row is held out by construction: the committed model, trained on all of "
+            "its dataset, predicts rows of graphs that dataset does not hold "
+            "(learned_cost/study/external.py).",
+            "",
+        ]
+        for path, rec in external:
+            lines += [render_external(rec), f"(score file: `{path}`)", ""]
     for path, m in metas:
         met = m.metrics
         if "adaptation" in met:
@@ -555,6 +593,16 @@ def committed_adapt_studies(root: Path) -> list[tuple[str, dict]]:
     ]
 
 
+def committed_external(root: Path) -> list[tuple[str, dict]]:
+    """The `cost score` records under learned_cost/studies/external/, relative to `root`."""
+    from learned_cost.study.external import read_external
+
+    return [
+        (str(p.relative_to(root)), read_external(p))
+        for p in sorted((STUDIES_DIR / "external").glob("*.json"))
+    ]
+
+
 def run_report(args: argparse.Namespace) -> int:
     root = COMMITTED_DIR.parent.parent
     if args.models:
@@ -574,7 +622,13 @@ def run_report(args: argparse.Namespace) -> int:
         adapt = [(p, json.loads(Path(p).read_text())) for p in args.adapt_studies]
     else:
         adapt = committed_adapt_studies(root)
-    text = render_report(metas, studies, adapt_studies=adapt)
+    if args.external is not None:
+        from learned_cost.study.external import read_external
+
+        external = [(p, read_external(p)) for p in args.external]
+    else:
+        external = committed_external(root)
+    text = render_report(metas, studies, adapt_studies=adapt, external=external)
     if args.out == "-":
         sys.stdout.write(text)
         return 0

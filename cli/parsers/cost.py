@@ -127,6 +127,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     h.set_defaults(run=command("cost", "run_heldout"))
     _add_adapt_parsers(verbs)
+    sc = verbs.add_parser(
+        "score",
+        help="score a saved model on a dataset it was not trained on (an unseen family: the "
+        "real-model suite), groups and plans (learned_cost/study/external.py)",
+    )
+    sc.add_argument("--model", required=True, help="the saved model (.json)")
+    sc.add_argument("--data", action="append", required=True, help="dataset-v1 Parquet")
+    sc.add_argument(
+        "--device", type=device_name, required=True, metavar="NAME", help="the rows' device"
+    )
+    sc.add_argument(
+        "--stored-descriptors",
+        action="store_true",
+        help="keep the descriptors stored at collection (default: recompute them)",
+    )
+    sc.add_argument(
+        "--out",
+        default=None,
+        help="score JSON (the committed ones live in learned_cost/studies/external/)",
+    )
+    sc.set_defaults(run=command("cost", "run_score"))
     r = verbs.add_parser(
         "report", help="the held-out results of saved models as Markdown (docs/learned_cost.md)"
     )
@@ -153,6 +174,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="*",
         default=None,
         help="adaptation study JSON files (default: learned_cost/studies/adapt/*.json)",
+    )
+    r.add_argument(
+        "--external",
+        nargs="*",
+        default=None,
+        help="`cost score` JSON files (default: learned_cost/studies/external/*.json)",
     )
     r.set_defaults(run=command("cost", "run_report"))
 
