@@ -200,6 +200,7 @@ def _learned_cost_doc() -> str:
         STUDIES_DIR,
         committed_adapt_studies,
         committed_external,
+        committed_hw_studies,
         read_meta,
         render_report,
     )
@@ -212,7 +213,14 @@ def _learned_cost_doc() -> str:
     ]
     adapt = committed_adapt_studies(ROOT)
     external = committed_external(ROOT)
-    return render_report(metas, studies, root=ROOT, adapt_studies=adapt, external=external)
+    return render_report(
+        metas,
+        studies,
+        root=ROOT,
+        adapt_studies=adapt,
+        external=external,
+        hw_studies=committed_hw_studies(ROOT),
+    )
 
 
 def _section(name: str, heading: str) -> Callable[[], str]:

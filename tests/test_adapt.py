@@ -115,6 +115,10 @@ def test_an_adapted_model_saves_and_loads_as_the_target_devices(source, tmp_path
     once = first[counts == 1]  # a group measured once is answered by its measurement
     assert len(once) > 10
     assert np.allclose(np.exp(got[once]) * d.analytical_s[once], d.measured_s[once], rtol=1e-4)
+    from cli.commands.cost import render_report
+
+    text = render_report([(str(out), new)])
+    assert f"## h200 ({new.model_id}), adapted from h100 ({meta.model_id})" in text
 
 
 def test_adaptation_order_takes_whole_graphs_from_the_pool_only():

@@ -353,6 +353,7 @@ def render_report(
     root: str | Path = ".",
     adapt_studies: list[tuple[str, dict]] | None = None,
     external: list[tuple[str, dict]] | None = None,
+    hw_studies: list[tuple[str, dict]] | None = None,
 ) -> str:
     """docs/learned_cost.md: the held-out studies (`cost heldout`) first, then every saved
     model's own held-out tables, plus the feature schema. A model's plot is shown only
@@ -410,7 +411,6 @@ def render_report(
                 None,
             )
             lines += [render_study(study, committed), f"(study file: `{path}`)", ""]
-        lines += ["# The saved models and the evaluation they were trained with", ""]
     if adapt_studies:
         from learned_cost.study.adapt_curve import render_curve
 
@@ -438,6 +438,30 @@ def render_report(
         ]
         for path, rec in external:
             lines += [render_external(rec), f"(score file: `{path}`)", ""]
+    if hw_studies:
+        from learned_cost.study.hw_features import render as render_hw
+
+        lines += [
+            "# Hardware-level features (learned_cost/study/hw_features.py)",
+            "",
+            "Per-kernel traffic and its share of the L2, launch count, GEMM tile fill along M "
+            "and K, wave count and wave fill over the device's SMs, tile-padded over useful "
+            "work: appended to the model's features (`-hw`) and fitted on the held-out "
+            "study's architecture folds, seed for seed; mean ± sd over the fold seeds.",
+            "",
+        ]
+        for path, rec in hw_studies:
+            lines += [
+                f"- made by: `{rec.get('command')}` ({rec.get('n_rows')} group rows; MLP "
+                f"settings {rec.get('mlp_params') or 'none: gbt only'})",
+                "",
+                render_hw(rec),
+                "",
+                f"(study file: `{path}`)",
+                "",
+            ]
+    if studies or adapt_studies or external or hw_studies:
+        lines += ["# The saved models and the evaluation they were trained with", ""]
     for path, m in metas:
         met = m.metrics
         if "adaptation" in met:
@@ -593,6 +617,14 @@ def committed_adapt_studies(root: Path) -> list[tuple[str, dict]]:
     ]
 
 
+def committed_hw_studies(root: Path) -> list[tuple[str, dict]]:
+    """The hardware-feature studies in benchmarks/results/, named relative to `root`."""
+    return [
+        (str(p.relative_to(root)), json.loads(p.read_text()))
+        for p in sorted((root / "benchmarks" / "results").glob("*_hw_features.json"))
+    ]
+
+
 def committed_external(root: Path) -> list[tuple[str, dict]]:
     """The `cost score` records under learned_cost/studies/external/, relative to `root`."""
     from learned_cost.study.external import read_external
@@ -628,7 +660,13 @@ def run_report(args: argparse.Namespace) -> int:
         external = [(p, read_external(p)) for p in args.external]
     else:
         external = committed_external(root)
-    text = render_report(metas, studies, adapt_studies=adapt, external=external)
+    text = render_report(
+        metas,
+        studies,
+        adapt_studies=adapt,
+        external=external,
+        hw_studies=committed_hw_studies(root),
+    )
     if args.out == "-":
         sys.stdout.write(text)
         return 0
