@@ -7,12 +7,15 @@ must recover is known."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-from learned_fakes import fake_rows
+from learned_fakes import GRAPHS, fake_rows
 
 from learned_cost.adapt import AdaptConfig, adapt_mlp, adapt_saved, target_design
 from learned_cost.corrected import CorrectedModel, load_corrected
@@ -132,9 +135,13 @@ def test_adaptation_order_takes_whole_graphs_from_the_pool_only():
     assert sorted(rows.tolist()) == pool.tolist()
 
 
-def test_the_study_scores_every_row_once_per_size(source):
+def test_the_study_scores_every_row_once_per_size(source, tmp_path):
     model, meta, _ = source
     rows = target_rows()
+    # the source "was trained on" the first three graphs: the rest are new to it
+    trained = tmp_path / "source.parquet"
+    pq.write_table(pa.Table.from_pylist(fake_rows(1, graphs=GRAPHS[:3])), trained)
+    meta = dataclasses.replace(meta, data_files=(str(trained),))
     cfg = CurveConfig(
         sizes=(0, 15),
         seeds=(0,),
@@ -153,15 +160,16 @@ def test_the_study_scores_every_row_once_per_size(source):
     study["reference"] = {"model": "m", "study": "s.json", "mape": {"graph": 0.1}}
     text = render_curve(json.loads(json.dumps(study)))
     assert "| adapt-bias | " in text and "| 15 rows |" in text
+    assert 0 < study["seen_share"] < 1
+    fresh = study["summary_new_graphs"]["adapt-none+twins"]["0"]["mape"]["mean"]
+    assert fresh != s["adapt-none+twins"]["0"]["mape"]["mean"]  # scored on fewer rows
+    assert "graphs the source model never saw" in text
 
 
 def test_cli_adapt_refuses_rows_of_another_device(source, capsys):
     from cli.main import main
 
     _, _, path = source
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rows = fake_rows(2, device="h100", with_plans=False)
     data = path.parent / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(rows), data)
