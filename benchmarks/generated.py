@@ -196,7 +196,14 @@ def _recapture() -> str:
 
 
 def _learned_cost_doc() -> str:
-    from cli.commands.cost import STUDIES_DIR, read_meta, render_report
+    from cli.commands.cost import (
+        STUDIES_DIR,
+        committed_adapt_studies,
+        committed_external,
+        committed_hw_studies,
+        read_meta,
+        render_report,
+    )
     from learned_cost.study.heldout_report import read_study
     from search.cost_models import COMMITTED_DIR
 
@@ -204,7 +211,16 @@ def _learned_cost_doc() -> str:
     studies = [
         (str(p.relative_to(ROOT)), read_study(str(p))) for p in sorted(STUDIES_DIR.glob("*.json"))
     ]
-    return render_report(metas, studies, root=ROOT)
+    adapt = committed_adapt_studies(ROOT)
+    external = committed_external(ROOT)
+    return render_report(
+        metas,
+        studies,
+        root=ROOT,
+        adapt_studies=adapt,
+        external=external,
+        hw_studies=committed_hw_studies(ROOT),
+    )
 
 
 def _section(name: str, heading: str) -> Callable[[], str]:

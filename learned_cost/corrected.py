@@ -327,7 +327,9 @@ def load_corrected(
         feature_spec = None
         if meta.device_kind == "cpu" and device_fingerprint("cpu") not in meta.device_fingerprints:
             feature_spec, spec = spec, get_spec("cpu")
-            warnings.warn(cpu_transfer_message(meta, feature_spec, spec), CpuTransferWarning, 2)
+            warnings.warn(
+                cpu_transfer_message(meta, feature_spec, spec, path), CpuTransferWarning, 2
+            )
     except CostModelError as e:
         fallback = get_spec(device) if device else get_spec(None)
         warnings.warn(
@@ -364,8 +366,11 @@ def figures_digest(spec: DeviceSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def cpu_transfer_message(meta: ModelMeta, trained: DeviceSpec, here: DeviceSpec) -> str:
-    """What a CPU correction from another machine is used as, and by which figures."""
+def cpu_transfer_message(
+    meta: ModelMeta, trained: DeviceSpec, here: DeviceSpec, path: str | Path = "MODEL.json"
+) -> str:
+    """What a CPU correction from another machine is used as, by which figures, and the
+    commands that adapt it to this machine."""
     how = (
         "this machine's figures measured by `fusion-plan device-bench`"
         if here.measured is not None
@@ -378,6 +383,8 @@ def cpu_transfer_message(meta: ModelMeta, trained: DeviceSpec, here: DeviceSpec)
         f"{list(meta.device_fingerprints)}, this one is {device_fingerprint('cpu')}: it is "
         f"used NORMALIZED, its correction applied to {how} ({_figures(here)}; trained on "
         f"{_figures(trained)}). To adapt it to this CPU, collect a few minutes of rows "
-        "here (`fusion-plan collect`) and pass them to CorrectedModel.update, or retrain "
-        "with `fusion-plan cost train` on them."
+        "here and fine-tune it on them: `fusion-plan collect --models all --max-seconds 300 "
+        f"--out data/this_cpu.parquet`, then `fusion-plan cost adapt --model {path} --data "
+        "data/this_cpu.parquet --device cpu --out this_cpu.json` and pass --cost-model "
+        "this_cpu.json (or retrain with `fusion-plan cost train` on more rows)."
     )

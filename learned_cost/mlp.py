@@ -379,6 +379,33 @@ class CorrectionMLP:
         self.y_max_ = max(self.y_max_, float(y.max()))
         return self
 
+    def fine_tune(
+        self, X: np.ndarray, y: np.ndarray, *, steps: int, lr: float, last_only: bool = False
+    ) -> CorrectionMLP:
+        """`steps` gradient steps on every network, from its fitted weights (all layers, in
+        training mode, or the output layer alone in eval mode): a model trained on one
+        device, moved to another from a few of its rows (learned_cost/adapt.py). The
+        features' scaling is kept as fitted; the trusted range grows to the new targets."""
+        self._require_fit()
+        X, y = self._check_X(X), self._check_y(y)
+        if len(X) != len(y):
+            raise CostModelInputError(
+                f"fine_tune needs as many targets as rows; got X {X.shape}, y {y.shape}"
+            )
+        if len(y) == 0 or steps <= 0:
+            return self
+        with torch.random.fork_rng(devices=[]), one_thread():
+            torch.manual_seed(self.random_state)
+            for j, (net, form) in enumerate(zip(self.nets_, self.net_forms())):
+                params = net[-1].parameters() if last_only else net.parameters()
+                seed = self.random_state + 1000 * j
+                self._train(net, X, y, params, steps, lr, seed, form, dropout=not last_only)
+        self._weights = None
+        self._numpy_weights()
+        self.y_min_ = min(self.y_min_, float(y.min()))
+        self.y_max_ = max(self.y_max_, float(y.max()))
+        return self
+
     # ---- prediction -------------------------------------------------------------------
     def predict(self, X: np.ndarray) -> np.ndarray:
         """ln(predicted / analytical) for each row of X (the members' mean), clipped to the

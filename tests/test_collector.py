@@ -97,6 +97,21 @@ def test_jobs_skip_shapes_a_model_does_not_take_and_default_sweeps_apply():
     assert len(auto) == 3 and all(j.shape.startswith("M=") for j in auto)
 
 
+def test_jobs_skip_shapes_a_file_factory_does_not_take(tmp_path):
+    models = tmp_path / "models.py"
+    models.write_text(
+        "import torch\n"
+        "def seq(B=1, S=8):\n    return torch.nn.Linear(S, S), (torch.randn(B, S),)\n"
+        "def img(B=1, IMG=4):\n    return torch.nn.Linear(IMG, IMG), (torch.randn(B, IMG),)\n"
+    )
+    specs = [f"{models}:seq", f"{models}:img"]
+    jobs = jobs_for(specs, ["B=2,S=16", "B=2,IMG=8"], ["fp32"], "cpu")
+    assert sorted((j.model.rsplit(":", 1)[1], j.shape) for j in jobs) == [
+        ("img", "B=2,IMG=8"),
+        ("seq", "B=2,S=16"),
+    ]
+
+
 def test_units_cover_singles_strategy_groups_random_groups_and_plans_once():
     g = graph_of("mlp", {"B": 4, "D": 16, "HID": 32, "L": 2})
     cfg = CollectConfig(models=[], groups_per_graph=3, random_plans=2)

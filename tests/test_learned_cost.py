@@ -393,6 +393,8 @@ def test_cpu_model_from_another_machine_is_normalized_to_this_one(tmp_path, desi
     with pytest.warns(CpuTransferWarning, match="measured by `fusion-plan device-bench`") as w:
         moved = load_corrected(tmp_path / "c.json", "cpu")
     assert "cpu-someotherbox" in str(w[0].message)
+    # and it names the command that adapts the model to this CPU, with the model's path
+    assert f"fusion-plan cost adapt --model {tmp_path / 'c.json'}" in str(w[0].message)
     assert isinstance(moved, CorrectedModel) and moved.spec.bandwidth_Bps == 2 * cpu.mem_bw_Bps
     assert moved.feature_spec.bandwidth_Bps == cpu.mem_bw_Bps
     assert moved.version != same.version  # costs on other figures are other costs

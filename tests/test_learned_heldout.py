@@ -200,3 +200,22 @@ def test_hardware_features_see_tile_and_wave_quantization():
     assert x["gemm_wave_fill"] == pytest.approx(2 / spec.sm_count)  # 2 tiles, one wave
     assert 10 ** x["gemm_padded_over_useful"] == pytest.approx(256 * 128 * 128 / (130 * 128 * 100))
     assert x["log_kernels"] == pytest.approx(np.log1p(desc["n_kernels"]))
+
+
+def test_hardware_feature_study_compares_the_mlp_on_the_same_folds(rows):
+    from learned_cost.study.hw_features import compare, render
+
+    spec = get_spec("h100")
+    rows = [r for r in rows if r["kind"] == "group"]
+    mlp = {"steps": 20, "hidden": (8,), "n_members": 1}
+    res = compare(
+        rows, spec, seeds=(0,), n_splits=3, gbt_params={"n_estimators": 5}, mlp_params=mlp
+    )
+    names = set(res["seeds"][0]["scores"])
+    assert names == {
+        f"{b}{h}{t}" for b in ("gbt", "mlp-free") for h in ("", "-hw") for t in ("", "+twins")
+    }
+    only_gbt = compare(rows, spec, seeds=(0,), n_splits=3, gbt_params={"n_estimators": 5})
+    # the trees are fitted on the same folds with the same seed either way
+    assert only_gbt["seeds"][0]["scores"]["gbt"] == res["seeds"][0]["scores"]["gbt"]
+    assert "| mlp-free-hw+twins |" in render(res)

@@ -148,6 +148,7 @@ def resolve(spec: str, shape: str | dict[str, int] | None = None) -> ModelSpec:
             "or path/to/file.py:factory"
         )
     factory = _load_factory(spec)
+    _accepted(factory, overrides)  # a shape naming a parameter it lacks is refused here
     defaults = {
         name: p.default
         for name, p in inspect.signature(factory).parameters.items()

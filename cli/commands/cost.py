@@ -8,6 +8,10 @@
    --out learned_cost/models/h100.json`
 - `eval`: the same side-by-side table and plot without saving a model (with `--model`,
   the MLP rows use that model's hyper-parameters).
+- `adapt`: a saved model (another device's) adapted to a few rows of this device, saved
+  as a model for it (learned_cost/adapt.py).
+- `adapt-study`: held-out error on the new device against the number of its rows used,
+  adapted against trained from scratch (learned_cost/study/adapt_curve.py).
 - `report`: docs/learned_cost.md from saved models' metadata (no retraining).
 """
 
@@ -19,9 +23,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from learned_cost.data import load_profiles
+from learned_cost.data import group_rows, load_profiles
 from learned_cost.features import FEATURES, SCHEMA_HASH
-from learned_cost.persist import ModelMeta, read_meta
+from learned_cost.persist import ModelMeta, load_model, read_meta
 from learned_cost.study.evaluate import MODELS
 from learned_cost.study.heldout import StudyConfig
 from learned_cost.study.heldout_report import heldout_study, read_study, render_study
@@ -197,11 +201,159 @@ def _heldout_command(args: argparse.Namespace, device: str, out: Path) -> str:
     return shlex.join([*parts, "--out", str(out)])
 
 
+# ---- another device ----------------------------------------------------------------------------
+def _target_rows(args: argparse.Namespace) -> tuple[list[dict], object]:
+    """The usable group rows of --device in --data (descriptors recomputed unless
+    --stored-descriptors), and the profiles they came from."""
+    from learned_cost.study.plan_eval import GraphCache, current_descriptors
+
+    profiles = load_profiles(args.data)
+    rows = group_rows(profiles, device=args.device)
+    if not rows:
+        devices = sorted({str(r.get("device")) for r in profiles.rows})
+        raise CostModelError(
+            f"no usable group rows of device {args.device!r} in {args.data} (devices there: "
+            f"{devices}); pass the --device the rows were measured on"
+        )
+    if not args.stored_descriptors:
+        rows = current_descriptors(rows, GraphCache())
+    return rows, profiles
+
+
+def _adapt_command(args: argparse.Namespace, verb: str, out: Path, extra: list[str]) -> str:
+    parts = ["fusion-plan", "cost", verb, "--model", args.model]
+    for d in args.data:
+        parts += ["--data", d]
+    parts += ["--device", args.device, *extra]
+    if args.steps is not None:
+        parts += ["--steps", str(args.steps)]
+    if args.lr != 1e-3:
+        parts += ["--lr", f"{args.lr:g}"]
+    if args.stored_descriptors:
+        parts.append("--stored-descriptors")
+    return shlex.join([*parts, "--out", str(out)])
+
+
+def run_adapt(args: argparse.Namespace) -> int:
+    from learned_cost.adapt import AdaptConfig, adapt_saved
+
+    source, meta = load_model(args.model)
+    spec = hardware.get_spec(args.device)
+    rows, profiles = _target_rows(args)
+    if args.rows:
+        rows = rows[: args.rows]
+    cfg = AdaptConfig(method=args.method, steps=args.steps, lr=args.lr, twins=not args.no_twins)
+    out = Path(args.out or cache_dir() / "models" / f"{spec.name}.json")
+    extra = ["--method", args.method]
+    if args.rows:
+        extra += ["--rows", str(args.rows)]
+    if args.no_twins:
+        extra.append("--no-twins")
+    command = _adapt_command(args, "adapt", out, extra)
+    new, summary = adapt_saved(
+        source, meta, rows, spec, cfg, out, data_files=profiles.sources, command=command
+    )
+    a = summary["adaptation"]
+    print(
+        f"adapted {meta.model_id} ({meta.device}) to {spec.name} with {a['n_rows']} group rows "
+        f"of {a['n_graphs']} graphs, method {a['method']} ({a['steps']} steps): log-bias "
+        f"{a['bias']:+.3f}; in-sample MAPE {100 * a['in_sample_mape_source']:.1f}% -> "
+        f"{100 * a['in_sample_mape_adapted']:.1f}% (a fit, not a held-out score: "
+        "`fusion-plan cost adapt-study` measures that)\n"
+        f"saved {new.model_id} to {out} (+ .npz); use it with --cost-model {out}"
+    )
+    return 0
+
+
+def run_adapt_study(args: argparse.Namespace) -> int:
+    from learned_cost.study.adapt_curve import CurveConfig, reference_mape, render_curve, run_curve
+
+    source, meta = load_model(args.model)
+    spec = hardware.get_spec(args.device)
+    try:
+        sizes = tuple(int(s) for s in args.sizes.split(","))
+        seeds = tuple(int(s) for s in args.seeds.split(","))
+    except ValueError:
+        raise CostModelError(
+            f"--sizes and --seeds take integers like 0,50,200; got {args.sizes!r}, {args.seeds!r}"
+        ) from None
+    rows, profiles = _target_rows(args)
+    cfg = CurveConfig(
+        sizes=sizes,
+        seeds=seeds,
+        n_splits=args.folds,
+        sample=args.sample,
+        adapt_steps=args.steps,
+        adapt_lr=args.lr,
+        scratch_params={"steps": args.scratch_steps, "n_members": args.scratch_members},
+        gbt_params={"n_estimators": args.gbt_trees} if args.gbt_trees else {},
+    )
+    name = f"{meta.device}_to_{spec.name}.json"
+    out = Path(args.out or cache_dir() / "studies" / "adapt" / name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    extra = ["--sizes", args.sizes, "--seeds", args.seeds, "--folds", str(args.folds)]
+    extra += ["--sample", args.sample, "--scratch-steps", str(args.scratch_steps)]
+    extra += ["--scratch-members", str(args.scratch_members)]
+    if args.gbt_trees:
+        extra += ["--gbt-trees", str(args.gbt_trees)]
+    command = _adapt_command(args, "adapt-study", out, extra)
+    ref_path = STUDIES_DIR / f"{meta.device}.json"
+    ref_name = _committed(meta.metrics)
+    reference = {
+        "model": ref_name,
+        "study": str(ref_path.relative_to(COMMITTED_DIR.parent.parent)),
+        "mape": reference_mape(read_study(ref_path), ref_name) if ref_path.is_file() else {},
+    }
+    where = {
+        "command": command,
+        "data_files": list(profiles.sources),
+        "data_hash": profiles.data_hash,
+        "recaptured": not args.stored_descriptors,
+        "reference": reference,
+    }
+
+    def write(record: dict) -> None:  # after every fold seed: a cut-short run keeps them
+        out.write_text(json.dumps({**record, **where}, indent=1, default=float) + "\n")
+
+    study = run_curve(source, meta, rows, spec, cfg, on_progress=write)
+    write(study)
+    print(render_curve({**study, **where}))
+    print(f"\nwrote {out}")
+    return 0
+
+
+def run_score(args: argparse.Namespace) -> int:
+    from learned_cost.study.external import render_external, score_external
+
+    record = score_external(
+        args.model, args.data, args.device, recapture=not args.stored_descriptors
+    )
+    parts = ["fusion-plan", "cost", "score", "--model", args.model]
+    for d in args.data:
+        parts += ["--data", d]
+    parts += ["--device", args.device]
+    if args.stored_descriptors:
+        parts.append("--stored-descriptors")
+    if args.out:
+        parts += ["--out", args.out]
+    record["command"] = shlex.join(parts)
+    print(render_external(record))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1, default=float) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
 # ---- docs ------------------------------------------------------------------------------------
 def render_report(
     metas: list[tuple[str, ModelMeta]],
     studies: list[tuple[str, dict]] | None = None,
     root: str | Path = ".",
+    adapt_studies: list[tuple[str, dict]] | None = None,
+    external: list[tuple[str, dict]] | None = None,
+    hw_studies: list[tuple[str, dict]] | None = None,
 ) -> str:
     """docs/learned_cost.md: the held-out studies (`cost heldout`) first, then every saved
     model's own held-out tables, plus the feature schema. A model's plot is shown only
@@ -259,9 +411,62 @@ def render_report(
                 None,
             )
             lines += [render_study(study, committed), f"(study file: `{path}`)", ""]
+    if adapt_studies:
+        from learned_cost.study.adapt_curve import render_curve
+
+        lines += [
+            "# Another device from a few of its rows (`fusion-plan cost adapt-study`)",
+            "",
+            "How a model trained on one device does on another as it is adapted with more "
+            "rows measured there (learned_cost/adapt.py), against models trained on those "
+            "rows alone; test rows always come from graphs the adaptation rows did not "
+            "(learned_cost/study/adapt_curve.py).",
+            "",
+        ]
+        for path, study in adapt_studies:
+            lines += [render_curve(study), f"(study file: `{path}`)", ""]
+    if external:
+        from learned_cost.study.external import render_external
+
+        lines += [
+            "# Saved models on data they were not trained on (`fusion-plan cost score`)",
+            "",
+            "Every row is held out by construction: the committed model, trained on all of "
+            "its dataset, predicts rows of graphs that dataset does not hold "
+            "(learned_cost/study/external.py).",
+            "",
+        ]
+        for path, rec in external:
+            lines += [render_external(rec), f"(score file: `{path}`)", ""]
+    if hw_studies:
+        from learned_cost.study.hw_features import render as render_hw
+
+        lines += [
+            "# Hardware-level features (learned_cost/study/hw_features.py)",
+            "",
+            "Per-kernel traffic and its share of the L2, launch count, GEMM tile fill along M "
+            "and K, wave count and wave fill over the device's SMs, tile-padded over useful "
+            "work: appended to the model's features (`-hw`) and fitted on the held-out "
+            "study's architecture folds, seed for seed; mean ± sd over the fold seeds.",
+            "",
+        ]
+        for path, rec in hw_studies:
+            lines += [
+                f"- made by: `{rec.get('command')}` ({rec.get('n_rows')} group rows; MLP "
+                f"settings {rec.get('mlp_params') or 'none: gbt only'})",
+                "",
+                render_hw(rec),
+                "",
+                f"(study file: `{path}`)",
+                "",
+            ]
+    if studies or adapt_studies or external or hw_studies:
         lines += ["# The saved models and the evaluation they were trained with", ""]
     for path, m in metas:
         met = m.metrics
+        if "adaptation" in met:
+            lines += _adapted_section(path, m)
+            continue
         noisy = met.get("n_noisy_dropped", {})
         lines += [
             f"## {m.device} ({m.model_id})",
@@ -308,6 +513,26 @@ def render_report(
         "",
     ]
     return "\n".join(lines)
+
+
+def _adapted_section(path: str, m: ModelMeta) -> list[str]:
+    """A model made by `cost adapt`: where from, with what; its held-out figures are the
+    adaptation study's."""
+    a, src = m.metrics["adaptation"], m.metrics.get("adapted_from", {})
+    return [
+        f"## {m.device} ({m.model_id}), adapted from {src.get('device')} ({src.get('model_id')})",
+        "",
+        f"- made by: `{m.command}`",
+        f"- data: {', '.join(m.data_files)} (hash {m.data_hash}, {a.get('n_rows')} group rows "
+        f"of {a.get('n_graphs')} graphs); method {a.get('method')}, {a.get('steps')} steps, "
+        f"lr {a.get('lr')}, twins {a.get('twins')}; log-bias {a.get('bias', 0.0):+.3f}; saved "
+        f"at `{path}`",
+        f"- in-sample MAPE on those rows (a fit, not a held-out score): source model "
+        f"{100 * a.get('in_sample_mape_source', float('nan')):.1f}%, adapted "
+        f"{100 * a.get('in_sample_mape_adapted', float('nan')):.1f}%; held-out figures: the "
+        "adaptation study above",
+        "",
+    ]
 
 
 def _plot(device: str, plot: str, root: Path) -> list[str]:
@@ -384,6 +609,32 @@ def _leaders(scores: list[dict]) -> str:
     return "Best: " + "; ".join(parts) + "."
 
 
+def committed_adapt_studies(root: Path) -> list[tuple[str, dict]]:
+    """The adaptation studies under learned_cost/studies/adapt/, named relative to `root`."""
+    return [
+        (str(p.relative_to(root)), json.loads(p.read_text()))
+        for p in sorted((STUDIES_DIR / "adapt").glob("*.json"))
+    ]
+
+
+def committed_hw_studies(root: Path) -> list[tuple[str, dict]]:
+    """The hardware-feature studies in benchmarks/results/, named relative to `root`."""
+    return [
+        (str(p.relative_to(root)), json.loads(p.read_text()))
+        for p in sorted((root / "benchmarks" / "results").glob("*_hw_features.json"))
+    ]
+
+
+def committed_external(root: Path) -> list[tuple[str, dict]]:
+    """The `cost score` records under learned_cost/studies/external/, relative to `root`."""
+    from learned_cost.study.external import read_external
+
+    return [
+        (str(p.relative_to(root)), read_external(p))
+        for p in sorted((STUDIES_DIR / "external").glob("*.json"))
+    ]
+
+
 def run_report(args: argparse.Namespace) -> int:
     root = COMMITTED_DIR.parent.parent
     if args.models:
@@ -399,7 +650,23 @@ def run_report(args: argparse.Namespace) -> int:
             (str(p.relative_to(root)), read_study(str(p)))
             for p in sorted(STUDIES_DIR.glob("*.json"))
         ]
-    text = render_report(metas, studies)
+    if args.adapt_studies is not None:
+        adapt = [(p, json.loads(Path(p).read_text())) for p in args.adapt_studies]
+    else:
+        adapt = committed_adapt_studies(root)
+    if args.external is not None:
+        from learned_cost.study.external import read_external
+
+        external = [(p, read_external(p)) for p in args.external]
+    else:
+        external = committed_external(root)
+    text = render_report(
+        metas,
+        studies,
+        adapt_studies=adapt,
+        external=external,
+        hw_studies=committed_hw_studies(root),
+    )
     if args.out == "-":
         sys.stdout.write(text)
         return 0

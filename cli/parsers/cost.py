@@ -126,6 +126,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "studies live in learned_cost/studies/)",
     )
     h.set_defaults(run=command("cost", "run_heldout"))
+    _add_adapt_parsers(verbs)
+    sc = verbs.add_parser(
+        "score",
+        help="score a saved model on a dataset it was not trained on (an unseen family: the "
+        "real-model suite), groups and plans (learned_cost/study/external.py)",
+    )
+    sc.add_argument("--model", required=True, help="the saved model (.json)")
+    sc.add_argument("--data", action="append", required=True, help="dataset-v1 Parquet")
+    sc.add_argument(
+        "--device", type=device_name, required=True, metavar="NAME", help="the rows' device"
+    )
+    sc.add_argument(
+        "--stored-descriptors",
+        action="store_true",
+        help="keep the descriptors stored at collection (default: recompute them)",
+    )
+    sc.add_argument(
+        "--out",
+        default=None,
+        help="score JSON (the committed ones live in learned_cost/studies/external/)",
+    )
+    sc.set_defaults(run=command("cost", "run_score"))
     r = verbs.add_parser(
         "report", help="the held-out results of saved models as Markdown (docs/learned_cost.md)"
     )
@@ -147,7 +169,121 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="held-out study JSON files (default: learned_cost/studies/*.json)",
     )
+    r.add_argument(
+        "--adapt-studies",
+        nargs="*",
+        default=None,
+        help="adaptation study JSON files (default: learned_cost/studies/adapt/*.json)",
+    )
+    r.add_argument(
+        "--external",
+        nargs="*",
+        default=None,
+        help="`cost score` JSON files (default: learned_cost/studies/external/*.json)",
+    )
     r.set_defaults(run=command("cost", "run_report"))
+
+
+# The methods `learned_cost.adapt.METHODS` names.
+ADAPT_METHODS = ("none", "bias", "last-layer", "finetune")
+
+
+def _add_adapt_common(v: argparse.ArgumentParser) -> None:
+    v.add_argument(
+        "--model",
+        required=True,
+        help="the saved model to adapt (e.g. learned_cost/models/h100.json), any device's",
+    )
+    v.add_argument(
+        "--data", action="append", required=True, help="the new device's rows (repeatable)"
+    )
+    v.add_argument(
+        "--device",
+        type=device_name,
+        required=True,
+        metavar="NAME",
+        help=f"the device the rows were measured on: {', '.join(hardware.known_devices())}",
+    )
+    v.add_argument(
+        "--steps",
+        type=positive_int,
+        default=None,
+        help="gradient steps of last-layer / finetune (default 300 / 200)",
+    )
+    v.add_argument(
+        "--lr", type=float, default=1e-3, help="their learning rate (default %(default)s)"
+    )
+    v.add_argument(
+        "--stored-descriptors",
+        action="store_true",
+        help="keep the descriptors stored at collection (default: recompute them on today's "
+        "capture of each row's graph, as training does)",
+    )
+
+
+def _add_adapt_parsers(verbs: argparse._SubParsersAction) -> None:
+    a = verbs.add_parser(
+        "adapt",
+        help="adapt a saved model to another device from a few of its rows; saves a model "
+        "for that device (learned_cost/adapt.py)",
+    )
+    _add_adapt_common(a)
+    a.add_argument(
+        "--method",
+        choices=ADAPT_METHODS,
+        default="finetune",
+        help="bias: one log-bias; last-layer: bias, then the output layers refitted; "
+        "finetune: bias, then every weight, warm-started (default)",
+    )
+    a.add_argument(
+        "--rows",
+        type=positive_int,
+        default=None,
+        help="use the first N usable group rows only (in file order)",
+    )
+    a.add_argument(
+        "--no-twins",
+        action="store_true",
+        help="do not answer groups the new rows measured from those measurements",
+    )
+    a.add_argument(
+        "--out",
+        default=None,
+        help="model path (.json + .npz) (default: <user cache>/models/<device>.json)",
+    )
+    a.set_defaults(run=command("cost", "run_adapt"))
+    s = verbs.add_parser(
+        "adapt-study",
+        help="held-out error on the new device against the rows used to adapt, adapted vs "
+        "trained from scratch, over fold seeds (learned_cost/study/adapt_curve.py)",
+    )
+    _add_adapt_common(s)
+    s.add_argument("--sizes", default="0,50,200,1000", help="adaptation rows, comma-separated")
+    s.add_argument("--seeds", default="0,1,2", help="fold seeds, comma-separated")
+    s.add_argument("--folds", type=positive_int, default=4, help="folds by graph group")
+    s.add_argument(
+        "--sample",
+        choices=("graphs", "rows"),
+        default="graphs",
+        help="take adaptation rows graph by graph (as a short collection does) or any rows",
+    )
+    s.add_argument(
+        "--scratch-steps", type=positive_int, default=2000, help="steps of the scratch MLP"
+    )
+    s.add_argument(
+        "--scratch-members",
+        type=positive_int,
+        default=1,
+        help="ensemble size of the scratch MLP (of each form for mixed)",
+    )
+    s.add_argument("--gbt-trees", type=positive_int, default=None, help="scratch gbt trees")
+    s.add_argument(
+        "--out",
+        default=None,
+        help="study JSON (default: studies/adapt/<from>_to_<to>.json in the user cache; the "
+        "committed ones live in learned_cost/studies/adapt/)",
+    )
+    s.set_defaults(run=command("cost", "run_adapt_study"))
 
 
 def _dropout(text: str) -> float:

@@ -2,12 +2,15 @@
 
 A study, not part of the saved models' feature schema: each feature below is computed from
 a group's descriptor and the device spec, appended to the features of
-learned_cost.features, and gradient-boosted trees are fitted with and without them on
-the seeded architecture folds of learned_cost.study.heldout (the same folds, seed for seed, as
-`fusion-plan cost heldout`). Run:
+learned_cost.features, and gradient-boosted trees and the MLP (free form: the one form that
+reads columns beyond FEATURE_NAMES) are fitted with and without them on the seeded
+architecture folds of learned_cost.study.heldout (the same folds, seed for seed, as
+`fusion-plan cost heldout`), each also with twins. Run:
 
     python -m learned_cost.study.hw_features --data data/h100_profiles.parquet --device h100 \
-        --seeds 0,1,2 --gbt-trees 60 --out benchmarks/results/h100_hw_features.json
+        --seeds 0,1,2 --gbt-trees 60 --mlp-steps 300 --out benchmarks/results/h100_hw_features.json
+
+(`--mlp-steps 0` leaves the MLP out, as the first run of this study did.)
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 
 from learned_cost.data import descriptor_of, group_rows, load_profiles
 from learned_cost.features import design_matrix
+from learned_cost.mlp import CorrectionMLP
 from learned_cost.study.baselines import GBTCorrection
 from learned_cost.study.evaluate import group_metrics
 from learned_cost.study.heldout import shuffled_group_folds, with_split_keys
@@ -135,9 +139,11 @@ def compare(
     seeds: Sequence[int] = (0, 1, 2),
     n_splits: int = 5,
     gbt_params: Mapping[str, Any] | None = None,
+    mlp_params: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """gbt and gbt+twins, with and without HW_FEATURES, on the architecture folds of each
-    seed; twins are looked up on the model's own features in both (the same rows answer)."""
+    """gbt and gbt+twins (and, with `mlp_params`, mlp-free and mlp-free+twins with those
+    settings), with and without HW_FEATURES, on the architecture folds of each seed; twins
+    are looked up on the model's own features in every case (the same rows answer)."""
     rows = with_split_keys(rows)
     d = design_matrix(rows, lambda _n: spec, group_by="architecture")
     H = hw_matrix(rows, spec)
@@ -145,13 +151,18 @@ def compare(
     graphs = np.array([str(r.get("graph_key")) for r in rows], dtype=object)
     out: dict[str, Any] = {"n_rows": len(rows), "features": list(HW_NAMES), "seeds": []}
     for seed in seeds:
-        logr = {n: np.zeros(len(d)) for n in ("gbt", "gbt+twins", "gbt-hw", "gbt-hw+twins")}
+        bases = ("gbt", "mlp-free") if mlp_params is not None else ("gbt",)
+        names = [f"{b}{h}{t}" for b in bases for h in ("", "-hw") for t in ("", "+twins")]
+        logr = {n: np.zeros(len(d)) for n in names}
         has_twin = np.zeros(len(d), dtype=bool)
         for tr, te in shuffled_group_folds(seed)(d.groups, n_splits):
             table = TwinTable.fit(d.X[tr], d.y[tr])
             has_twin[te] = table.lookup(d.X[te])[1]
-            for name, X in (("gbt", d.X), ("gbt-hw", XH)):
-                est = GBTCorrection(random_state=seed).set_params(**(gbt_params or {}))
+            for name, X in ((f"{b}{h}", M) for b in bases for h, M in (("", d.X), ("-hw", XH))):
+                if name.startswith("gbt"):
+                    est = GBTCorrection(random_state=seed).set_params(**(gbt_params or {}))
+                else:
+                    est = CorrectionMLP(form="free", random_state=seed, **(mlp_params or {}))
                 est.fit(X[tr], d.y[tr])
                 logr[name][te] = est.predict(X[te])
                 logr[f"{name}+twins"][te] = table.answer(d.X[te], logr[name][te])
@@ -199,6 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--gbt-trees", type=int, default=None)
+    p.add_argument(
+        "--mlp-steps",
+        type=int,
+        default=0,
+        help="also the free-form MLP with this many steps (hidden 128,128, no dropout, one "
+        "member, as the committed held-out study); 0: gbt only",
+    )
     p.add_argument("--out", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
@@ -206,7 +224,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = group_rows(load_profiles(args.data), device=spec.name)
     params = {"n_estimators": args.gbt_trees} if args.gbt_trees else {}
     seeds = tuple(int(s) for s in args.seeds.split(","))
-    result = compare(rows, spec, seeds=seeds, n_splits=args.folds, gbt_params=params)
+    mlp = (
+        {"steps": args.mlp_steps, "hidden": (128, 128), "dropout": 0.0, "n_members": 1}
+        if args.mlp_steps > 0
+        else None
+    )
+    result = compare(
+        rows, spec, seeds=seeds, n_splits=args.folds, gbt_params=params, mlp_params=mlp
+    )
+    result["mlp_params"] = mlp
     result["command"] = shlex.join(["python", "-m", "learned_cost.study.hw_features", *argv])
     text = render(result)
     print(text)
