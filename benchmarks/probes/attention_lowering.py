@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from benchmarks.models import BY_NAME  # noqa: E402
 from planner.ir.capture import export_model  # noqa: E402
@@ -30,7 +31,32 @@ from planner.runtime.backend import fusion_planner_backend  # noqa: E402
 from zoo.modelspec import parse_dtype, resolve  # noqa: E402
 
 WORDS = ("attention", "softmax", "bmm", "matmul")
+BACKENDS = {-1: "error", 0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
 KERNEL_WORDS = ("gemm", "sdpa", "softmax", "attention", "fmha", "flash", "nvjet")
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the attention-related aten ops dispatched while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if any(w in name for w in (*WORDS, "mm", "fusion_planner")):
+            extra = ""
+            if func is torch.ops.aten.scaled_dot_product_attention.default:
+                mask = args[3] if len(args) > 3 else kwargs.get("attn_mask") if kwargs else None
+                if isinstance(mask, torch.Tensor):
+                    extra += f" mask={mask.dtype}{tuple(mask.shape)}"
+                try:  # the kernel the dispatcher picks for these very tensors
+                    choice = torch._fused_sdp_choice(*args, **(kwargs or {}))
+                    extra += f" choice={BACKENDS.get(int(choice), choice)}"
+                except Exception as e:
+                    extra += f" choice=? ({type(e).__name__})"
+            self.seen[name + extra] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _attention_ops(ops: list[str]) -> dict[str, int]:
@@ -101,6 +127,24 @@ def main(argv: list[str] | None = None) -> int:
                         }
                     )
         row["attention_groups"] = groups
+        # which attention kernels run, seen at the dispatcher: eager's call, and each realized
+        # plan run once without its CUDA graphs (Inductor's wrapper code dispatches too)
+        with torch.inference_mode():
+            with _Ops() as ops:
+                module(*inputs)
+            row["eager_dispatched"] = dict(ops.seen)
+            row["plan_dispatched"] = []
+            for rp in realized:
+                graph, shapes = rp._graph, rp._shape_graphs
+                rp._graph = rp._shape_graphs = None
+                try:
+                    with _Ops() as ops:
+                        rp(*rp.captured.example_inputs)
+                    row["plan_dispatched"].append(dict(ops.seen))
+                except Exception as e:  # the probe reports, it does not fail
+                    row["plan_dispatched"].append({"error": f"{type(e).__name__}: {e}"[:300]})
+                finally:
+                    rp._graph, rp._shape_graphs = graph, shapes
         if device.type == "cuda":
             from torch.profiler import ProfilerActivity, profile
 
