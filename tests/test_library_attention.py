@@ -106,3 +106,23 @@ def test_an_attention_leaving_its_group_hands_its_layout_on(monkeypatch):
     with torch.no_grad():
         want = module(x)
     torch.testing.assert_close(r(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_mask_broadcast_along_its_last_dimension_is_made_dense(monkeypatch):
+    """Such a mask (a traced model's all-true mask) would send the call to the math kernel;
+    the operator passes it on dense, with the same values."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*a, **k):
+        seen.append(a[3])
+        return sdpa(*a, **k)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    q, k, v = (torch.randn(2, 4, 13, 8) for _ in range(3))
+    keep = torch.rand(13) > 0.2
+    mask = keep[None, None, :, None].expand(1, 1, 13, 13)  # by query row, stride 0 along keys
+    assert mask.stride()[-1] == 0
+    got = torch.ops.fusion_planner.attention(q, k, v, mask, 0.0, False, None, False)
+    torch.testing.assert_close(got, sdpa(q, k, v, mask), equal_nan=True)
+    assert seen[-1].stride()[-1] == 1 and torch.equal(seen[-1], mask)

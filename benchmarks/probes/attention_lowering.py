@@ -59,6 +59,22 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _describe(args: tuple, kwargs: dict) -> dict:
+    """Shapes, dtypes and strides of an attention call's tensors, its other arguments, and
+    the kernel the dispatcher picks for them."""
+    out: dict = {"kwargs": {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}}
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            out[f"arg{i}"] = [list(a.shape), str(a.dtype), list(a.stride()), a.storage_offset()]
+        else:
+            out[f"arg{i}"] = repr(a)
+    try:
+        out["choice"] = BACKENDS.get(int(torch._fused_sdp_choice(*args, **kwargs)), "?")
+    except Exception as e:
+        out["choice"] = f"? ({type(e).__name__}: {e})"[:200]
+    return out
+
+
 def _attention_ops(ops: list[str]) -> dict[str, int]:
     return dict(Counter(o for o in ops if any(w in o for w in WORDS)))
 
@@ -134,17 +150,27 @@ def main(argv: list[str] | None = None) -> int:
                 module(*inputs)
             row["eager_dispatched"] = dict(ops.seen)
             row["plan_dispatched"] = []
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            calls: list = []
+
+            def recording_sdpa(*a, **k):  # what the planner's attention operator passes on
+                calls.append(_describe(a, k))
+                return sdpa(*a, **k)
+
             for rp in realized:
                 graph, shapes = rp._graph, rp._shape_graphs
                 rp._graph = rp._shape_graphs = None
+                torch.nn.functional.scaled_dot_product_attention = recording_sdpa
                 try:
                     with _Ops() as ops:
                         rp(*rp.captured.example_inputs)
                     row["plan_dispatched"].append(dict(ops.seen))
+                    row.setdefault("plan_sdpa_calls", []).append(calls[:4])
                 except Exception as e:  # the probe reports, it does not fail
                     row["plan_dispatched"].append({"error": f"{type(e).__name__}: {e}"[:300]})
                 finally:
                     rp._graph, rp._shape_graphs = graph, shapes
+                    torch.nn.functional.scaled_dot_product_attention = sdpa
         if device.type == "cuda":
             from torch.profiler import ProfilerActivity, profile
 
