@@ -47,6 +47,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
 import planner.ir.backend_forms as backend_forms
+import planner.ir.capture_dtensor as capture_dtensor
 import planner.ir.taxonomy as taxonomy
 from planner.distributed.collectives import group_size_of
 from planner.errors import CaptureError, PlanError
@@ -192,6 +193,8 @@ def export_model(
         raise CaptureError(f"capture expects a torch.nn.Module, got {type(module).__name__}")
     args, kwargs = _as_call(example_inputs)
     _check_call(module, args, kwargs)
+    if capture_dtensor.has_dtensors(module):  # tensor parallelism: the rank's own program
+        module = capture_dtensor.localize(module, args, kwargs)
     try:
         in_structure, leaves = Structure.of((args, kwargs))
     except StructureError as e:
