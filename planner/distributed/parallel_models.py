@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from planner.distributed.dp import pack
 from planner.errors import ModelSpecError
@@ -187,3 +188,56 @@ def mlp_param_shapes(d: int, hidden: int, layers: int) -> list[tuple[int, ...]]:
     for a, b in itertools.pairwise(dims):
         shapes += [(b, a), (b,)]
     return shapes
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, as LLaMA writes it (in float32)."""
+
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+class LlamaStyleBlock(nn.Module):
+    """An unsharded LLaMA-style decoder block (RMSNorm, attention without biases, SwiGLU
+    MLP), written so that `parallelize_module` with `llama_tp_plan()` shards it: heads are
+    counted from the projection's width (`-1` in the views), as Hugging Face's LLaMA does."""
+
+    def __init__(self, d: int, heads: int, hidden: int):
+        super().__init__()
+        self.dh = d // heads
+        self.attn_norm, self.mlp_norm = RMSNorm(d), RMSNorm(d)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            nn.Linear(d, d, bias=False) for _ in range(4)
+        )
+        self.gate_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        y = self.attn_norm(x)
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, s, -1, self.dh).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj(y)), heads(self.k_proj(y)), heads(self.v_proj(y))
+        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.dh), dim=-1)
+        ctx = (probs @ v).transpose(1, 2).reshape(b, s, -1)
+        h = x + self.o_proj(ctx)
+        z = self.mlp_norm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(z)) * self.up_proj(z))
+
+
+def llama_tp_plan() -> dict[str, object]:
+    """The Megatron split of `LlamaStyleBlock` for `parallelize_module`: Q/K/V and the
+    MLP's gate/up column-parallel, the output and down projections row-parallel."""
+    col, row = ColwiseParallel, RowwiseParallel
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    kinds = (col, col, col, row, col, col, row)
+    return {n: k() for n, k in zip(names, kinds, strict=True)}

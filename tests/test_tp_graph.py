@@ -1,0 +1,136 @@
+"""Tensor-parallel decisions on captured programs: the column -> row sites of a
+DTensor-parallel LLaMA-style block and of the zoo's functional-collective block, and every
+decision realized on 2 gloo ranks against the unplanned program and the unsharded model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import parallelize_module
+
+import zoo
+from planner.distributed import parallel_models as pm
+from planner.distributed.tp_graph import (
+    GraphCosts,
+    find_tp_sites,
+    graph_decisions,
+    predict_graph,
+    row_parallel_chunks,
+    tp_program,
+)
+from planner.distributed.tp_plan import TPDecision
+from planner.ir.capture import export_model
+from profiling.commbench import run_ranks
+from search.tp_search import search_tp_graph
+
+B, S, D, H = 2, 8, 32, 4
+
+
+def _sites_and_errors(captured, ref: torch.Tensor, x: torch.Tensor) -> dict:
+    gm = captured.program.module()
+    sites = find_tp_sites(gm)
+    unplanned = gm(x)[0]
+    errs = {}
+    for d in graph_decisions(sites):
+        got = tp_program(gm, d, sites)(x)[0]
+        errs[d.label] = max(float((got - unplanned).abs().max()), float((got - ref).abs().max()))
+    return {
+        "sites": [
+            {
+                "gemm": s.gemm,
+                "column": list(s.column),
+                "epilogue": list(s.epilogue),
+                "rows": s.rows,
+                "nbytes": s.nbytes,
+            }
+            for s in sites
+        ],
+        "errors": errs,
+        "ref_err": float((unplanned - ref).abs().max()),
+        "best": search_tp_graph(captured, _nvlink_like).best.decision.label,
+    }
+
+
+def _nvlink_like(nbytes: int) -> float:
+    return 5e-6 + nbytes / 4.5e11
+
+
+@torch.no_grad()
+def planned_programs(rank: int, world: int) -> dict:
+    torch.manual_seed(0)
+    x = torch.randn(B, S, D)
+    full = pm.LlamaStyleBlock(D, H, 2 * D)
+    mesh = init_device_mesh("cpu", (world,))
+    llama = parallelize_module(copy.deepcopy(full), mesh, pm.llama_tp_plan())
+    out = {"llama": _sites_and_errors(export_model(llama, (x,)), full(x), x)}
+    block = pm.TPBlock(D, H, world, dist.group.WORLD)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.2)
+    out["tp-block"] = _sites_and_errors(export_model(block, (x,)), block(x), x)
+    return out
+
+
+def test_decisions_on_captured_programs_equal_the_unplanned_program_on_gloo() -> None:
+    res = run_ranks(2, "tests.test_tp_graph:planned_programs", timeout_s=90)
+    llama = res["llama"]
+    assert [len(s["column"]) for s in llama["sites"]] == [3, 2]  # q/k/v; gate/up
+    assert all(s["rows"] == B * S and s["nbytes"] == B * S * D * 4 for s in llama["sites"])
+    for name, r in res.items():
+        assert len(r["sites"]) == 2, (name, r["sites"])
+        assert len(r["errors"]) == 6 and max(r["errors"].values()) < 1e-5, (name, r)
+        assert r["best"] in r["errors"]
+
+
+def test_zoo_tp_block_capture_has_two_sites_with_their_epilogues() -> None:
+    m, x = zoo.get("tp-block").build({"B": 2, "S": 8, "D": 32, "H": 4, "TP": 2})
+    captured = export_model(m, x)
+    sites = find_tp_sites(captured.program.module())
+    ops = {n.name: n.op for n in captured.graph.nodes}
+    assert [ops[s.gemm] for s in sites] == ["linear", "linear"]
+    assert [len(s.column) for s in sites] == [3, 1]  # q, k, v; fc1
+    # after the attention: bias, residual, the MLP's LayerNorm; after fc2: bias, residual
+    assert [sorted(ops[n] for n in s.epilogue) for s in sites] == [
+        ["add", "add", "layer_norm"],
+        ["add", "add"],
+    ]
+    planned = tp_program(captured.program.module(), TPDecision(2, True), sites)
+    calls = [n.target for n in planned.graph.nodes if n.op in ("call_function", "call_module")]
+    assert calls.count(row_parallel_chunks) == 2
+    assert not [c for c in calls if "all_reduce" in str(c) or "wait_tensor" in str(c)]
+    assert sorted(c for c in calls if isinstance(c, str) and "epilogue" in c) == [
+        "tp_epilogue_0",
+        "tp_epilogue_1",
+    ]
+    plan = search_tp_graph(captured, _nvlink_like)
+    assert len(plan.table) == 6 and plan.best.total_s == min(p.total_s for p in plan.table)
+    assert plan.costs.segment_ops[0] > 0 and plan.costs.epilogue_ops == (3, 2)
+
+
+def test_a_graph_without_a_column_row_pair_has_no_sites() -> None:
+    m, x = zoo.get("dp-grad-sync").build({"D": 16, "HID": 32, "L": 1, "DP": 2, "BUCKET_KB": 1})
+    assert find_tp_sites(export_model(m, x).program.module()) == []
+
+
+def test_graph_tasks_overlap_all_but_the_last_chunks_all_reduce() -> None:
+    us = 1e-6
+    c = GraphCosts(
+        segment_s=(0.0, 0.0),
+        segment_ops=(0, 0),
+        gemm_s={(0, 1): 4 * us, (0, 2): 2 * us},
+        epilogue_s={(0, False): 0.0, (0, True): 0.0},
+        epilogue_ops=(0,),
+        all_reduce_bytes=(6000,),
+        eager_op_host_s=0.0,
+        compiled_call_host_s=0.0,
+        collective_call_host_s=0.0,
+    )
+    ar = lambda nbytes: nbytes / 1000 * us  # noqa: E731
+    one, two = predict_graph(c, TPDecision(1), ar), predict_graph(c, TPDecision(2), ar)
+    assert one.total_s == pytest.approx(10 * us) and one.exposed_comm_s == pytest.approx(6 * us)
+    # GEMM slices 0-2, 2-4; their all-reduces 2-5, 5-8
+    assert two.total_s == pytest.approx(8 * us) and two.exposed_comm_s == pytest.approx(4 * us)
