@@ -18,7 +18,8 @@ and returns the output's tensors flat (`flat_forward`, planner.ir.pytrees): real
 library objects (a `ModelOutput` holding a `DynamicCache`) that torch.export cannot
 return. A model without data (on the meta device, or `trace_as`) is traced as fake
 tensors on the device it will run on, so its graph is that device's. docs/capture.md
-says why both.
+says why both. A model with DTensor weights (tensor parallelism) is exported as its
+rank's program (planner.ir.capture_dtensor; docs/distributed.md).
 """
 
 from __future__ import annotations
