@@ -5,6 +5,9 @@ decision realized on 2 gloo ranks against the unplanned program and the unsharde
 from __future__ import annotations
 
 import copy
+import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,3 +137,17 @@ def test_graph_tasks_overlap_all_but_the_last_chunks_all_reduce() -> None:
     assert one.total_s == pytest.approx(10 * us) and one.exposed_comm_s == pytest.approx(6 * us)
     # GEMM slices 0-2, 2-4; their all-reduces 2-5, 5-8
     assert two.total_s == pytest.approx(8 * us) and two.exposed_comm_s == pytest.approx(4 * us)
+
+
+@pytest.mark.slow
+def test_tp_graph_benchmark_smoke_on_gloo(tmp_path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.tp_graph_gpu import main
+
+    assert main(["--backend", "gloo", "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    (row,) = [json.loads(x) for x in (tmp_path / "tp_graph.jsonl").read_text().splitlines()]
+    assert row["ok"], row.get("error")
+    assert len(row["sites"]) == 2 and len(row["checks"]) == 7  # the DTensor model + 6
+    assert max(row["checks"].values()) < 1e-5
+    assert max(row["gradients"].values()) < 1e-5
+    assert f"| {row['chosen']} |" in (tmp_path / "tp_graph.md").read_text()
