@@ -1,17 +1,16 @@
-"""Tensor-parallel decisions on captured programs: the column -> row sites of a
-DTensor-parallel LLaMA-style block and of the zoo's functional-collective block, and every
-decision realized on 2 gloo ranks against the unplanned program and the unsharded model."""
+"""Tensor-parallel decisions on captured programs: the column -> row sites of DTensor-
+parallel LLaMA-style blocks (ours and Hugging Face's decoder layer) and of the zoo's
+functional-collective block, the search's pricing, and every decision realized on 2 gloo
+ranks (tests/tp_ranks.py) against the unplanned program and the unsharded model."""
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import parallelize_module
 
@@ -20,7 +19,6 @@ from planner.distributed import parallel_models as pm
 from planner.distributed.tp_graph import (
     GraphCosts,
     find_tp_sites,
-    graph_decisions,
     predict_graph,
     row_parallel_chunks,
     tp_program,
@@ -29,64 +27,26 @@ from planner.distributed.tp_plan import TPDecision
 from planner.ir.capture import export_model
 from profiling.commbench import run_ranks
 from search.tp_search import search_tp_graph
-
-B, S, D, H = 2, 8, 32, 4
-
-
-def _sites_and_errors(captured, ref: torch.Tensor, x: torch.Tensor) -> dict:
-    gm = captured.program.module()
-    sites = find_tp_sites(gm)
-    unplanned = gm(x)[0]
-    errs = {}
-    for d in graph_decisions(sites):
-        got = tp_program(gm, d, sites)(x)[0]
-        errs[d.label] = max(float((got - unplanned).abs().max()), float((got - ref).abs().max()))
-    return {
-        "sites": [
-            {
-                "gemm": s.gemm,
-                "column": list(s.column),
-                "epilogue": list(s.epilogue),
-                "rows": s.rows,
-                "nbytes": s.nbytes,
-            }
-            for s in sites
-        ],
-        "errors": errs,
-        "ref_err": float((unplanned - ref).abs().max()),
-        "best": search_tp_graph(captured, _nvlink_like).best.decision.label,
-    }
+from tests.tp_ranks import B, D, S
 
 
 def _nvlink_like(nbytes: int) -> float:
     return 5e-6 + nbytes / 4.5e11
 
 
-@torch.no_grad()
-def planned_programs(rank: int, world: int) -> dict:
-    torch.manual_seed(0)
-    x = torch.randn(B, S, D)
-    full = pm.LlamaStyleBlock(D, H, 2 * D)
-    mesh = init_device_mesh("cpu", (world,))
-    llama = parallelize_module(copy.deepcopy(full), mesh, pm.llama_tp_plan())
-    out = {"llama": _sites_and_errors(export_model(llama, (x,)), full(x), x)}
-    block = pm.TPBlock(D, H, world, dist.group.WORLD)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(0.0, 0.2)
-    out["tp-block"] = _sites_and_errors(export_model(block, (x,)), block(x), x)
-    return out
-
-
-def test_decisions_on_captured_programs_equal_the_unplanned_program_on_gloo() -> None:
-    res = run_ranks(2, "tests.test_tp_graph:planned_programs", timeout_s=90)
-    llama = res["llama"]
-    assert [len(s["column"]) for s in llama["sites"]] == [3, 2]  # q/k/v; gate/up
-    assert all(s["rows"] == B * S and s["nbytes"] == B * S * D * 4 for s in llama["sites"])
+@pytest.mark.parametrize("models", [["llama", "tp-block"], ["hf-llama"]])
+def test_decisions_on_captured_programs_equal_the_unplanned_program_on_gloo(models) -> None:
+    res = run_ranks(2, "tests.tp_ranks:planned_programs", (models,), timeout_s=90)
+    for name in {"llama", "hf-llama"} & set(models):
+        sites = res[name]["sites"]
+        assert [len(s["column"]) for s in sites] == [3, 2]  # q/k/v; gate/up
+        assert all(s["rows"] == B * S and s["nbytes"] == B * S * D * 4 for s in sites)
+        # the first epilogue: the residual add and the whole RMSNorm
+        assert len(sites[0]["epilogue"]) == 7, sites[0]
+    assert set(res) == set(models)
     for name, r in res.items():
         assert len(r["sites"]) == 2, (name, r["sites"])
-        assert len(r["errors"]) == 6 and max(r["errors"].values()) < 1e-5, (name, r)
-        assert r["best"] in r["errors"]
+        assert len(r["errors"]) == 4 and max(r["errors"].values()) < 1e-5, (name, r)
 
 
 def test_zoo_tp_block_capture_has_two_sites_with_their_epilogues() -> None:
@@ -151,3 +111,16 @@ def test_tp_graph_benchmark_smoke_on_gloo(tmp_path) -> None:
     assert max(row["checks"].values()) < 1e-5
     assert max(row["gradients"].values()) < 1e-5
     assert f"| {row['chosen']} |" in (tmp_path / "tp_graph.md").read_text()
+
+
+def test_search_prices_the_decisions_of_a_dtensor_program_captured_on_a_fake_group() -> None:
+    pm.capture_group(2)  # torch's single-process fake group: nothing is communicated
+    mesh = init_device_mesh("cpu", (2,))
+    model = parallelize_module(pm.LlamaStyleBlock(D, 4, 2 * D), mesh, pm.llama_tp_plan())
+    captured = export_model(model, (torch.randn(B, S, D),))
+    plan = search_tp_graph(captured, _nvlink_like)
+    assert [len(s.column) for s in plan.sites] == [3, 2]
+    assert len(plan.table) == 6
+    # each site's all-reduce is the whole (B, S, D) partial sum; the GEMM slices shrink
+    assert plan.costs.all_reduce_bytes == (B * S * D * 4,) * 2
+    assert plan.costs.gemm_s[(0, 2)] < plan.costs.gemm_s[(0, 1)]
