@@ -1,12 +1,14 @@
-"""Capture of DTensor tensor parallelism (parallelize_module with ColwiseParallel /
-RowwiseParallel on a CPU device mesh): the rank's program holds the collectives DTensor
-issues, with their bytes and group size, and computes what the DTensor model computes."""
+"""Capture of tensor parallelism written with DTensor (parallelize_module with
+ColwiseParallel / RowwiseParallel on a CPU device mesh) or with c10d's in-place
+collectives: the rank's program holds the collectives, with their bytes and group size,
+and computes what the model computes."""
 
 from __future__ import annotations
 
 import copy
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -66,3 +68,28 @@ def test_dtensor_mlp_capture_has_the_collectives_and_runs_like_the_model() -> No
     assert res["sp"]["collectives"] == [["all_gather", act, 2], ["reduce_scatter", act, 2]]
     for r in res.values():
         assert r["vs_dtensor"] < 1e-6 and r["vs_full"] < 1e-5, res
+
+
+class _InPlaceCollectives(torch.nn.Module):
+    """Megatron-style code: c10d's in-place collectives on a process group."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(D, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.w
+        dist.all_reduce(y)
+        gathered = torch.empty(2 * x.shape[0], D)
+        dist.all_gather_into_tensor(gathered, y)
+        scattered = torch.empty(x.shape[0] // 2, D)
+        dist.reduce_scatter_tensor(scattered, y)
+        return gathered.sum(0) + scattered.sum(0)
+
+
+def test_in_place_c10d_collectives_are_captured_as_functional_collectives() -> None:
+    pm.capture_group(2)  # torch's single-process fake group
+    g = export_model(_InPlaceCollectives(), (torch.randn(B * S, D),)).graph
+    act = B * S * D * 4
+    got = [(c.kind.value, c.nbytes, c.group_size) for c in collectives(g)]
+    assert got == [("all_reduce", act, 2), ("all_gather", 2 * act, 2), ("reduce_scatter", act, 2)]
