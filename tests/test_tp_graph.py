@@ -124,3 +124,13 @@ def test_search_prices_the_decisions_of_a_dtensor_program_captured_on_a_fake_gro
     # each site's all-reduce is the whole (B, S, D) partial sum; the GEMM slices shrink
     assert plan.costs.all_reduce_bytes == (B * S * D * 4,) * 2
     assert plan.costs.gemm_s[(0, 2)] < plan.costs.gemm_s[(0, 1)]
+
+
+def test_the_rewritten_program_shares_the_weights_and_leaves_the_original_alone() -> None:
+    m, x = zoo.get("tp-block").build({"B": 2, "S": 8, "D": 32, "H": 4, "TP": 2})
+    gm = export_model(m, x).program.module()
+    before = [n.name for n in gm.graph.nodes]
+    planned = tp_program(gm, TPDecision(2, True))
+    assert [n.name for n in gm.graph.nodes] == before
+    weights = {id(p) for p in gm.parameters()}
+    assert weights and {id(p) for p in planned.parameters()} == weights

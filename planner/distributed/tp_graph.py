@@ -380,11 +380,13 @@ def tp_program(
     sites: list[TPSite] | None = None,
     compile_epilogue: bool = False,
 ) -> fx.GraphModule:
-    """A copy of `gm` with `decision` applied at every site (module docstring); `gm` is
-    left as it is. A program without sites comes back unchanged."""
+    """A copy of `gm` (sharing its parameters and buffers) with `decision` applied at
+    every site (module docstring); `gm` is left as it is. A program without sites comes
+    back unchanged."""
+    shared = {id(t): t for t in itertools.chain(gm.parameters(), gm.buffers())}
     with warnings.catch_warnings():  # torch's pytree specs warn when copied
         warnings.simplefilter("ignore", FutureWarning)
-        out = copy.deepcopy(gm)
+        out = copy.deepcopy(gm, memo=shared)  # the graph copied, the weights shared
     sites = find_tp_sites(out) if sites is None else sites
     for site in sites:
         _chunk_site(out, site, decision.chunks)
