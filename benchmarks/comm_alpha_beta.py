@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
@@ -81,3 +82,77 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---- tables of committed results (benchmarks/generated.py) -------------------------------
+def _size(nbytes: int) -> str:
+    return f"{nbytes // 1024 // 1024} MiB" if nbytes >= 1 << 20 else f"{nbytes // 1024} KiB"
+
+
+def fits_text(fits: list[dict]) -> str:
+    """`α us, B GB/s` per size range, each range named by its bounds when there are several."""
+    out = []
+    for i, f in enumerate(fits):
+        bw = 1 / f["beta_s_per_byte"] / 1e9
+        where = ""
+        if len(fits) > 1:
+            where = f"< {_size(f['hi_bytes'])}: " if i == 0 else "above: "
+        out.append(f"{where}{f['alpha_s'] * 1e6:.0f} us, {bw:.2f} GB/s")
+    return "; ".join(out)
+
+
+def _errors(r: dict) -> tuple[str, str]:
+    errs = sorted(h["rel_err"] for h in r["heldout"])
+    within = f"{sum(e <= 0.15 for e in errs)} of {len(errs)}"
+    return within, f"{statistics.median(errs):.1%} / {errs[-1]:.1%}"
+
+
+def render(path: Path) -> str:
+    """The per-world-size table of one results file, and how well one p's link fit
+    predicts the others."""
+    data = json.loads(path.read_text())
+    lines = [
+        "| ranks | whole-collective fit α_c, B_c | link α, B (ring inverted) | "
+        "held-out within 15% | median / worst error |",
+        "|---|---|---|---|---|",
+    ]
+    for p, r in data["per_world_size"].items():
+        within, errs = _errors(r)
+        lines.append(
+            f"| {p} | {fits_text(r['collective_fits'])} | {fits_text(r['link']['fits'])} | "
+            f"{within} | {errs} |"
+        )
+    cross = sorted(c["rel_err"] for c in data.get("cross_world_size", []))
+    if cross:
+        lines += [
+            "",
+            f"The link fit of one p predicting the others' sizes: median error "
+            f"{statistics.median(cross):.0%}, worst {cross[-1]:.0%}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def render_runs(paths: list[Path], p: str = "2", small_bytes: int = 64 * 1024) -> str:
+    """One row per results file at `p` ranks (the statistic, the fit, the held-out
+    errors), and per file the worst held-out error below and above `small_bytes`."""
+    lines = [
+        "| run | statistic | fit (per size range) | held-out within 15% | median / worst error |",
+        "|---|---|---|---|---|",
+    ]
+    notes = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        r = data["per_world_size"][p]
+        q = data.get("quantile", 0.5) or 0.5
+        stat = "median" if q == 0.5 else f"{q:.0%} quantile"
+        within, errs = _errors(r)
+        lines.append(
+            f"| `{path.name}` | {stat} | {fits_text(r['collective_fits'])} | {within} | {errs} |"
+        )
+        small = [h["rel_err"] for h in r["heldout"] if h["bytes"] < small_bytes]
+        large = [h["rel_err"] for h in r["heldout"] if h["bytes"] >= small_bytes]
+        notes.append(
+            f"`{path.name}`: worst held-out error below {_size(small_bytes)} "
+            f"{max(small):.1%}, at or above {max(large):.1%}."
+        )
+    return "\n".join([*lines, "", *notes]) + "\n"

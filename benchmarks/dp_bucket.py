@@ -20,8 +20,10 @@ from pathlib import Path
 import torch
 
 import zoo
+from benchmarks.comm_alpha_beta import fits_text
 from learned_cost.analytical import AnalyticalModel
 from planner.distributed.dp import DDP_BUCKET_BYTES, backward_steps
+from planner.distributed.links import AlphaBeta
 from planner.hardware import get_spec
 from planner.ir.capture import capture
 from profiling.commbench import fit_alpha_beta, measure_ddp, predict_s
@@ -102,3 +104,51 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---- tables of committed results (benchmarks/generated.py) -------------------------------
+def render(path: Path) -> str:
+    """What one run measured, its bucket table (predicted beside measured) and the
+    searched cap against DDP's default."""
+    d = json.loads(path.read_text())
+    m, rows = d["measured"], d["rows"]
+    fits = [AlphaBeta(**f) for f in d["alpha_beta_fits"]]
+    grads = d["grad_bytes"]
+    ar_all = predict_s(fits, grads)
+    fit = fits_text(d["alpha_beta_fits"])
+    ms = [r["measured_s"] for r in rows]
+    errs = [r["rel_err"] for r in rows]
+    ddp = next(r for r in rows if r["bucket_mb"] == DDP_BUCKET_BYTES / MB)
+    chosen = next(r for r in rows if r["bucket_mb"] == d["searched_bucket_mb"])
+    lines = [
+        f"Measured: forward {m['fwd_s'] * 1e3:.0f} ms, forward+backward without "
+        f"communication {m['fwd_bwd_s'] * 1e3:.0f} ms, all-reduce fit (α, B) {fit} "
+        f"({grads / MB:.0f} MiB of gradients in {ar_all * 1e3:.0f} ms).",
+        "",
+        "| bucket MiB | " + " | ".join(f"{r['bucket_mb']:g}" for r in rows) + " |",
+        "|---|" + "---|" * len(rows),
+        "| predicted ms | " + " | ".join(f"{r['predicted_s'] * 1e3:.1f}" for r in rows) + " |",
+        "| measured ms | " + " | ".join(f"{r['measured_s'] * 1e3:.1f}" for r in rows) + " |",
+        "",
+        f"The search picks {d['searched_bucket_mb']:g} MiB (predicted "
+        f"{chosen['predicted_s'] * 1e3:.1f} ms against {ddp['predicted_s'] * 1e3:.1f} ms for "
+        f"DDP's 25 MiB); measured {chosen['measured_s'] * 1e3:.1f} ms against "
+        f"{ddp['measured_s'] * 1e3:.1f} ms. The model's error over the caps: "
+        f"{min(errs):.0%} to {max(errs):.0%}. The serial sum (forward+backward, then every "
+        f"gradient's all-reduce) is {(m['fwd_bwd_s'] + ar_all) * 1e3:.0f} ms; the measured "
+        f"steps range over {min(ms) * 1e3:.0f}-{max(ms) * 1e3:.0f} ms.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_earlier(paths: list[Path]) -> str:
+    """Per results file: its batch and the range of the measured steps over the caps."""
+    lines = []
+    for path in paths:
+        d = json.loads(path.read_text())
+        ms = [r["measured_s"] * 1e3 for r in d["rows"]]
+        lines.append(
+            f"- `{path.name}` (batch {d['config']['batch']}): measured "
+            f"{min(ms):.0f}-{max(ms):.0f} ms over the caps"
+        )
+    return "\n".join(lines) + "\n"

@@ -303,6 +303,33 @@ def _accuracy(table: str) -> Callable[[], str]:
     return render
 
 
+def _comm_cpu() -> str:
+    from benchmarks import comm_alpha_beta
+
+    return comm_alpha_beta.render(RESULTS / "comm_alpha_beta_cpu.json")
+
+
+def _comm_cpu_runs() -> str:
+    from benchmarks import comm_alpha_beta
+
+    names = ("comm_alpha_beta_cpu", "comm_alpha_beta_cpu_p2_run2", "comm_alpha_beta_cpu_p2_q20")
+    return comm_alpha_beta.render_runs([RESULTS / f"{n}.json" for n in names])
+
+
+def _dp_cpu() -> str:
+    from benchmarks import dp_bucket
+
+    return dp_bucket.render(RESULTS / "dp_bucket_cpu_b8.json")
+
+
+def _dp_cpu_earlier() -> str:
+    from benchmarks import dp_bucket
+
+    return dp_bucket.render_earlier(
+        [RESULTS / f"{n}.json" for n in ("dp_bucket_cpu", "dp_bucket_cpu_b4")]
+    )
+
+
 def _stream_cmd(name: str) -> str:
     return f"python benchmarks/runtime_stream.py --from-jsonl benchmarks/results/{name}.jsonl"
 
@@ -368,6 +395,15 @@ GENERATED: tuple[Generated, ...] = (
     *(
         Generated("docs/accuracy.md", _accuracy(t), "python docs/accuracy_figures.py", block=t)
         for t in ("draws_table", "wrong_kernels_table")
+    ),
+    *(
+        Generated("docs/distributed.md", render, "python benchmarks/generated.py", block=name)
+        for name, render in (
+            ("comm_alpha_beta_cpu", _comm_cpu),
+            ("comm_alpha_beta_cpu_runs", _comm_cpu_runs),
+            ("dp_bucket_cpu_b8", _dp_cpu),
+            ("dp_bucket_cpu_earlier", _dp_cpu_earlier),
+        )
     ),
     Generated("data/README.md", _data_summary, "python benchmarks/generated.py", block="datasets"),
     Generated(

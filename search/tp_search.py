@@ -21,6 +21,14 @@ import torch.nn as nn
 
 from learned_cost.analytical import AnalyticalModel
 from planner.distributed.parallel_models import TPBlock
+from planner.distributed.tp_graph import (
+    GEMM_OPERANDS,
+    GraphCosts,
+    TPSite,
+    find_tp_sites,
+    graph_decisions,
+    predict_graph,
+)
 from planner.distributed.tp_plan import (
     LAYERS,
     Prediction,
@@ -32,7 +40,7 @@ from planner.distributed.tp_plan import (
     predict,
 )
 from planner.errors import ModelSpecError
-from planner.ir.capture import capture
+from planner.ir.capture import Captured, capture
 from planner.ir.graph import Category, OpGraph
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -161,4 +169,103 @@ def search_tp_block(
     return TPPlan(best, table, costs, predict(costs, TPDecision(1, False), all_reduce_s, True))
 
 
-__all__ = ["HostCosts", "TPDecision", "TPPlan", "region_costs", "search_tp_block"]
+# ---- any captured program -------------------------------------------------------------
+@dataclass(frozen=True)
+class TPGraphPlan:
+    best: Prediction
+    table: tuple[Prediction, ...]  # every decision searched
+    costs: GraphCosts
+    sites: tuple[TPSite, ...]
+
+
+def graph_costs(
+    captured: Captured,
+    sites: list[TPSite],
+    model=None,
+    host: HostCosts | None = None,
+    chunk_choices: tuple[int, ...] = (1, 2, 4),
+) -> GraphCosts:
+    """Each site's GEMM slices, epilogue and the kernels between them, priced by `model`
+    (the analytical roofline of an H100 by default) on the captured rank program."""
+    model = model or AnalyticalModel("h100")
+    spec = getattr(model, "spec", None)
+    launch = spec.launch_s if spec is not None else 5e-6
+    host = host or HostCosts(launch, COMPILED_CALL_LAUNCHES * launch, 2 * launch)
+    g = captured.graph
+    index = {n.name: n.index for n in g.nodes}
+    taken: dict[int, int] = {}  # node -> site whose GEMM, collective or epilogue it is
+    for i, s in enumerate(sites):
+        for name in (s.gemm, s.all_reduce, s.wait, *s.reshapes, *s.epilogue):
+            taken[index[name]] = i
+    segments: list[list[int]] = [[] for _ in range(len(sites) + 1)]
+    gemm_at = [index[s.gemm] for s in sites]
+    for i in _kernels(g):
+        if i not in taken and g.nodes[i].category is not Category.COLLECTIVE:
+            segments[sum(1 for at in gemm_at if at < i)].append(i)
+    gemm_s: dict[tuple[int, int], float] = {}
+    for i, s in enumerate(sites):
+        node = g.nodes[index[s.gemm]]
+        w = g.tensors[node.inputs[GEMM_OPERANDS[s.kind][1]]]
+        k_dim, n_dim = (w.shape[0], w.shape[1]) if s.kind != "linear" else w.shape[::-1]
+        dt = getattr(torch, w.dtype) if isinstance(w.dtype, str) else w.dtype
+        for k in chunk_choices:
+            if s.rows % k:
+                continue
+            with torch.device("meta"):
+                a = torch.empty(s.rows // k, k_dim, dtype=dt)
+                wt = torch.empty(n_dim, k_dim, dtype=dt)
+            gemm_s[(i, k)] = _eager_s(model, capture(_RowGemm(wt), (a,)))
+    epilogue_s: dict[tuple[int, bool], float] = {}
+    ops: list[int] = []
+    for i, s in enumerate(sites):
+        nodes = [index[n] for n in s.epilogue if g.nodes[index[n]].category is not Category.VIEW]
+        epilogue_s[(i, False)] = sum(model.group_cost(g, (j,)).latency_s for j in nodes)
+        epilogue_s[(i, True)] = model.group_cost(g, nodes).latency_s if nodes else 0.0
+        ops.append(len(nodes))
+    return GraphCosts(
+        segment_s=tuple(sum(model.group_cost(g, (j,)).latency_s for j in seg) for seg in segments),
+        segment_ops=tuple(len(seg) for seg in segments),
+        gemm_s=gemm_s,
+        epilogue_s=epilogue_s,
+        epilogue_ops=tuple(ops),
+        all_reduce_bytes=tuple(s.nbytes for s in sites),
+        eager_op_host_s=host.eager_op_s,
+        compiled_call_host_s=host.compiled_call_s,
+        collective_call_host_s=host.collective_call_s,
+    )
+
+
+def search_tp_graph(
+    captured: Captured,
+    all_reduce_s: Callable[[int], float],
+    model=None,
+    host: HostCosts | None = None,
+    chunk_choices: tuple[int, ...] = (1, 2, 4),
+) -> TPGraphPlan:
+    """The tensor-parallel decision with the shortest predicted program for a captured
+    rank program (ties: fewer chunks, then unfused); its sites are found on the program's
+    module (planner.distributed.tp_graph)."""
+    sites = find_tp_sites(captured.program.module())
+    if not sites:
+        raise ModelSpecError(
+            "the captured program has no column -> row GEMM pair ending in an all-reduce: "
+            "there is no tensor-parallel decision to make"
+        )
+    costs = graph_costs(captured, sites, model, host, chunk_choices)
+    table = tuple(
+        predict_graph(costs, d, all_reduce_s) for d in graph_decisions(sites, chunk_choices)
+    )
+    best = min(table, key=lambda p: (p.total_s, p.decision.chunks, p.decision.fuse_epilogue))
+    return TPGraphPlan(best, table, costs, tuple(sites))
+
+
+__all__ = [
+    "HostCosts",
+    "TPDecision",
+    "TPGraphPlan",
+    "TPPlan",
+    "graph_costs",
+    "region_costs",
+    "search_tp_block",
+    "search_tp_graph",
+]

@@ -143,3 +143,17 @@ def test_plan_reports_the_chosen_partition_over_two_streams(capsys) -> None:
     assert streams["critical_path_s"] == pytest.approx(
         streams["t_comp_s"] + streams["exposed_comm_s"]
     )
+
+
+def test_plan_prices_the_tensor_parallel_decisions_of_a_captured_block(capsys) -> None:
+    args = ["plan", "--model", "zoo:tp-block", "--shape", "B=2,S=16,D=64,H=4", "--device"]
+    assert main([*args, "h100", "--interconnect", "nvlink4", "--format", "json"]) == 0
+    tp = json.loads(capsys.readouterr().out)["tensor_parallel"]
+    assert len(tp["sites"]) == 2 and tp["ranks"] == 2 and tp["link"] == "nvlink4"
+    table = {row["decision"]: row for row in tp["table"]}
+    assert len(table) == 6
+    assert table[tp["chosen"]]["total_s"] == min(r["total_s"] for r in table.values())
+    # chunking splits each all-reduce: k messages, each paying the latency again
+    assert table["k=2"]["t_comm_s"] > table["k=1"]["t_comm_s"]
+    assert main([*args, "h100"]) == 0
+    assert "<- chosen" in capsys.readouterr().out

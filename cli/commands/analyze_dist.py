@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from planner.distributed.collectives import Collective, require_group_size
+from planner.distributed.collectives import Collective, collectives, require_group_size
 from planner.distributed.comm_cost import (
     Algorithm,
     CollectiveKind,
@@ -25,10 +25,13 @@ from planner.distributed.dp import backward_steps, dp_step_timeline
 from planner.distributed.links import LinkSpec, get_link
 from planner.distributed.overlap import Timeline, plan_tasks, schedule
 from planner.distributed.streams import evaluate_streams
+from planner.distributed.tp_graph import find_tp_sites
 from planner.errors import DeviceSpecError, ModelSpecError
 from planner.fusion.partition import Partition
+from planner.ir.capture import Captured
 from planner.ir.graph import OpGraph
 from planner.objective import Objective
+from search.tp_search import search_tp_graph
 
 MB = 1024 * 1024
 
@@ -151,3 +154,39 @@ def streams_report(
         ]
     )
     return {"link": link.name, **tl.summary()}, text
+
+
+def tp_report(
+    args: argparse.Namespace, captured: Captured, model: Any, device_kind: str
+) -> tuple[dict[str, Any], str] | None:
+    """The tensor-parallel decisions (chunks, fused epilogue) of the captured program's
+    column -> row sites, priced with `model` and ring all-reduces on the link; None when
+    the program has no such site."""
+    sites = find_tp_sites(captured.program.module())
+    if not sites:
+        return None
+    sizes = [c.group_size for c in collectives(captured.graph) if c.group_size]
+    ranks = sizes[0] if sizes else (args.tp or 2)
+    link = _link(args, device_kind)
+    plan = search_tp_graph(
+        captured, lambda n: collective_time_s("all_reduce", "ring", n, ranks, link), model
+    )
+    lines = [
+        f"tensor-parallel decisions: {len(sites)} column -> row sites, all-reduce over "
+        f"{link.name}, {ranks} ranks:",
+        f"{'decision':<12} {'total us':>11} {'T_comp us':>11} {'T_comm us':>11} {'exposed us':>11}",
+    ]
+    for p in plan.table:
+        mark = "  <- chosen" if p.decision == plan.best.decision else ""
+        lines.append(
+            f"{p.decision.label:<12} {p.total_s * 1e6:>11.2f} {p.t_comp_s * 1e6:>11.2f} "
+            f"{p.t_comm_s * 1e6:>11.2f} {p.exposed_comm_s * 1e6:>11.2f}{mark}"
+        )
+    payload = {
+        "sites": [s.gemm for s in sites],
+        "link": link.name,
+        "ranks": ranks,
+        "chosen": plan.best.decision.label,
+        "table": [p.row() for p in plan.table],
+    }
+    return payload, "\n".join(lines)

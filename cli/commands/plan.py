@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cli import fmt
-from cli.commands.analyze_dist import streams_report
+from cli.commands.analyze_dist import streams_report, tp_report
 from cli.common import (
     capture_for_planning,
     emit,
@@ -35,7 +35,8 @@ from search.strategy import Budget, SearchResult
 
 def run(args: argparse.Namespace) -> int:
     r = resolve(args)
-    graph = capture_for_planning(r).graph
+    captured = capture_for_planning(r)
+    graph = captured.graph
     model = cost_model_for(args.cost_model, r.device_name)
     objective = Objective(
         model,
@@ -89,7 +90,11 @@ def run(args: argparse.Namespace) -> int:
         payload["streams"], streams_text = streams_report(
             args, objective, result.partition, get_spec(r.device_name).kind
         )
-        summary += "\n" + streams_text
+        summary.append(streams_text)
+        tp = tp_report(args, captured, model, get_spec(r.device_name).kind)
+        if tp is not None:
+            payload["tensor_parallel"], tp_text = tp
+            summary.append(tp_text)
     emit(args, payload, _table(title, rows, summary))
     return 0
 
@@ -146,5 +151,5 @@ def _table(title: str, rows: list[dict[str, Any]], summary: list[str]) -> str:
             f"{row['bound']:7}  {fmt.bytes_(row['bytes_in']):>9}  {fmt.bytes_(row['bytes_out']):>9}  "
             f"{ops if len(ops) <= 80 else ops[:77] + '...'}"
         )
-    lines += ["totals:", *(f"  {line}" for line in summary)]
+    lines += ["totals:", *(f"  {line}" for entry in summary for line in entry.splitlines())]
     return "\n".join(lines)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from planner.distributed.dp import pack
 from planner.errors import ModelSpecError
@@ -53,8 +54,56 @@ def _split(n: int, parts: int, what: str) -> int:
     return n // parts
 
 
+def needs_tp_grad(t: torch.Tensor) -> bool:
+    """Whether `t`'s gradient is wanted here, outside a tracer (export and torch.compile
+    see the plain functional collectives: their graphs are forward programs)."""
+    return torch.is_grad_enabled() and t.requires_grad and not torch.compiler.is_compiling()
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Megatron's f, at the input of the column-parallel GEMMs: the identity forward; in
+    backward each rank holds only its shards' part of the input's gradient, so the parts
+    are summed over the group."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Megatron's g, after the row-parallel GEMM: the sum over the group forward; every
+    rank then holds the same output and the same loss, so the gradient passes unchanged."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        out = x.contiguous().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def copy_to_tp(x: torch.Tensor, group: dist.ProcessGroup, on: bool = True) -> torch.Tensor:
+    """Megatron's f (identity forward, gradient summed over `group`) where a gradient is
+    wanted and `on`; else `x`."""
+    return _CopyToTP.apply(x, group) if on and needs_tp_grad(x) else x
+
+
 def _all_reduce(t: torch.Tensor, group: dist.ProcessGroup, on: bool) -> torch.Tensor:
-    return fc.all_reduce(t, "sum", group) if on else t
+    if not on:
+        return t
+    if needs_tp_grad(t):
+        return _ReduceFromTP.apply(t, group)
+    return fc.all_reduce(t, "sum", group)
 
 
 class GeluMLP(nn.Module):
@@ -81,6 +130,7 @@ class TPMLP(nn.Module):
         self.collectives = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tp(x, self.group, self.collectives)
         partial = self.fc2(F.gelu(self.fc1(x)))
         return _all_reduce(partial, self.group, self.collectives) + self.bias
 
@@ -105,11 +155,16 @@ def local_attention(
     v: nn.Module,
     local_heads: int,
     dh: int,
+    group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """This rank's heads of pre-norm attention: ln(x), its column-parallel Q/K/V, and
-    softmax(Q K^T / sqrt(dh)) V, as (B, S, local_heads * dh)."""
+    softmax(Q K^T / sqrt(dh)) V, as (B, S, local_heads * dh). With `group`, ln(x) enters
+    the column-parallel GEMMs through Megatron's f (`copy_to_tp`) where a gradient is
+    wanted."""
     b, s, _ = x.shape
     y = ln(x)
+    if group is not None:
+        y = copy_to_tp(y, group)
 
     def heads(t: torch.Tensor) -> torch.Tensor:
         return t.view(b, s, local_heads, dh).transpose(1, 2)
@@ -143,8 +198,37 @@ class TPBlock(nn.Module):
     def collectives(self, on: bool) -> None:
         self._collectives = self.mlp.collectives = bool(on)
 
+    def shard_slices(self, rank: int) -> dict[str, tuple[slice, ...]]:
+        """Parameter name -> the index of this shard (of rank `rank`) in the unsharded
+        block's parameter of the same name (`TPBlock(d, heads, 1, ...)`): this rank's heads
+        of Q/K/V and of o's inputs, its slice of the MLP's hidden units; the norms and the
+        biases added after a reduction whole."""
+        local, hidden = self.o.in_features, self.mlp.fc1.out_features
+        hs = slice(rank * local, (rank + 1) * local)
+        fs = slice(rank * hidden, (rank + 1) * hidden)
+        every = slice(None)
+        out = {n: (every,) for n, _ in self.named_parameters()}
+        for name in ("q", "k", "v"):
+            out[f"{name}.weight"], out[f"{name}.bias"] = (hs, every), (hs,)
+        out["o.weight"] = (every, hs)
+        out["mlp.fc1.weight"], out["mlp.fc1.bias"] = (fs, every), (fs,)
+        out["mlp.fc2.weight"] = (every, fs)
+        return out
+
+    @staticmethod
+    def shard_of(full: TPBlock, rank: int, tp: int, group: dist.ProcessGroup) -> TPBlock:
+        """Rank `rank`'s shard over `tp` ranks of the unsharded block `full` (tp = 1)."""
+        d = full.ln1.normalized_shape[0]
+        shard = TPBlock(d, full.local_heads, tp, group)
+        state = dict(full.named_parameters())
+        with torch.no_grad():
+            for name, p in shard.named_parameters():
+                p.copy_(state[name][shard.shard_slices(rank)[name]])
+        return shard
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ctx = local_attention(x, self.ln1, self.q, self.k, self.v, self.local_heads, self.dh)
+        group = self.group if self._collectives else None
+        ctx = local_attention(x, self.ln1, self.q, self.k, self.v, self.local_heads, self.dh, group)
         h = _all_reduce(self.o(ctx), self.group, self._collectives) + self.o_bias + x
         return self.mlp(self.ln2(h)) + h
 
@@ -187,3 +271,56 @@ def mlp_param_shapes(d: int, hidden: int, layers: int) -> list[tuple[int, ...]]:
     for a, b in itertools.pairwise(dims):
         shapes += [(b, a), (b,)]
     return shapes
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, as LLaMA writes it (in float32)."""
+
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+class LlamaStyleBlock(nn.Module):
+    """An unsharded LLaMA-style decoder block (RMSNorm, attention without biases, SwiGLU
+    MLP), written so that `parallelize_module` with `llama_tp_plan()` shards it: heads are
+    counted from the projection's width (`-1` in the views), as Hugging Face's LLaMA does."""
+
+    def __init__(self, d: int, heads: int, hidden: int):
+        super().__init__()
+        self.dh = d // heads
+        self.attn_norm, self.mlp_norm = RMSNorm(d), RMSNorm(d)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            nn.Linear(d, d, bias=False) for _ in range(4)
+        )
+        self.gate_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        y = self.attn_norm(x)
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, s, -1, self.dh).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj(y)), heads(self.k_proj(y)), heads(self.v_proj(y))
+        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.dh), dim=-1)
+        ctx = (probs @ v).transpose(1, 2).reshape(b, s, -1)
+        h = x + self.o_proj(ctx)
+        z = self.mlp_norm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(z)) * self.up_proj(z))
+
+
+def llama_tp_plan() -> dict[str, object]:
+    """The Megatron split of `LlamaStyleBlock` for `parallelize_module`: Q/K/V and the
+    MLP's gate/up column-parallel, the output and down projections row-parallel."""
+    col, row = ColwiseParallel, RowwiseParallel
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    kinds = (col, col, col, row, col, col, row)
+    return {n: k() for n, k in zip(names, kinds, strict=True)}

@@ -24,7 +24,10 @@ communication total - T_comp.
 MLP's first GEMM + GELU as regions (compiled with Inductor when `compile_regions`), the
 row-parallel GEMM chunk by chunk into one output buffer with `torch.distributed.all_reduce`
 (`async_op=True`: on NCCL its own stream, ordered after the GEMM; `wait()` makes the
-compute stream wait for it), then the epilogue. Forward only (inference).
+compute stream wait for it), then the epilogue. Where a gradient is wanted (regions run
+eagerly) the block has Megatron's backward: the chunked GEMM's all-reduce passes the
+gradient unchanged (`_ChunkedRowParallel`) and the inputs of the column-parallel GEMMs sum
+theirs over the group (`parallel_models.copy_to_tp`), as `TPBlock` does.
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from planner.distributed.overlap import COMM, COMPUTE, Task, Timeline, schedule
-from planner.distributed.parallel_models import TPBlock, local_attention
+from planner.distributed.parallel_models import (
+    TPBlock,
+    copy_to_tp,
+    local_attention,
+    needs_tp_grad,
+)
 from planner.errors import ModelSpecError
 
 HOST = "host"
@@ -190,9 +198,12 @@ class _Attention(nn.Module):
         super().__init__()
         self.ln1, self.q, self.k, self.v = blk.ln1, blk.q, blk.k, blk.v
         self.local_heads, self.dh = blk.local_heads, blk.dh
+        self.group = blk.group if blk.collectives else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ctx = local_attention(x, self.ln1, self.q, self.k, self.v, self.local_heads, self.dh)
+        ctx = local_attention(
+            x, self.ln1, self.q, self.k, self.v, self.local_heads, self.dh, self.group
+        )
         return ctx.reshape(-1, ctx.shape[-1])
 
 
@@ -217,6 +228,41 @@ class _Epilogue(nn.Module):
         return (h, self.ln(h)) if self.ln is not None else (h, h)
 
 
+def _chunked_row_parallel(
+    inp: torch.Tensor, w: torch.Tensor, k: int, group: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """inp @ W^T over k token slices into one buffer, each slice all-reduced
+    asynchronously as soon as its GEMM is issued (none without `group`), all waited."""
+    tokens = inp.shape[0]
+    step = tokens // k
+    out = torch.empty(tokens, w.shape[0], dtype=inp.dtype, device=inp.device)
+    works = []
+    for i in range(k):
+        rows = slice(i * step, (i + 1) * step)
+        torch.matmul(inp[rows], w.t(), out=out[rows])
+        if group is not None:
+            works.append(dist.all_reduce(out[rows], group=group, async_op=True))
+    for work in works:
+        work.wait()
+    return out
+
+
+class _ChunkedRowParallel(torch.autograd.Function):
+    """`_chunked_row_parallel` with Megatron's backward: the reduced output is the same
+    on every rank, so its gradient g is too and passes the all-reduce unchanged; the
+    rank's shards then get d inp = g W and d W = g^T inp, no communication."""
+
+    @staticmethod
+    def forward(ctx, inp, w, k, group):
+        ctx.save_for_backward(inp, w)
+        return _chunked_row_parallel(inp, w, k, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inp, w = ctx.saved_tensors
+        return grad @ w, grad.t() @ inp, None, None
+
+
 class PlannedTPBlock(nn.Module):
     """A `TPBlock`'s forward run as `decision` says (weights shared with `block`).
 
@@ -234,6 +280,7 @@ class PlannedTPBlock(nn.Module):
     ):
         super().__init__()
         self.block, self.decision, self.collectives = block, decision, collectives
+        self.compile_regions = compile_regions
         self.group = block.group
         compiled = (lambda m: torch.compile(m, dynamic=False)) if compile_regions else (lambda m: m)
         self.attn = compiled(_Attention(block))
@@ -248,24 +295,24 @@ class PlannedTPBlock(nn.Module):
         tokens, k = inp.shape[0], self.decision.chunks
         if k < 1 or tokens % k:
             raise ModelSpecError(f"{tokens} tokens do not split into {k} chunks")
-        step = tokens // k
-        out = torch.empty(tokens, w.shape[0], dtype=inp.dtype, device=inp.device)
-        works = []
-        for i in range(k):
-            rows = slice(i * step, (i + 1) * step)
-            torch.matmul(inp[rows], w.t(), out=out[rows])
-            if self.collectives:
-                works.append(dist.all_reduce(out[rows], group=self.group, async_op=True))
-        for work in works:
-            work.wait()
-        return out
+        group = self.group if self.collectives else None
+        if needs_tp_grad(inp) or needs_tp_grad(w):
+            return _ChunkedRowParallel.apply(inp, w, k, group)
+        return _chunked_row_parallel(inp, w, k, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
+        wants_grad = x.requires_grad or any(p.requires_grad for p in self.block.parameters())
+        if self.compile_regions and torch.is_grad_enabled() and wants_grad:
+            raise ModelSpecError(
+                "the planned TP block computes gradients with its regions run eagerly: "
+                "build it with compile_regions=False for training, or call it under "
+                "torch.no_grad()"
+            )
         x2 = x.reshape(b * s, d)
         epi = self.epilogues[self.decision.fuse_epilogue]
         ctx = self.attn(x)
         h, y = epi["o"](self._row_parallel("o", ctx), x2)
-        a = self.mlp_in(y)
+        a = self.mlp_in(copy_to_tp(y, self.group, self.collectives))
         out, _ = epi["fc2"](self._row_parallel("fc2", a), h)
         return out.view(b, s, d)

@@ -18,7 +18,8 @@ and returns the output's tensors flat (`flat_forward`, planner.ir.pytrees): real
 library objects (a `ModelOutput` holding a `DynamicCache`) that torch.export cannot
 return. A model without data (on the meta device, or `trace_as`) is traced as fake
 tensors on the device it will run on, so its graph is that device's. docs/capture.md
-says why both.
+says why both. A model with DTensor weights (tensor parallelism) is exported as its
+rank's program (planner.ir.capture_dtensor; docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
 import planner.ir.backend_forms as backend_forms
+import planner.ir.capture_dtensor as capture_dtensor
 import planner.ir.taxonomy as taxonomy
 from planner.distributed.collectives import group_size_of
 from planner.errors import CaptureError, PlanError
@@ -192,6 +194,8 @@ def export_model(
         raise CaptureError(f"capture expects a torch.nn.Module, got {type(module).__name__}")
     args, kwargs = _as_call(example_inputs)
     _check_call(module, args, kwargs)
+    if capture_dtensor.has_dtensors(module):  # tensor parallelism: the rank's own program
+        module = capture_dtensor.localize(module, args, kwargs)
     try:
         in_structure, leaves = Structure.of((args, kwargs))
     except StructureError as e:

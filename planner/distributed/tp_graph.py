@@ -1,0 +1,400 @@
+"""The tensor-parallel decisions of `tp_plan` (chunked row-parallel GEMM, fused epilogue)
+on any captured program: where they apply, what they cost, and the rewritten program.
+
+A **site** is Megatron's column -> row pair as a captured program shows it (from the zoo's
+functional-collective models or from DTensor's `ColwiseParallel`/`RowwiseParallel`, see
+planner.ir.capture_dtensor): a GEMM with a weight (`mm`, `addmm` or `linear`) whose
+output, through reshapes only, is all-reduced with a sum and read by nothing else (the
+row-parallel GEMM and its partial sums), reached from at least one other weight GEMM
+without crossing a collective (the column-parallel GEMMs, through the attention or the
+activation between them). Its **epilogue** is what follows the all-reduce's `wait_tensor`
+up to the next GEMM or collective: the pointwise, reduction and norm ops that depend on
+the reduced sum (residual add, bias, RMSNorm or LayerNorm), taken only while the set stays
+convex (an op that also needs a value computed after the all-reduce outside the set is
+left out).
+
+One `TPDecision` applies to every site of the program. `tp_program` realizes it on the
+program's `GraphModule` (`ExportedProgram.module()`): each site's GEMM + reshapes +
+all-reduce + wait become one call of `row_parallel_chunks` (the GEMM over `chunks` token
+slices into one buffer, each slice all-reduced with `async_op=True` as soon as its GEMM is
+issued, all waited before the reshapes), and with `fuse_epilogue` the epilogue's ops are
+moved into one submodule (compiled by Inductor when `compile_epilogue`). `graph_tasks` lays
+the rewritten program out on the host, compute and communication streams as
+`tp_plan.block_tasks` does for the zoo block, from per-site costs (`GraphCosts`, filled by
+search/tp_search.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import itertools
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+
+from planner.distributed.overlap import COMM, COMPUTE, Task, schedule
+from planner.distributed.tp_plan import HOST, Prediction, TPDecision
+from planner.errors import ModelSpecError
+from planner.ir import taxonomy
+from planner.ir.graph import Category
+
+# GEMM op -> (index of the activation operand, index of the weight operand)
+GEMM_OPERANDS: dict[str, tuple[int, int]] = {"mm": (0, 1), "addmm": (1, 2), "linear": (0, 1)}
+# reshapes that keep the token-major layout of a GEMM's output (last dimension unchanged)
+RESHAPES = ("view", "_unsafe_view", "reshape")
+# ops a weight is read through before a GEMM (the transpose of `x @ W.t()`, a reshape)
+WEIGHT_PATH = ("t", "view", "_unsafe_view", "reshape", "permute", "transpose", "div")
+# what an epilogue may hold: the memory-bound ops fused after the collective
+EPILOGUE_CATEGORIES = (
+    Category.POINTWISE,
+    Category.BROADCAST,
+    Category.REDUCTION,
+    Category.NORM,
+    Category.VIEW,
+    Category.COPY,
+)
+
+
+def _op(node: fx.Node) -> str:
+    return taxonomy.packet_of(str(node.target)) if node.op == "call_function" else ""
+
+
+def _category(node: fx.Node) -> Category | None:
+    rule = taxonomy.lookup(str(node.target)) if node.op == "call_function" else None
+    return rule.category if rule is not None else None
+
+
+def _is_weight(node: fx.Node) -> bool:
+    """Whether `node` is a parameter (or a constant input) read through `WEIGHT_PATH`."""
+    while node.op == "call_function" and _op(node) in WEIGHT_PATH:
+        node = node.args[0]  # type: ignore[assignment]
+    return node.op in ("get_attr", "placeholder")
+
+
+def _is_weight_gemm(node: fx.Node) -> bool:
+    op = _op(node)
+    return op in GEMM_OPERANDS and _is_weight(node.args[GEMM_OPERANDS[op][1]])  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class TPSite:
+    """One column -> row pair ending in an all-reduce (node names of the program)."""
+
+    gemm: str  # the row-parallel GEMM
+    kind: str  # its op: mm, addmm or linear
+    reshapes: tuple[str, ...]  # between the GEMM and the all-reduce
+    all_reduce: str
+    wait: str
+    column: tuple[str, ...]  # the column-parallel GEMMs that feed it
+    epilogue: tuple[str, ...]  # in program order
+    rows: int  # tokens: the GEMM's output rows
+    nbytes: int  # the partial sum all-reduced
+    group_name: str
+
+
+def _nbytes(node: fx.Node) -> int:
+    v = node.meta.get("val")
+    return int(v.numel() * v.element_size()) if isinstance(v, torch.Tensor) else 0
+
+
+def _column_gemms(start: fx.Node) -> tuple[str, ...]:
+    """Weight GEMMs reached backwards from `start` without crossing a collective."""
+    found: list[str] = []
+    seen: set[fx.Node] = set()
+    stack = [start]
+    while stack:
+        n = stack.pop()
+        if n in seen or n.op != "call_function":
+            continue
+        seen.add(n)
+        if _category(n) is Category.COLLECTIVE:
+            continue
+        if _is_weight_gemm(n):
+            found.append(n.name)
+            continue
+        stack += [a for a in n.all_input_nodes]
+    return tuple(sorted(found))
+
+
+def _epilogue(wait: fx.Node, order: dict[fx.Node, int]) -> tuple[str, ...]:
+    """The convex set of memory-bound ops after `wait` (module docstring)."""
+    downstream: set[fx.Node] = {wait}
+    members: set[fx.Node] = set()
+    for n in sorted(order, key=order.__getitem__):
+        if order[n] <= order[wait] or not any(a in downstream for a in n.all_input_nodes):
+            continue
+        downstream.add(n)
+        inside = {wait} | members
+        convex = all(a in inside or a not in downstream for a in n.all_input_nodes)
+        if convex and n.op == "call_function" and _category(n) in EPILOGUE_CATEGORIES:
+            members.add(n)
+    # reshapes at the edge (read only by the next GEMM) are not the epilogue's work
+    changed = True
+    while changed:
+        changed = False
+        for n in list(members):
+            if _category(n) is Category.VIEW and not any(u in members for u in n.users):
+                members.discard(n)
+                changed = True
+    return tuple(n.name for n in sorted(members, key=order.__getitem__))
+
+
+def _site_at(ar: fx.Node, order: dict[fx.Node, int]) -> TPSite | None:
+    if len(ar.args) < 3 or ar.args[1] != "sum":
+        return None
+    waits = [u for u in ar.users if _op(u) == "wait_tensor"]
+    if len(ar.users) != 1 or len(waits) != 1:
+        return None
+    reshapes: list[str] = []
+    n = ar.args[0]
+    while isinstance(n, fx.Node) and _op(n) in RESHAPES and len(n.users) == 1:
+        reshapes.append(n.name)
+        n = n.args[0]
+    if not isinstance(n, fx.Node) or not _is_weight_gemm(n) or len(n.users) != 1:
+        return None
+    kind = _op(n)
+    act = n.args[GEMM_OPERANDS[kind][0]]
+    column = _column_gemms(act) if isinstance(act, fx.Node) else ()
+    val = n.meta.get("val")
+    if not column or not isinstance(val, torch.Tensor):
+        return None
+    rows = int(val.numel() // val.shape[-1])
+    return TPSite(
+        n.name,
+        kind,
+        tuple(reversed(reshapes)),
+        ar.name,
+        waits[0].name,
+        column,
+        _epilogue(waits[0], order),
+        rows,
+        _nbytes(ar.args[0]),  # type: ignore[arg-type]
+        str(ar.args[2]),
+    )
+
+
+def find_tp_sites(gm: fx.GraphModule) -> list[TPSite]:
+    """The program's column -> row sites, in program order (module docstring)."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    sites = []
+    for n in gm.graph.nodes:
+        if _op(n) == "all_reduce" and (site := _site_at(n, order)) is not None:
+            sites.append(site)
+    return sites
+
+
+def graph_decisions(
+    sites: list[TPSite], chunk_choices: tuple[int, ...] = (1, 2, 4)
+) -> list[TPDecision]:
+    """Every decision whose chunks split every site's rows evenly."""
+    ks = [k for k in chunk_choices if all(s.rows % k == 0 for s in sites)]
+    return [TPDecision(k, fuse) for k in ks for fuse in (False, True)]
+
+
+# ---- pricing ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GraphCosts:
+    """GPU seconds of a program's parts at one shape, and the host's issue seconds.
+
+    `segment_s[i]`, `segment_ops[i]`: the program's other kernels run before site i's GEMM
+    (the last entry: after the last site), each as its own kernel; `gemm_s[(i, k)]`: one of
+    k slices of site i's GEMM; `epilogue_s[(i, fused)]`; `epilogue_ops[i]`: its kernels when
+    not fused; `all_reduce_bytes[i]`: site i's whole partial sum."""
+
+    segment_s: tuple[float, ...]
+    segment_ops: tuple[int, ...]
+    gemm_s: dict[tuple[int, int], float]
+    epilogue_s: dict[tuple[int, bool], float]
+    epilogue_ops: tuple[int, ...]
+    all_reduce_bytes: tuple[int, ...]
+    eager_op_host_s: float
+    compiled_call_host_s: float
+    collective_call_host_s: float
+
+
+def graph_tasks(
+    c: GraphCosts,
+    d: TPDecision,
+    all_reduce_s: Callable[[int], float],
+    collectives: bool = True,
+) -> list[Task]:
+    """The rewritten program as host / compute / communication tasks; without
+    `collectives` the all-reduces are left out (T_comp)."""
+    tasks: list[Task] = []
+
+    def add(name: str, stream: str, dur: float, deps: tuple[int, ...], host_s: float) -> int:
+        tasks.append(Task(f"issue {name}", HOST, host_s))
+        tasks.append(Task(name, stream, dur, (*deps, len(tasks) - 1)))
+        return len(tasks) - 1
+
+    prev: tuple[int, ...] = ()
+    for i in range(len(c.all_reduce_bytes)):
+        if c.segment_ops[i]:
+            seg = c.segment_ops[i] * c.eager_op_host_s
+            prev = (add(f"ops before {i}", COMPUTE, c.segment_s[i], prev, seg),)
+        ars: list[int] = []
+        for j in range(d.chunks):
+            g = add(f"gemm {i}[{j}]", COMPUTE, c.gemm_s[(i, d.chunks)], prev, c.eager_op_host_s)
+            if collectives:
+                t = all_reduce_s(c.all_reduce_bytes[i] // d.chunks)
+                ars.append(add(f"all_reduce {i}[{j}]", COMM, t, (g,), c.collective_call_host_s))
+            prev = (g,)
+        host = c.compiled_call_host_s if d.fuse_epilogue else c.epilogue_ops[i] * c.eager_op_host_s
+        if c.epilogue_ops[i]:
+            dur = c.epilogue_s[(i, d.fuse_epilogue)]
+            prev = (add(f"epilogue {i}", COMPUTE, dur, (*prev, *ars), host),)
+        elif ars:  # nothing after the reduction: the program ends when it arrives
+            prev = (*prev, *ars)
+    if c.segment_ops[-1]:
+        tail = c.segment_ops[-1] * c.eager_op_host_s
+        add("ops after", COMPUTE, c.segment_s[-1], prev, tail)
+    return tasks
+
+
+def predict_graph(c: GraphCosts, d: TPDecision, all_reduce_s: Callable[[int], float]) -> Prediction:
+    full = schedule(graph_tasks(c, d, all_reduce_s))
+    comp = schedule(graph_tasks(c, d, all_reduce_s, collectives=False))
+    exposed = max(0.0, full.makespan_s - comp.makespan_s)
+    return Prediction(d, full.makespan_s, comp.makespan_s, full.t_comm_s, exposed, full)
+
+
+# ---- realization ----------------------------------------------------------------------
+def _group(group_name: str) -> dist.ProcessGroup:
+    try:
+        return dist.distributed_c10d._resolve_process_group(group_name)
+    except Exception as e:  # a private torch helper; absent or unknown: say what to do
+        raise ModelSpecError(
+            f"process group {group_name!r} of a captured all-reduce is not known in this "
+            "process: run the planned program on the ranks that captured it"
+        ) from e
+
+
+def row_parallel_chunks(kind: str, chunks: int, group_name: str, *args: torch.Tensor):
+    """The GEMM `kind` over `chunks` token slices into one buffer, each slice all-reduced
+    (sum) asynchronously as soon as it is issued; returns the reduced GEMM output."""
+    act_i, w_i = GEMM_OPERANDS[kind]
+    a, w = args[act_i], args[w_i]
+    wt = w.t() if kind == "linear" else w
+    bias = args[0] if kind == "addmm" else (args[2] if kind == "linear" and len(args) > 2 else None)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in args if t is not None):
+        raise ModelSpecError(
+            "a captured program's planned tensor-parallel GEMM runs forward only: call it "
+            "under torch.no_grad() (training uses tp_plan.PlannedTPBlock)"
+        )
+    a2 = a.reshape(-1, a.shape[-1])
+    rows = a2.shape[0]
+    if chunks < 1 or rows % chunks:
+        raise ModelSpecError(f"{rows} tokens do not split into {chunks} chunks")
+    out = torch.empty(rows, wt.shape[1], dtype=a.dtype, device=a.device)
+    group, step, works = _group(group_name), rows // chunks, []
+    for i in range(chunks):
+        sl = slice(i * step, (i + 1) * step)
+        if bias is None:
+            torch.mm(a2[sl], wt, out=out[sl])
+        else:
+            torch.addmm(bias, a2[sl], wt, out=out[sl])
+        works.append(dist.all_reduce(out[sl], group=group, async_op=True))
+    for work in works:
+        work.wait()
+    return out.view(*a.shape[:-1], wt.shape[1]) if kind == "linear" else out
+
+
+def _chunk_site(gm: fx.GraphModule, site: TPSite, chunks: int) -> None:
+    nodes = {n.name: n for n in gm.graph.nodes}
+    gemm, wait = nodes[site.gemm], nodes[site.wait]
+    with gm.graph.inserting_before(wait):
+        args = (site.kind, chunks, site.group_name, *gemm.args)
+        new = gm.graph.call_function(row_parallel_chunks, args)
+        new.meta = dict(gemm.meta)
+        last = new
+        for name in site.reshapes:  # the same reshapes, now of the reduced sum
+            last = gm.graph.node_copy(nodes[name], lambda a, g=gemm, r=last: r if a is g else a)
+            gemm = nodes[name]
+    wait.replace_all_uses_with(last)
+    for name in (site.wait, site.all_reduce, *reversed(site.reshapes), site.gemm):
+        gm.graph.erase_node(nodes[name])
+
+
+def _fuse_epilogue(gm: fx.GraphModule, site: TPSite, index: int, compile_epilogue: bool) -> None:
+    nodes = {n.name: n for n in gm.graph.nodes}
+    members = [nodes[n] for n in site.epilogue]
+    inside = set(members)
+    inputs = list(dict.fromkeys(a for n in members for a in n.all_input_nodes if a not in inside))
+    outputs = [n for n in members if any(u not in inside for u in n.users)]
+    sub = fx.Graph()
+    env = {a: sub.placeholder(f"in_{j}") for j, a in enumerate(inputs)}
+    for n in members:
+        env[n] = sub.node_copy(n, env.__getitem__)
+    sub.output(tuple(env[o] for o in outputs))
+    unit: torch.nn.Module = fx.GraphModule(torch.nn.Module(), sub)
+    if compile_epilogue:
+        unit = torch.compile(unit, dynamic=False)  # type: ignore[assignment]
+    name = f"tp_epilogue_{index}"
+    gm.add_submodule(name, unit)
+    with gm.graph.inserting_after(members[-1]):
+        call = gm.graph.call_module(name, tuple(inputs))
+    with gm.graph.inserting_after(call):
+        for j, o in enumerate(outputs):
+            item = gm.graph.call_function(_item, (call, j))
+            o.replace_all_uses_with(
+                item, delete_user_cb=lambda u: u not in inside and u is not call
+            )
+    for n in reversed(members):
+        gm.graph.erase_node(n)
+
+
+def _item(values: tuple[torch.Tensor, ...], j: int) -> torch.Tensor:
+    return values[j]
+
+
+def _stable_sort(graph: fx.Graph) -> None:
+    """Reorder `graph` topologically, keeping the program order wherever it is legal."""
+    nodes = list(graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    missing = {n: len(n.all_input_nodes) for n in nodes}
+    ready = [index[n] for n in nodes if missing[n] == 0]
+    heapq.heapify(ready)
+    order: list[fx.Node] = []
+    while ready:
+        n = nodes[heapq.heappop(ready)]
+        order.append(n)
+        for u in n.users:
+            missing[u] -= 1
+            if missing[u] == 0:
+                heapq.heappush(ready, index[u])
+    assert len(order) == len(nodes), "the rewritten program has a cycle"
+    if order[0] is not nodes[0]:
+        nodes[0].prepend(order[0])
+    for before, n in itertools.pairwise(order):
+        before.append(n)
+
+
+def tp_program(
+    gm: fx.GraphModule,
+    decision: TPDecision,
+    sites: list[TPSite] | None = None,
+    compile_epilogue: bool = False,
+) -> fx.GraphModule:
+    """A copy of `gm` (sharing its parameters and buffers) with `decision` applied at
+    every site (module docstring); `gm` is left as it is. A program without sites comes
+    back unchanged."""
+    shared = {id(t): t for t in itertools.chain(gm.parameters(), gm.buffers())}
+    with warnings.catch_warnings():  # torch's pytree specs warn when copied
+        warnings.simplefilter("ignore", FutureWarning)
+        out = copy.deepcopy(gm, memo=shared)  # the graph copied, the weights shared
+    sites = find_tp_sites(out) if sites is None else sites
+    for site in sites:
+        _chunk_site(out, site, decision.chunks)
+    if decision.fuse_epilogue:
+        for i, site in enumerate(sites):
+            if site.epilogue:
+                _fuse_epilogue(out, site, i, compile_epilogue)
+    _stable_sort(out.graph)
+    out.graph.lint()
+    out.recompile()
+    return out

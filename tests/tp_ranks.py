@@ -1,0 +1,110 @@
+"""Rank-side programs for tests/test_tp_graph.py (run by `run_ranks` on gloo ranks; kept
+apart from the test module so that each rank imports only the planner): the sites of a
+captured tensor-parallel program and every decision's output against the unplanned
+program's and the unsharded model's."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from planner.distributed import parallel_models as pm
+from planner.distributed.tp_graph import find_tp_sites, graph_decisions, tp_program
+from planner.ir.capture import export_model
+
+B, S, D, H = 2, 8, 32, 4
+CHUNKS = (1, 2)  # on the ranks: k = 4 takes the same code path as k = 2
+
+
+def _sites_and_errors(captured, ref: torch.Tensor, x: torch.Tensor) -> dict:
+    gm = captured.program.module()
+    sites = find_tp_sites(gm)
+    unplanned = gm(x)[0]
+    errs = {}
+    for d in graph_decisions(sites, CHUNKS):
+        got = tp_program(gm, d, sites)(x)[0]
+        errs[d.label] = max(float((got - unplanned).abs().max()), float((got - ref).abs().max()))
+    return {
+        "sites": [
+            {
+                "gemm": s.gemm,
+                "column": list(s.column),
+                "epilogue": list(s.epilogue),
+                "rows": s.rows,
+                "nbytes": s.nbytes,
+            }
+            for s in sites
+        ],
+        "errors": errs,
+        "ref_err": float((unplanned - ref).abs().max()),
+    }
+
+
+@torch.no_grad()
+def planned_programs(rank: int, world: int, models: list[str]) -> dict:
+    torch.manual_seed(0)
+    x = torch.randn(B, S, D)
+    mesh = init_device_mesh("cpu", (world,))
+    out = {}
+    if "llama" in models:
+        full = pm.LlamaStyleBlock(D, H, 2 * D)
+        llama = parallelize_module(copy.deepcopy(full), mesh, pm.llama_tp_plan())
+        out["llama"] = _sites_and_errors(export_model(llama, (x,)), full(x), x)
+    if "tp-block" in models:
+        block = pm.TPBlock(D, H, world, dist.group.WORLD)
+        for p in block.parameters():
+            p.normal_(0.0, 0.2)
+        out["tp-block"] = _sites_and_errors(export_model(block, (x,)), block(x), x)
+    if "hf-llama" in models:
+        hf = HFLlamaLayer()
+        hf_tp = parallelize_module(copy.deepcopy(hf), mesh, HFLlamaLayer.tp_plan())
+        out["hf-llama"] = _sites_and_errors(export_model(hf_tp, (x,)), hf(x), x)
+    return out
+
+
+class HFLlamaLayer(torch.nn.Module):
+    """Hugging Face's LLaMA decoder layer (grouped-query attention: 4 query heads, 2 key
+    and value heads; SDPA) with its rotary embedding, on (B, S, D) hidden states."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import LlamaConfig  # only this rank program needs transformers
+        from transformers.models.llama.modeling_llama import (
+            LlamaDecoderLayer,
+            LlamaRotaryEmbedding,
+        )
+
+        cfg = LlamaConfig(
+            hidden_size=D,
+            intermediate_size=2 * D,
+            num_attention_heads=H,
+            num_key_value_heads=H // 2,
+            vocab_size=16,
+        )
+        cfg._attn_implementation = "sdpa"
+        self.layer, self.rope = LlamaDecoderLayer(cfg, 0), LlamaRotaryEmbedding(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[1]).unsqueeze(0)
+        out = self.layer(x, position_embeddings=self.rope(x, pos), position_ids=pos)
+        return out[0] if isinstance(out, tuple) else out
+
+    @staticmethod
+    def tp_plan() -> dict:
+        """The split Hugging Face's LLaMA declares as its base_model_tp_plan."""
+        col = {f"layer.{n}": ColwiseParallel() for n in _HF_COLUMN}
+        return col | {f"layer.{n}": RowwiseParallel() for n in _HF_ROW}
+
+
+_HF_COLUMN = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+)
+_HF_ROW = ("self_attn.o_proj", "mlp.down_proj")
