@@ -69,7 +69,7 @@ class TuneConfig:
     spec: ModelSpec
     dynamic: str  # e.g. "S=128..4096"
     buckets: str = "pow2"  # bucket policy text (planner.plans.buckets.parse_policy)
-    strategy: str = "tpe"
+    strategy: str = "joint-tpe"
     budget_evals: int | None = None
     budget_seconds: float | None = 30.0
     trials: int | None = None  # Optuna trials (tpe / nsga2)
@@ -270,11 +270,8 @@ def to_measure(cands: list[Candidate], cfg: TuneConfig) -> list[Candidate]:
 
 # Without --trials a joint search samples until the budget, or until it stops finding new
 # plans (its patience), or the space is exhausted: the budget the user gave is what binds.
-JOINT_UNBOUNDED_TRIALS = 1_000_000
-
-
 def _joint_kwargs(cfg: TuneConfig) -> dict[str, Any]:
-    return {"max_trials": cfg.trials or JOINT_UNBOUNDED_TRIALS}
+    return {"max_trials": cfg.trials}
 
 
 def candidate_plan(

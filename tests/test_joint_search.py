@@ -181,7 +181,23 @@ def test_a_joint_strategy_says_what_found_its_plan():
     assert r.extra["found_by"] in r.notes
 
 
+def test_a_joint_search_without_trials_spends_its_budget_and_without_one_stops_at_a_cap():
+    g = zoo_graph("transformer-block")
+    obj = realized_objective()
+    strat = get_strategy("joint-rl", patience=10**6)
+    assert "budget spent" in strat.plan(g, obj, Budget(max_seconds=1.0)).notes
+    assert "; 200 samples;" in strat.plan(g, obj).notes
+
+
 # ---- tune ----------------------------------------------------------------------------------
+def test_tune_searches_the_joint_space_by_default():
+    from cli.main import build_parser
+    from search.tune import TuneConfig
+
+    args = build_parser("tune").parse_args(["tune"])
+    assert args.strategy == TuneConfig.strategy == "joint-tpe"
+
+
 def test_tune_labels_a_plan_a_baseline_also_found_by_the_baseline():
     g = zoo_graph("transformer-block", B=1, S=16, D=32, H=2)
     cands = search_candidates(g, realized_objective(), _cfg(strategy="tpe", trials=8), "b")

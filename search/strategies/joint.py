@@ -8,6 +8,10 @@ always among them), which the tune loop
 realizes with their labels and measures, and `extra["found_by"]` says what found the
 best (priority's warm start, enumeration, a trial or an episode). `joint-tpe` and
 `joint-nsga2` need optuna; `joint-rl` does not.
+
+`max_trials` (samples) defaults to the budget: with a budget in seconds or evaluations
+the search runs until it is spent (or `patience` samples in a row find no new plan, or
+the space is exhausted); with no budget at all, 200 samples.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from search.optuna_storage import require_optuna
 from search.strategy import Budget, Clock, SearchResult, Strategy, register
 
 
+DEFAULT_TRIALS = 200  # samples when neither trials nor a budget bound the search
+UNBOUNDED_TRIALS = 1_000_000
+
+
 class _Joint(Strategy):
     method = ""
     deterministic = False
@@ -30,7 +38,7 @@ class _Joint(Strategy):
     def __init__(
         self,
         *,
-        max_trials: int = 200,
+        max_trials: int | None = None,
         patience: int = 60,
         enumerate_up_to: int = 64,
         keep: int = 16,
@@ -47,9 +55,12 @@ class _Joint(Strategy):
     def search(
         self, graph: OpGraph, objective: Objective, clock: Clock, seed: int
     ) -> tuple[Partition, bool, str]:
-        self._out = out = run_joint(
-            graph, objective, clock, method=self.method, seed=seed, **self.options
-        )
+        opts = dict(self.options)
+        if opts["max_trials"] is None:  # a budget bounds the search; without one, a cap
+            b = clock.budget
+            bounded = b.max_evals is not None or b.max_seconds is not None
+            opts["max_trials"] = UNBOUNDED_TRIALS if bounded else DEFAULT_TRIALS
+        self._out = out = run_joint(graph, objective, clock, method=self.method, seed=seed, **opts)
         return best_partition(graph, out), out.complete, describe(out)
 
     def plan(
