@@ -26,7 +26,6 @@ from search.joint_search import WARM, JointOutcome, best_partition, describe, ru
 from search.optuna_storage import require_optuna
 from search.strategy import Budget, Clock, SearchResult, Strategy, register
 
-
 DEFAULT_TRIALS = 200  # samples when neither trials nor a budget bound the search
 UNBOUNDED_TRIALS = 1_000_000
 
