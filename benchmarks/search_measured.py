@@ -121,7 +121,10 @@ def strategy_candidates(
     if name in JOINT:  # its top-k, and its warm start (priority's plan) as tune measures it
         variants = res.extra.get("variants", [])
         rows = variants[:top_k] + [v for v in variants[top_k:] if v[3] == WARM]
-        cands = [Candidate(name, p, pred, labels=lab, found_by=fb) for p, lab, pred, fb in rows]
+        cands = [
+            Candidate(name, p, pred, labels=lab, found_by=fb, copies=cp)
+            for p, lab, pred, fb, cp in rows
+        ]
     else:
         cands = [Candidate(name, res.partition, res.total_s, found_by=name)]
     return cands, search_s, res.notes

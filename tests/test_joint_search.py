@@ -23,6 +23,7 @@ from planner.fusion.realization import (
     split_label,
     unmet,
 )
+from planner.fusion.recompute import check_copies
 from planner.hardware import get_spec
 from planner.ir.capture import export_model
 from planner.objective import Objective
@@ -135,8 +136,10 @@ def test_every_point_is_legal_and_labelled_from_its_groups_choices(graph):
     for _ in range(30):
         v = space.sample(lambda name, choices: rng.choice(list(choices)))
         assert check(v.partition, obj.limits).ok
-        for mask, label in zip(v.partition.masks, v.labels):
-            assert label in choices_for(g, mask)
+        assert check_copies(v.partition, v.copies) is None
+        copies = dict(v.copies)
+        for mask, label in zip(v.partition.masks, v.labels):  # a group with its copies
+            assert label in choices_for(g, mask | copies.get(mask, 0))
         assert math.isfinite(space.predict(v)[0])
 
 

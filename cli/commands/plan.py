@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         labels = variants[0][1]
         groups = tuple(dataclasses.replace(g, realization=r) for g, r in zip(plan.groups, labels))
         plan = dataclasses.replace(plan, groups=groups, predicted_s=variants[0][2])
+        plan = plan.with_copies(variants[0][4])
     title = f"{r.spec.label} on {r.device_name} ({r.dtype_name}), strategy {args.strategy}"
     summary = _summary_lines(result, unfused)
     if args.html:

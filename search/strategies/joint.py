@@ -3,7 +3,7 @@
 The space is search/joint_space.py's (partition decisions, merge moves, one realization
 label per group), searched by search/joint_search.py. The partition of the result is the
 best point's; `SearchResult.extra["variants"]` ranks every distinct point found as
-(partition, labels, predicted seconds, found by) rows, best first (priority's warm start
+(partition, labels, predicted seconds, found by, copies) rows, best first (priority's warm start
 always among them), which the tune loop
 realizes with their labels and measures, and `extra["found_by"]` says what found the
 best (priority's warm start, enumeration, a trial or an episode). `joint-tpe` and
@@ -76,7 +76,10 @@ class _Joint(Strategy):
             return result
         kept = out.ranked[: self.keep]
         kept += [f for f in out.ranked[self.keep :] if f.found_by == WARM]
-        rows = [(f.variant.partition, f.variant.labels, f.predicted_s, f.found_by) for f in kept]
+        rows = [
+            (f.variant.partition, f.variant.labels, f.predicted_s, f.found_by, f.variant.copies)
+            for f in kept
+        ]
         extra = {"variants": rows, "found_by": out.best.found_by, "exhausted": out.exhausted}
         return dataclasses.replace(result, extra=extra)
 
