@@ -61,9 +61,11 @@ ZOO_CELLS: tuple[tuple[str, dict[str, int]], ...] = (
     ("llama-block", {"B": 4, "S": 2048}),
     ("mlp", {}),
     ("gpt2-block", {}),
+    ("shared-act", {"B": 8, "S": 1024, "D": 1024}),
 )
 QUICK_CELLS: tuple[tuple[str, dict[str, int]], ...] = (
     ("mlp", {"B": 8, "D": 32, "HID": 64, "L": 2}),
+    ("shared-act", {"B": 2, "S": 16, "D": 32}),
 )
 MODES_CUDA = ("eager", "compile", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MODES_CPU = ("eager", "compile")
@@ -387,7 +389,33 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         tune_s = max((v.get("tune_s") or 0.0 for n, v in st.items() if n in JOINT), default=0.0)
         cells_.append(f"{tune_s:.0f} / {ma:.0f}" if ma else f"{tune_s:.0f} / —")
         lines.append("| " + " | ".join(cells_) + " |")
+    lines += ["", *tuning_table(rows)]
     return "\n".join(lines) + "\n"
+
+
+def tuning_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Tuning seconds per strategy (search, then realize and measure its candidates) next
+    to max-autotune's compile time, per cell (one shape: one bucket)."""
+    names = [n for n in STRATEGIES if any(n in r["strategies"] for r in rows)]
+    head = ["cell", *(f"{n} s" for n in names), "max-autotune compile s"]
+    out = [
+        "Tuning time per bucket: each strategy's search plus realize-and-measure of its "
+        "candidates, seconds (search seconds in brackets), next to max-autotune's compile "
+        "time for the same model and shape.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in rows:
+        cells_ = [r["cell"]]
+        for n in names:
+            v = r["strategies"].get(n, {})
+            t, s = v.get("tune_s"), v.get("search_s")
+            cells_.append("—" if t is None else f"{t:.0f}" + ("" if s is None else f" ({s:.1f})"))
+        ma = autotune_compile_s(r)
+        cells_.append("—" if ma is None else f"{ma:.0f}")
+        out.append("| " + " | ".join(cells_) + " |")
+    return out
 
 
 def render_jsonl(path: Path) -> str:

@@ -250,6 +250,7 @@ def test_rows_resume_and_the_table_is_computed_from_them(tmp_path):
     assert f"{1e-3 / 2e-3:.3f}" in text  # cell a's joint-tpe ratio to priority
     assert "1/2 cells" in text  # strictly faster than best-of(greedy, priority) on a only
     assert "1/1 cells" in text.split("max-autotune's compile time")[1]
+    assert "| a | — | — | 10 | 20 |" in text  # tuning seconds per strategy, then max-autotune's
 
 
 def test_cells_filter_and_strategies_without_optuna(monkeypatch):
