@@ -87,9 +87,9 @@ class Variant:
 
     def non_default(self) -> int:
         """Groups whose label is not the realization rule's, plus groups that recompute."""
-        g = self.partition.graph
-        labels = zip(self.labels, self.partition.masks)
-        return sum(lab != realization_of(g, m) for lab, m in labels) + len(self.copies)
+        g, copies = self.partition.graph, dict(self.copies)
+        rule = (realization_of(g, m | copies.get(m, 0)) for m in self.partition.masks)
+        return sum(lab != r for lab, r in zip(self.labels, rule)) + len(self.copies)
 
     def autotuned(self) -> int:
         """Groups compiled with a compile mode (each costs an autotuning compile)."""

@@ -198,3 +198,17 @@ def test_random_recompute_points_of_a_block_realize_and_match_eager():
         assert r.verified and not r.fallbacks
         torch.testing.assert_close(r(*inputs), module(*inputs), atol=1e-4, rtol=1e-3)
         done += 1
+
+
+def test_plan_shows_the_copies_and_prices_each_group_with_them(capsys):
+    from cli.main import main
+
+    argv = ["plan", "--model", "zoo:shared-act", "--device", "h100", "--dtype", "bf16",
+            "--strategy", "joint-rl", "--cost-model", "analytical", "--format", "json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    (row,) = [r for r in out["groups"] if r.get("recompute")]
+    assert row["recompute"] == ["add", "gelu"] and "+gelu" in row["ops"]
+    copies = [g["recompute"] for g in out["plan"]["groups"] if g.get("recompute")]
+    assert len(copies) == 1 and len(copies[0]) == 2
+    assert sum(r["predicted_s"] for r in out["groups"]) == pytest.approx(out["plan"]["predicted_s"])

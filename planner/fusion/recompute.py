@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from planner.cost import CostModel, GroupCost
 from planner.fusion.opkinds import Kind, kinds
 from planner.fusion.partition import Partition, bits
+from planner.fusion.realization import split_label
 from planner.ir.graph import OpGraph
 
 MAX_FLOPS_PER_ELEMENT = 32
@@ -211,9 +212,26 @@ def group_cost(
     """What a group with live members `live` and copies `copies` (masks) costs: nothing
     when both are empty (its every op is dead: no kernel runs); else the model's
     `group_cost_recomputing` (learned_cost), or, for a model without it, the ops as one
-    group (the copies' and `unread` results then charged as written: an over-estimate)."""
+    group (the copies' and `unread` results then charged as written: an over-estimate).
+    Run eagerly (`label` "eager") by a model that does not split groups into kernels
+    itself, the group costs its ops one kernel each."""
     if not live and not copies:
         return GroupCost(0.0, 0.0, 0.0, 0.0, 0, 0, 0)
+    if (
+        copies and label and split_label(label)[0] == "eager" and not hasattr(cost_model, "kernels")
+    ):  # one kernel per op, each result written: the ops alone
+        ks = kinds(graph)
+        work = [i for i in bits(live | copies) if ks[i] is not Kind.FREE]
+        costs = [cost_model.group_cost(graph, frozenset((i,))) for i in work]
+        return GroupCost(
+            sum(c.latency_s for c in costs),
+            sum(c.t_compute_s for c in costs),
+            sum(c.t_memory_s for c in costs),
+            sum(c.t_launch_s for c in costs),
+            sum(c.flops for c in costs),
+            sum(c.bytes_in for c in costs),
+            sum(c.bytes_out for c in costs),
+        )
     priced = getattr(cost_model, "group_cost_recomputing", None)
     if priced is not None:
         return priced(graph, frozenset(bits(live)), frozenset(bits(copies)), label, unread)
