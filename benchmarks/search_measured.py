@@ -87,7 +87,7 @@ def cells(quick: bool, patterns: list[str]) -> list[tuple[str, str, dict[str, in
             label = f"{m.name}:" + "x".join(f"{k}{v}" for k, v in shape.items())
             out.append((label, m.spec(tiny=quick), shape))
     if quick and not patterns:
-        out = out[:2]  # the zoo cell and one tiny real model
+        out = [out[0], out[len(QUICK_CELLS)]]  # a zoo cell and one tiny real model
     if patterns:
         out = [c for c in out if any(fnmatch.fnmatch(c[0], p) for p in patterns)]
     return out
@@ -158,7 +158,7 @@ def run_cell(
     graph = captured.graph
     row["ops"] = len(graph.nodes)
     row["roofline_lb_s"] = roofline_lower_bound(graph, device_name)
-    row["alternatives"] = alternatives(module, inputs, dev, runner, say, label)
+    row["alternatives"] = alternatives(module, inputs, dev, runner, say, label, args.modes)
     strategies, skipped = available(tuple(args.strategies))
     row["skipped"] = skipped
     measured: dict[Any, dict[str, Any]] = {}  # candidate key -> its measurement row
@@ -234,10 +234,18 @@ def plan_labels(plan: Any) -> tuple[str, ...]:
 
 
 def alternatives(
-    module: Any, inputs: Any, dev: torch.device, runner: DeviceRunner, say: Callable, label: str
+    module: Any,
+    inputs: Any,
+    dev: torch.device,
+    runner: DeviceRunner,
+    say: Callable,
+    label: str,
+    only: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Eager and torch.compile's modes: compile time (first call) and interleaved timing."""
+    """Eager and torch.compile's modes (those of `only`, when given, that this device
+    runs): compile time (first call) and interleaved timing."""
     modes = MODES_CUDA if dev.type == "cuda" else MODES_CPU
+    modes = tuple(m for m in modes if not only or m in only)
     fns: dict[str, Callable[[], Any]] = {}
     compile_s: dict[str, float] = {}
     errors: dict[str, str] = {}

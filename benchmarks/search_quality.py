@@ -8,7 +8,7 @@ The modelled benchmark and the encoding study save their raw rows as JSON beside
 markdown (benchmarks/raw_rows.py, same name, `.json`); the markdown is rendered from them
 and `--from-json` renders it again (to stdout).
     python benchmarks/search_quality.py --measure --out DIR [--quick] [--cells P,...] \
-        [--budget-s S] [--trials N] [--top-k K] [--time-limit-s T]
+        [--budget-s S] [--trials N] [--top-k K] [--time-limit-s T] [--modes M,...]
     python benchmarks/search_quality.py --render-measured DIR   # DIR/search_measured.md again
 
 --measure: each strategy's best plans realized and timed on this machine's device against
@@ -420,6 +420,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cost-model", default=None, help="--measure: the tune flag's values")
     ap.add_argument("--time-limit-s", type=float, default=0.0, help="--measure: no cell after")
     ap.add_argument(
+        "--modes",
+        default="",
+        help="--measure: the alternatives timed, comma-separated from "
+        f"{','.join(measured.MODES_CUDA)} (default: all this device runs)",
+    )
+    ap.add_argument(
         "--render-measured",
         default=None,
         metavar="DIR",
@@ -445,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
         if unknown or args.budget_s <= 0 or args.trials < 1 or args.top_k < 1:
             ap.error(f"--strategies from {measured.STRATEGIES}; budgets >= 1 (got {unknown})")
         args.cells = [c for c in args.cells.split(",") if c]
+        args.modes = [m for m in args.modes.split(",") if m]
+        if set(args.modes) - set(measured.MODES_CUDA):
+            ap.error(f"--modes from {measured.MODES_CUDA}, got {args.modes}")
         args.strategies = [s for s in measured.STRATEGIES if s in args.strategies.split(",")]
         return measured.main(args, cmd.strip(), lambda m: print(f"[sq] {m}", flush=True))
     if optuna is None:

@@ -255,7 +255,8 @@ def test_rows_resume_and_the_table_is_computed_from_them(tmp_path):
 
 def test_cells_filter_and_strategies_without_optuna(monkeypatch):
     quick = sm.cells(True, [])
-    assert quick and all(len(c) == 3 for c in quick)
+    assert len(quick) == 2 and all(len(c) == 3 for c in quick)
+    assert quick[0][1].startswith("zoo:") and not quick[1][1].startswith("zoo:")
     llama = sm.cells(False, ["zoo:llama*"])
     assert len(llama) == 1 and llama[0][1] == "zoo:llama-block"
     monkeypatch.setattr(sm, "optuna", None)
