@@ -212,3 +212,19 @@ def test_plan_shows_the_copies_and_prices_each_group_with_them(capsys):
     copies = [g["recompute"] for g in out["plan"]["groups"] if g.get("recompute")]
     assert len(copies) == 1 and len(copies[0]) == 2
     assert sum(r["predicted_s"] for r in out["groups"]) == pytest.approx(out["plan"]["predicted_s"])
+
+
+def test_a_recomputed_plan_survives_the_plan_cache(tmp_path):
+    from planner.plans.buckets import parse_dynamic
+    from planner.plans.cache import PlanCache
+
+    g, part, ((_, gm, cm),) = _setup()
+    plan = Plan.from_partition(part, device="h100", dtype="bfloat16", strategy="joint-tpe",
+                               cost_model="x", predicted_s=1e-3,
+                               device_fingerprint="fp").with_copies(((gm, cm),))  # fmt: skip
+    spec = parse_dynamic("S=256..1024", {"B": (0, 0), "S": (0, 1)})
+    with PlanCache(str(tmp_path / "plans.sqlite")) as cache:
+        cache.store(plan, spec.bucket_of([(8, 512, 768)]))
+    with PlanCache(str(tmp_path / "plans.sqlite")) as cache:
+        got = cache.lookup(g.structure_key, [(8, 512, 768)], "fp", spec=spec)
+    assert got.plan.copies() == ((gm, cm),)
