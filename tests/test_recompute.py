@@ -187,7 +187,10 @@ def test_random_recompute_points_of_a_block_realize_and_match_eager():
     rng = random.Random(0)
     done = 0
     while done < 2:
-        v = space.sample(lambda n, ch: True if n.startswith("c") else rng.choice(list(ch)))
+        # recompute always, partition decisions at random, the rule's labels (no autotuning)
+        v = space.sample(
+            lambda n, ch: True if n[0] == "c" else ch[0] if n[0] == "r" else rng.choice(list(ch))
+        )
         if not v.copies:
             continue
         plan = obj.make_plan(v.partition, obj.evaluate(v.partition), strategy="t",
@@ -228,3 +231,20 @@ def test_a_recomputed_plan_survives_the_plan_cache(tmp_path):
     with PlanCache(str(tmp_path / "plans.sqlite")) as cache:
         got = cache.lookup(g.structure_key, [(8, 512, 768)], "fp", spec=spec)
     assert got.plan.copies() == ((gm, cm),)
+
+
+def test_tune_serves_and_measures_a_recomputed_candidate(tmp_path):
+    from planner.plans.cache import PlanCache
+    from search.tune import TuneConfig, tune
+    from tests.test_tune import FAST_TIMER
+    from zoo.modelspec import resolve
+
+    torch.set_num_threads(1)
+    cfg = TuneConfig(spec=resolve("zoo:shared-act", "B=2,D=16"), dynamic="S=8..8",
+                     strategy="joint-rl", top_k=1, compile_baseline=False, budget_seconds=2.0,
+                     trials=50, timer=FAST_TIMER)  # fmt: skip
+    with PlanCache(str(tmp_path / "plans.sqlite")) as cache:
+        (r,) = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, progress=lambda m: None)
+    (c,) = [c for c in r.candidates if c.copies]  # the one-kernel model's pick: recompute
+    assert c.error == "" and c.measured is not None and c.measured.median_s > 0
+    assert not c.fallbacks
