@@ -367,10 +367,15 @@ GENERATED: tuple[Generated, ...] = (
         "python benchmarks/distributed_gpu.py --table-only --out "
         "benchmarks/results/distributed_h200x2",
     ),
-    Generated(
-        "benchmarks/results/search_measured_h200/search_measured.md",
-        _search_measured("search_measured_h200"),
-        "python benchmarks/generated.py",
+    # every measured search-quality run committed as benchmarks/results/search_measured_*/
+    *(
+        Generated(
+            f"benchmarks/results/{d.name}/search_measured.md",
+            _search_measured(d.name),
+            f"python benchmarks/search_quality.py --render-measured benchmarks/results/{d.name}",
+        )
+        for d in sorted(RESULTS.glob("search_measured_*"))
+        if (d / "search_measured.jsonl").exists()
     ),
     *(Generated(f"benchmarks/results/{n}.md", _raw(m, n), _raw_cmd(m, n)) for m, n in RAW_ROWS),
     Generated("docs/learned_cost.md", _learned_cost_doc, "fusion-plan cost report"),

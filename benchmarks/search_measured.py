@@ -61,9 +61,11 @@ ZOO_CELLS: tuple[tuple[str, dict[str, int]], ...] = (
     ("llama-block", {"B": 4, "S": 2048}),
     ("mlp", {}),
     ("gpt2-block", {}),
+    ("shared-act", {"B": 8, "S": 1024, "D": 1024}),
 )
 QUICK_CELLS: tuple[tuple[str, dict[str, int]], ...] = (
     ("mlp", {"B": 8, "D": 32, "HID": 64, "L": 2}),
+    ("shared-act", {"B": 2, "S": 16, "D": 32}),
 )
 MODES_CUDA = ("eager", "compile", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MODES_CPU = ("eager", "compile")
@@ -85,7 +87,7 @@ def cells(quick: bool, patterns: list[str]) -> list[tuple[str, str, dict[str, in
             label = f"{m.name}:" + "x".join(f"{k}{v}" for k, v in shape.items())
             out.append((label, m.spec(tiny=quick), shape))
     if quick and not patterns:
-        out = out[:2]  # the zoo cell and one tiny real model
+        out = [out[0], out[len(QUICK_CELLS)]]  # a zoo cell and one tiny real model
     if patterns:
         out = [c for c in out if any(fnmatch.fnmatch(c[0], p) for p in patterns)]
     return out
@@ -121,7 +123,10 @@ def strategy_candidates(
     if name in JOINT:  # its top-k, and its warm start (priority's plan) as tune measures it
         variants = res.extra.get("variants", [])
         rows = variants[:top_k] + [v for v in variants[top_k:] if v[3] == WARM]
-        cands = [Candidate(name, p, pred, labels=lab, found_by=fb) for p, lab, pred, fb in rows]
+        cands = [
+            Candidate(name, p, pred, labels=lab, found_by=fb, copies=cp)
+            for p, lab, pred, fb, cp in rows
+        ]
     else:
         cands = [Candidate(name, res.partition, res.total_s, found_by=name)]
     return cands, search_s, res.notes
@@ -153,7 +158,7 @@ def run_cell(
     graph = captured.graph
     row["ops"] = len(graph.nodes)
     row["roofline_lb_s"] = roofline_lower_bound(graph, device_name)
-    row["alternatives"] = alternatives(module, inputs, dev, runner, say, label)
+    row["alternatives"] = alternatives(module, inputs, dev, runner, say, label, args.modes)
     strategies, skipped = available(tuple(args.strategies))
     row["skipped"] = skipped
     measured: dict[Any, dict[str, Any]] = {}  # candidate key -> its measurement row
@@ -229,10 +234,18 @@ def plan_labels(plan: Any) -> tuple[str, ...]:
 
 
 def alternatives(
-    module: Any, inputs: Any, dev: torch.device, runner: DeviceRunner, say: Callable, label: str
+    module: Any,
+    inputs: Any,
+    dev: torch.device,
+    runner: DeviceRunner,
+    say: Callable,
+    label: str,
+    only: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Eager and torch.compile's modes: compile time (first call) and interleaved timing."""
+    """Eager and torch.compile's modes (those of `only`, when given, that this device
+    runs): compile time (first call) and interleaved timing."""
     modes = MODES_CUDA if dev.type == "cuda" else MODES_CPU
+    modes = tuple(m for m in modes if not only or m in only)
     fns: dict[str, Callable[[], Any]] = {}
     compile_s: dict[str, float] = {}
     errors: dict[str, str] = {}
@@ -384,7 +397,33 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         tune_s = max((v.get("tune_s") or 0.0 for n, v in st.items() if n in JOINT), default=0.0)
         cells_.append(f"{tune_s:.0f} / {ma:.0f}" if ma else f"{tune_s:.0f} / —")
         lines.append("| " + " | ".join(cells_) + " |")
+    lines += ["", *tuning_table(rows)]
     return "\n".join(lines) + "\n"
+
+
+def tuning_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Tuning seconds per strategy (search, then realize and measure its candidates) next
+    to max-autotune's compile time, per cell (one shape: one bucket)."""
+    names = [n for n in STRATEGIES if any(n in r["strategies"] for r in rows)]
+    head = ["cell", *(f"{n} s" for n in names), "max-autotune compile s"]
+    out = [
+        "Tuning time per bucket: each strategy's search plus realize-and-measure of its "
+        "candidates, seconds (search seconds in brackets), next to max-autotune's compile "
+        "time for the same model and shape.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in rows:
+        cells_ = [r["cell"]]
+        for n in names:
+            v = r["strategies"].get(n, {})
+            t, s = v.get("tune_s"), v.get("search_s")
+            cells_.append("—" if t is None else f"{t:.0f}" + ("" if s is None else f" ({s:.1f})"))
+        ma = autotune_compile_s(r)
+        cells_.append("—" if ma is None else f"{ma:.0f}")
+        out.append("| " + " | ".join(cells_) + " |")
+    return out
 
 
 def render_jsonl(path: Path) -> str:

@@ -8,7 +8,8 @@ The modelled benchmark and the encoding study save their raw rows as JSON beside
 markdown (benchmarks/raw_rows.py, same name, `.json`); the markdown is rendered from them
 and `--from-json` renders it again (to stdout).
     python benchmarks/search_quality.py --measure --out DIR [--quick] [--cells P,...] \
-        [--budget-s S] [--trials N] [--top-k K] [--time-limit-s T]
+        [--budget-s S] [--trials N] [--top-k K] [--time-limit-s T] [--modes M,...]
+    python benchmarks/search_quality.py --render-measured DIR   # DIR/search_measured.md again
 
 --measure: each strategy's best plans realized and timed on this machine's device against
 priority's plan, torch.compile's modes and the roofline lower bound
@@ -418,10 +419,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=2, help="--measure: plans measured per search")
     ap.add_argument("--cost-model", default=None, help="--measure: the tune flag's values")
     ap.add_argument("--time-limit-s", type=float, default=0.0, help="--measure: no cell after")
+    ap.add_argument(
+        "--modes",
+        default="",
+        help="--measure: the alternatives timed, comma-separated from "
+        f"{','.join(measured.MODES_CUDA)} (default: all this device runs)",
+    )
+    ap.add_argument(
+        "--render-measured",
+        default=None,
+        metavar="DIR",
+        help="rewrite DIR/search_measured.md from DIR/search_measured.jsonl (no measuring)",
+    )
     raw_rows.add_from_json(ap)
     args = ap.parse_args(argv)
     if args.from_json:
         return raw_rows.rerender(args.from_json, render)
+    if args.render_measured:
+        folder = Path(args.render_measured)
+        if not (folder / "search_measured.jsonl").exists():
+            ap.error(f"--render-measured: no search_measured.jsonl in {folder}")
+        (folder / "search_measured.md").write_text(
+            measured.render_jsonl(folder / "search_measured.jsonl")
+        )
+        return 0
     cmd = "python benchmarks/search_quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.measure:
         if not args.out:
@@ -430,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
         if unknown or args.budget_s <= 0 or args.trials < 1 or args.top_k < 1:
             ap.error(f"--strategies from {measured.STRATEGIES}; budgets >= 1 (got {unknown})")
         args.cells = [c for c in args.cells.split(",") if c]
+        args.modes = [m for m in args.modes.split(",") if m]
+        if set(args.modes) - set(measured.MODES_CUDA):
+            ap.error(f"--modes from {measured.MODES_CUDA}, got {args.modes}")
         args.strategies = [s for s in measured.STRATEGIES if s in args.strategies.split(",")]
         return measured.main(args, cmd.strip(), lambda m: print(f"[sq] {m}", flush=True))
     if optuna is None:

@@ -37,10 +37,24 @@ class AnalyticalModel:
         return f"AnalyticalModel({self.spec.name})"
 
     def group_cost(self, graph: OpGraph, nodes: Iterable[int]) -> GroupCost:
+        return self.group_cost_recomputing(graph, nodes, ())
+
+    def group_cost_recomputing(
+        self,
+        graph: OpGraph,
+        nodes: Iterable[int],
+        copies: Iterable[int],
+        label: str | None = None,
+        unread: Iterable[int] = (),
+    ) -> GroupCost:
+        """The group `nodes` that also recomputes `copies` (planner.fusion.recompute): the
+        copies' FLOPs count, their inputs are read, their results are not written, nor are
+        the `unread` tensors (every other reader recomputes them)."""
         members = frozenset(nodes)
-        io = group_io(graph, members)
+        copied = frozenset(copies)
+        io = group_io(graph, members, copied, unread)
         t_compute = 0.0
-        for i in members:
+        for i in members | copied:
             n = graph.nodes[i]
             if not n.flops:
                 continue

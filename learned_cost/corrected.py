@@ -160,6 +160,24 @@ class CorrectedModel:
                 return replace(whole, latency_s=sum(c.latency_s for c in parts), correction=1.0)
         return self.group_costs(graph, [members], None if base is None else [base])[0]
 
+    def group_cost_recomputing(
+        self,
+        graph: OpGraph,
+        nodes: Iterable[int],
+        copies: Iterable[int],
+        label: str | None = None,
+        unread: Iterable[int] = (),
+    ) -> GroupCost:
+        """The group `nodes` that also recomputes `copies` (planner.fusion.recompute): the
+        roofline's figure with the copies' results unwritten, times the correction the
+        network gives the same ops as one group."""
+        members, copied = frozenset(nodes), frozenset(copies)
+        fused = self.group_cost_as(graph, members | copied, label)
+        plain = self.analytical.group_cost(graph, members | copied)
+        base = self.analytical.group_cost_recomputing(graph, members, copied, label, unread)
+        ratio = fused.latency_s / plain.latency_s if plain.latency_s > 0 else 1.0
+        return replace(base, latency_s=base.latency_s * ratio, correction=ratio)
+
     def group_costs(
         self,
         graph: OpGraph,

@@ -95,12 +95,32 @@ class RealizedRoofline(AnalyticalModel):
 
     def group_cost_as(self, graph: OpGraph, nodes: Iterable[int], label: str | None) -> GroupCost:
         """The group's cost when it runs as `label` (None: the rule's label)."""
-        members = frozenset(nodes)
-        parts = self.kernels(graph, members, label)
+        return self.group_cost_recomputing(graph, nodes, (), label)
+
+    def group_cost_recomputing(
+        self,
+        graph: OpGraph,
+        nodes: Iterable[int],
+        copies: Iterable[int],
+        label: str | None = None,
+        unread: Iterable[int] = (),
+    ) -> GroupCost:
+        """The group `nodes` run as `label` that also recomputes `copies`
+        (planner.fusion.recompute). A copy sits in the kernel the split puts it in; its
+        result is written only when another kernel of the group reads it (a prologue
+        Inductor computes before a library GEMM, say)."""
+        members, copied, skip = frozenset(nodes), frozenset(copies), frozenset(unread)
+        everything = members | copied
+        label = label or realization_of(graph, everything)
+        parts = self.kernels(graph, everything, label)
+        base = super()
         if len(parts) <= 1:
-            return super().group_cost(graph, members)
-        costs = [super(RealizedRoofline, self).group_cost(graph, p) for p in parts]
-        whole = super().group_cost(graph, members)
+            return base.group_cost_recomputing(graph, members, copied, None, skip)
+        costs = []
+        for p in parts:
+            kept = frozenset(c for c in p & copied if _only_read_in(graph, c, p, everything))
+            costs.append(base.group_cost_recomputing(graph, p - kept, kept, None, skip))
+        whole = base.group_cost_recomputing(graph, members, copied, None, skip)
         return GroupCost(
             latency_s=sum(c.latency_s for c in costs),
             t_compute_s=sum(c.t_compute_s for c in costs),
@@ -110,6 +130,11 @@ class RealizedRoofline(AnalyticalModel):
             bytes_in=whole.bytes_in,
             bytes_out=whole.bytes_out,
         )
+
+
+def _only_read_in(graph: OpGraph, op: int, kernel: frozenset[int], group: frozenset[int]) -> bool:
+    """Whether no other kernel of the group reads op's result."""
+    return all(u in kernel or u not in group for u in graph.consumers[graph.nodes[op].outputs[0]])
 
 
 def _epilogue(graph: OpGraph, unit: set[int], free: frozenset[int] | set[int]) -> set[int]:

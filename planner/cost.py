@@ -41,9 +41,17 @@ class GroupIO:
         return self.matmul_flops + self.vector_flops
 
 
-def group_io(graph: OpGraph, nodes: Iterable[int]) -> GroupIO:
-    """Boundary inputs/outputs, bytes and FLOPs of `nodes` run as one unit."""
-    members = set(nodes)
+def group_io(
+    graph: OpGraph, nodes: Iterable[int], copies: Iterable[int] = (), unread: Iterable[int] = ()
+) -> GroupIO:
+    """Boundary inputs/outputs, bytes and FLOPs of `nodes` run as one unit.
+
+    `copies` are ops of other groups the unit recomputes (planner.fusion.recompute): their
+    FLOPs count and their inputs are read unless made inside, but their results are never
+    written (another group, or no group, owns them). `unread` are tensors of `nodes` that
+    every other group reading them recomputes: not written either."""
+    copied = set(copies)
+    members = set(nodes) | copied
     produced: set[int] = set()
     read: dict[int, None] = {}  # tensors the group's real work reads (views seen through)
     mm = vec = 0
@@ -62,9 +70,11 @@ def group_io(graph: OpGraph, nodes: Iterable[int]) -> GroupIO:
     graph_outputs = set(graph.outputs)
     # A view made inside the group of an outside tensor reads that tensor through the view.
     inputs = tuple(t for t in read if t not in produced or graph.root(t) not in produced)
+    skip = set(unread)
+    own = {t for t in produced if graph.tensors[t].producer not in copied and t not in skip}
     outputs = tuple(
         t
-        for t in sorted(produced)
+        for t in sorted(own)
         if t in graph_outputs or any(c not in members for c in graph.consumers[t])
     )
     # Reads: per storage root, the bytes of the views read, capped by the storage size.

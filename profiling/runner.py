@@ -247,7 +247,7 @@ def _not_served(backend: FusionPlannerBackend, made: list[Any], plan: Plan) -> s
         return f"dynamo gave {s.graphs} graphs for the model, not 1: the plan serves one graph"
     if s.default or not (s.exact or s.bucket):
         return "the backend's lookup missed the stored plan (its key or bucket differs)"
-    if not made and all(len(g.nodes) == 1 for g in plan.groups):
+    if not made and all(len(g.nodes) == 1 and not g.recompute for g in plan.groups):
         return ""
     # the bucket's realization, then (for a shape that recurs) its static specialization
     if len(made) != 1 + s.static or not all(isinstance(m[1], RealizedPlan) for m in made):

@@ -17,6 +17,11 @@ they are recorded. Every point is legal by construction:
   process would not make (no modelled gain), each kept only when the merged partition
   passes planner.fusion.legality; this reaches partitions that are not local optima of the
   merge process;
+- **recompute**: per cheap op (elementwise or broadcast, bounded FLOPs) whose result
+  another group reads, whether that group recomputes it with its cheap ancestors from
+  their inputs instead of reading it (planner.fusion.recompute: legal by construction;
+  an op no group then reads from its home is not run there and never written); up to
+  `MAX_RECOMPUTE` decisions, asked after the partition's;
 - **realization per group**: `choices_for` (planner.fusion.realization) offers a GEMM or
   convolution group Inductor's default, its max-autotune GEMM templates with the
   epilogue fused, the ops compiled separately instead of a fused-kernel rewrite, and eager;
@@ -30,7 +35,9 @@ warm start (`default_ask`: the first choice of each, which is priority's plan wi
 rule's labels) walk the same space. Each question's first choice is the neutral one.
 
 Predicted cost (`predict`): the objective's total for the partition, with each group
-whose label is not the rule's re-priced as that label runs (`label_cost`: the cost
+re-priced with its copies, dead ops and unwritten results when the point recomputes
+(`recompute.group_cost`: the cost model's `group_cost_recomputing`), and otherwise each
+group whose label is not the rule's re-priced as that label runs (`label_cost`: the cost
 model's `group_cost_as` where it has one, learned_cost.realized; else eager as one
 kernel per op and any compiled label at the model's group cost).
 """
@@ -44,10 +51,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.cost import CostModel
+from planner.fusion import recompute
 from planner.fusion.legality import check
 from planner.fusion.opkinds import Kind, kinds
 from planner.fusion.partition import Partition, bits
 from planner.fusion.realization import choices_for, realization_of, split_label
+from planner.fusion.recompute import Copies, as_copies, check_copies
 from planner.ir.graph import OpGraph
 from planner.objective import Evaluation, Objective
 from search.encoding import Encoding, build_encoding
@@ -55,6 +64,7 @@ from search.strategy import Clock
 
 Ask = Callable[[str, Sequence[Any]], Any]
 MAX_MERGE_MOVES = 8
+MAX_RECOMPUTE = 8  # recompute decisions per point
 
 
 def default_ask(name: str, choices: Sequence[Any]) -> Any:
@@ -64,20 +74,22 @@ def default_ask(name: str, choices: Sequence[Any]) -> Any:
 
 @dataclass(frozen=True)
 class Variant:
-    """A point of the space: a partition and one label per group (aligned with
-    `partition.groups`)."""
+    """A point of the space: a partition, one label per group (aligned with
+    `partition.groups`) and the ops each group recomputes (planner.fusion.recompute)."""
 
     partition: Partition
     labels: tuple[str, ...]
+    copies: Copies = ()
 
     @property
-    def key(self) -> tuple[Partition, tuple[str, ...]]:
-        return self.partition, self.labels
+    def key(self) -> tuple[Partition, tuple[str, ...], Copies]:
+        return self.partition, self.labels, self.copies
 
     def non_default(self) -> int:
-        """Groups whose label is not the realization rule's."""
-        g = self.partition.graph
-        return sum(lab != realization_of(g, m) for lab, m in zip(self.labels, self.partition.masks))
+        """Groups whose label is not the realization rule's, plus groups that recompute."""
+        g, copies = self.partition.graph, dict(self.copies)
+        rule = (realization_of(g, m | copies.get(m, 0)) for m in self.partition.masks)
+        return sum(lab != r for lab, r in zip(self.labels, rule)) + len(self.copies)
 
     def autotuned(self) -> int:
         """Groups compiled with a compile mode (each costs an autotuning compile)."""
@@ -117,6 +129,7 @@ class JointSpace:
         *,
         max_free: int = 48,
         max_merge_moves: int = MAX_MERGE_MOVES,
+        max_recompute: int = MAX_RECOMPUTE,
     ):
         self.graph, self.objective, self.clock = graph, objective, clock
         self.memo: dict[int, float] = {}
@@ -129,6 +142,8 @@ class JointSpace:
         self.split_moves = self._split_moves(max_merge_moves)
         self.merge_moves = self._merge_moves(max_merge_moves)
         self._label_costs: dict[tuple[int, str], float] = {}
+        self._recompute_costs: dict[tuple[int, int, frozenset[int], str], float] = {}
+        self.max_recompute = max_recompute
 
     def _head(self, mask: int, anchor: int) -> int:
         """The anchor and its ancestors inside the group `mask` (a bitmask)."""
@@ -210,11 +225,18 @@ class JointSpace:
                 merged = _merged(part, go[a], go[b]) if go[a] != go[b] else None
                 if merged is not None and check(merged, self.objective.limits).ok:
                     part = merged
+        copies: Copies = ()
+        for node, gm, cm in recompute.candidates(part, self.max_recompute):
+            if ask(f"c{node}_{group_name(gm)}", (False, True)):
+                more = as_copies((*copies, (gm, cm)))
+                copies = more if check_copies(part, more) is None else copies
+        by_group = dict(copies)
         labels = []
         for mask in part.masks:
-            choices = choices_for(self.graph, mask)
-            labels.append(choices[0] if len(choices) == 1 else ask(group_name(mask), choices))
-        return Variant(part, tuple(labels))
+            whole = mask | by_group.get(mask, 0)
+            choices = choices_for(self.graph, whole)
+            labels.append(choices[0] if len(choices) == 1 else ask(group_name(whole), choices))
+        return Variant(part, tuple(labels), copies)
 
     def predict(self, v: Variant) -> tuple[float, Evaluation]:
         """Modelled seconds of `v` (inf when infeasible) and its partition's evaluation."""
@@ -222,6 +244,22 @@ class JointSpace:
         if not ev.feasible:
             return math.inf, ev
         total = ev.total_s
+        if v.copies:
+            for (live, cm, unread), label, cost in zip(
+                recompute.effective(v.partition, v.copies), v.labels, ev.group_costs
+            ):
+                key = (live, cm, unread, label)
+                got = self._recompute_costs.get(key)
+                if got is None:
+                    try:
+                        got = recompute.group_cost(
+                            self.objective.cost_model, self.graph, live, cm, label, unread
+                        ).latency_s
+                    except Exception:  # a failing candidate is infinitely expensive
+                        got = math.inf
+                    self._recompute_costs[key] = got
+                total += got - cost.latency_s
+            return total, ev
         for mask, label, cost in zip(v.partition.masks, v.labels, ev.group_costs):
             if label == realization_of(self.graph, mask):
                 continue

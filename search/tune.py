@@ -69,7 +69,7 @@ class TuneConfig:
     spec: ModelSpec
     dynamic: str  # e.g. "S=128..4096"
     buckets: str = "pow2"  # bucket policy text (planner.plans.buckets.parse_policy)
-    strategy: str = "tpe"
+    strategy: str = "joint-tpe"
     budget_evals: int | None = None
     budget_seconds: float | None = 30.0
     trials: int | None = None  # Optuna trials (tpe / nsga2)
@@ -96,12 +96,12 @@ class Candidate:
     measurement: Measurement | None = None  # the runner's whole record
     labels: tuple[str, ...] | None = None  # each group's realization (None: the rule's)
     found_by: str = ""  # within a joint search: the warm start, enumeration, a trial
+    copies: tuple[tuple[int, int], ...] = ()  # recompute (planner.fusion.recompute)
 
     @property
-    def key(self) -> tuple[Partition, tuple[str, ...]]:
-        return self.partition, self.labels or realizations_of(
-            self.partition.graph, self.partition.masks
-        )
+    def key(self) -> tuple[Partition, tuple[str, ...], tuple[tuple[int, int], ...]]:
+        labels = self.labels or realizations_of(self.partition.graph, self.partition.masks)
+        return self.partition, labels, self.copies
 
 
 @dataclass(frozen=True)
@@ -217,8 +217,8 @@ def search_candidates(
             res = get_strategy(name, **_joint_kwargs(cfg)).plan(graph, objective, budget, cfg.seed)
             if progress is not None:
                 progress(f"  {name}: {res.notes}")
-            for part, labels, pred, found_by in res.extra.get("variants", [])[: cfg.top_k]:
-                c = Candidate(name, part, pred, labels=labels, found_by=found_by)
+            for part, labels, pred, found_by, copies in res.extra.get("variants", [])[: cfg.top_k]:
+                c = Candidate(name, part, pred, labels=labels, found_by=found_by, copies=copies)
                 seen.setdefault(c.key, c)
             continue
         if name == cfg.strategy and cfg.workers > 1:
@@ -270,11 +270,8 @@ def to_measure(cands: list[Candidate], cfg: TuneConfig) -> list[Candidate]:
 
 # Without --trials a joint search samples until the budget, or until it stops finding new
 # plans (its patience), or the space is exhausted: the budget the user gave is what binds.
-JOINT_UNBOUNDED_TRIALS = 1_000_000
-
-
 def _joint_kwargs(cfg: TuneConfig) -> dict[str, Any]:
-    return {"max_trials": cfg.trials or JOINT_UNBOUNDED_TRIALS}
+    return {"max_trials": cfg.trials}
 
 
 def candidate_plan(
@@ -289,7 +286,8 @@ def candidate_plan(
         return plan
     groups = tuple(dataclasses.replace(gp, realization=r) for gp, r in zip(plan.groups, c.labels))
     notes = f"found by {c.found_by}" if c.found_by else plan.notes
-    return dataclasses.replace(plan, groups=groups, predicted_s=c.predicted_s, notes=notes)
+    plan = dataclasses.replace(plan, groups=groups, predicted_s=c.predicted_s, notes=notes)
+    return plan.with_copies(c.copies) if c.copies else plan
 
 
 def _say(msg: str) -> None:
@@ -441,6 +439,7 @@ def _online_update(
         c
         for c in measured
         if c.measured is not None
+        and not c.copies
         and (c.labels is None or c.labels == realizations_of(graph, c.partition.masks))
     ]
     if update is None or not obs:

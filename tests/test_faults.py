@@ -423,7 +423,9 @@ def test_tune_refuses_a_bad_storage_before_searching(tmp_path, capsys, storage, 
     pytest.importorskip("optuna")
     cache = tmp_path / "plans.sqlite"
     argv = ["tune", "--model", "zoo:mlp", "--shape", "D=16,HID=32,L=1", "--dynamic", "B=2..4"]
-    code, err = _cli(capsys, *argv, "--storage", storage, "--cache", str(cache))
+    code, err = _cli(
+        capsys, *argv, "--strategy", "tpe", "--storage", storage, "--cache", str(cache)
+    )
     assert code == 2 and "error:" in err
     import re
 
@@ -438,6 +440,7 @@ def test_tune_refuses_a_bad_storage_before_searching(tmp_path, capsys, storage, 
 def test_a_heartbeat_without_a_database_storage_is_refused(tmp_path, capsys):
     argv = ["tune", "--model", "zoo:mlp", "--shape", "D=16,HID=32,L=1", "--dynamic", "B=2..4"]
     cache = str(tmp_path / "plans.sqlite")
+    argv += ["--strategy", "tpe"]  # the strategy whose studies a storage holds
     code, err = _cli(capsys, *argv, "--heartbeat", "5", "--storage", "journal", "--cache", cache)
     assert code == 2 and "database storages only" in err
 
@@ -454,8 +457,12 @@ def test_plan_refuses_a_bad_storage_instead_of_an_unfused_plan(capsys):
 def test_workers_without_a_shared_storage_are_refused_before_searching(tmp_path, capsys):
     argv = ["tune", "--model", "zoo:mlp", "--shape", "D=16,HID=32,L=1", "--dynamic", "B=2..4"]
     cache = str(tmp_path / "plans.sqlite")
+    code, err = _cli(capsys, *argv, "--workers", "2", "--cache", cache)  # the joint default
+    assert code == 2 and "--workers shares an Optuna study: use --strategy tpe" in err
     for extra in ([], ["--storage", "sqlite"]):
-        code, err = _cli(capsys, *argv, "--workers", "2", *extra, "--cache", cache)
+        code, err = _cli(
+            capsys, *argv, "--strategy", "tpe", "--workers", "2", *extra, "--cache", cache
+        )
         assert code == 2 and "storage the worker processes can share" in err
         assert "bucket(s) over" not in err
 

@@ -23,6 +23,7 @@ from planner.fusion.realization import (
     split_label,
     unmet,
 )
+from planner.fusion.recompute import check_copies
 from planner.hardware import get_spec
 from planner.ir.capture import export_model
 from planner.objective import Objective
@@ -135,8 +136,10 @@ def test_every_point_is_legal_and_labelled_from_its_groups_choices(graph):
     for _ in range(30):
         v = space.sample(lambda name, choices: rng.choice(list(choices)))
         assert check(v.partition, obj.limits).ok
-        for mask, label in zip(v.partition.masks, v.labels):
-            assert label in choices_for(g, mask)
+        assert check_copies(v.partition, v.copies) is None
+        copies = dict(v.copies)
+        for mask, label in zip(v.partition.masks, v.labels):  # a group with its copies
+            assert label in choices_for(g, mask | copies.get(mask, 0))
         assert math.isfinite(space.predict(v)[0])
 
 
@@ -181,7 +184,23 @@ def test_a_joint_strategy_says_what_found_its_plan():
     assert r.extra["found_by"] in r.notes
 
 
+def test_a_joint_search_without_trials_spends_its_budget_and_without_one_stops_at_a_cap():
+    g = zoo_graph("transformer-block")
+    obj = realized_objective()
+    strat = get_strategy("joint-rl", patience=10**6)
+    assert "budget spent" in strat.plan(g, obj, Budget(max_seconds=1.0)).notes
+    assert "; 200 samples;" in strat.plan(g, obj).notes
+
+
 # ---- tune ----------------------------------------------------------------------------------
+def test_tune_searches_the_joint_space_by_default():
+    from cli.main import build_parser
+    from search.tune import TuneConfig
+
+    args = build_parser("tune").parse_args(["tune"])
+    assert args.strategy == TuneConfig.strategy == "joint-tpe"
+
+
 def test_tune_labels_a_plan_a_baseline_also_found_by_the_baseline():
     g = zoo_graph("transformer-block", B=1, S=16, D=32, H=2)
     cands = search_candidates(g, realized_objective(), _cfg(strategy="tpe", trials=8), "b")
@@ -231,11 +250,13 @@ def test_rows_resume_and_the_table_is_computed_from_them(tmp_path):
     assert f"{1e-3 / 2e-3:.3f}" in text  # cell a's joint-tpe ratio to priority
     assert "1/2 cells" in text  # strictly faster than best-of(greedy, priority) on a only
     assert "1/1 cells" in text.split("max-autotune's compile time")[1]
+    assert "| a | — | — | 10 | 20 |" in text  # tuning seconds per strategy, then max-autotune's
 
 
 def test_cells_filter_and_strategies_without_optuna(monkeypatch):
     quick = sm.cells(True, [])
-    assert quick and all(len(c) == 3 for c in quick)
+    assert len(quick) == 2 and all(len(c) == 3 for c in quick)
+    assert quick[0][1].startswith("zoo:") and not quick[1][1].startswith("zoo:")
     llama = sm.cells(False, ["zoo:llama*"])
     assert len(llama) == 1 and llama[0][1] == "zoo:llama-block"
     monkeypatch.setattr(sm, "optuna", None)

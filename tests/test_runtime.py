@@ -155,6 +155,7 @@ SMALL = {
     "resnet-bottleneck": {"B": 2, "C": 16, "HW": 8},
     "conv-bn-relu-maxpool": {"B": 2, "CIN": 3, "C": 8, "HW": 16},
     "conv-bn-relu-2pool": {"B": 2, "CIN": 3, "C": 8, "HW": 16},
+    "shared-act": {"B": 2, "S": 8, "D": 16},
     "pointwise-chain": {"N": 256, "STEPS": 3},
     "mlp": {"B": 4, "D": 16, "HID": 32, "L": 2},
     "matmul": {"M": 8, "K": 4, "N": 6},

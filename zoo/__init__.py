@@ -201,6 +201,21 @@ class ConvBnReluTwoPools(nn.Module):
         return self.maxpool(y), self.avgpool(y)
 
 
+class SharedActivation(nn.Module):
+    """A bias-add and GELU whose result feeds a LayerNorm and a linear head, as a shared
+    activation feeding two heads does: the activation is either written once and read by
+    both, or recomputed inside the head's group (planner.fusion.recompute)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(d) * 0.1)
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = F.gelu(x + self.bias)
+        return self.norm(y), self.head(y)
+
+
 # ---------------------------------------------------------------------------------------
 # Pointwise chain, MLP, single GEMM
 # ---------------------------------------------------------------------------------------
@@ -360,6 +375,13 @@ ZOO: dict[str, ZooModel] = {
                 ((p["B"], p["CIN"], p["HW"], p["HW"]),),
             ),
             _IMG_DIMS,
+        ),
+        ZooModel(
+            "shared-act",
+            "bias-add + GELU feeding LayerNorm || linear head: recompute or materialize",
+            {"B": 8, "S": 512, "D": 768},
+            lambda p: (SharedActivation(p["D"]), _t(p)),
+            _SEQ_DIMS,
         ),
         ZooModel(
             "pointwise-chain",

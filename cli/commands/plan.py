@@ -27,6 +27,9 @@ from cli.common import (
 from cli.search_options import run_search
 from cli.views import group_rows, render_dot, render_html
 from planner.distributed.collectives import collectives
+from planner.fusion.partition import bits
+from planner.fusion.recompute import effective
+from planner.fusion.recompute import group_cost as recompute_cost
 from planner.hardware import get_spec
 from planner.objective import Evaluation, Objective
 from search.cost_models import cost_model_for
@@ -60,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         labels = variants[0][1]
         groups = tuple(dataclasses.replace(g, realization=r) for g, r in zip(plan.groups, labels))
         plan = dataclasses.replace(plan, groups=groups, predicted_s=variants[0][2])
+        plan = plan.with_copies(variants[0][4])
     title = f"{r.spec.label} on {r.device_name} ({r.dtype_name}), strategy {args.strategy}"
     summary = _summary_lines(result, unfused)
     if args.html:
@@ -74,8 +78,15 @@ def run(args: argparse.Namespace) -> int:
         Path(args.save_plan).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
     rows = group_rows(result.partition, result.evaluation)
     labels = {tuple(gp.nodes): gp.realization for gp in plan.groups}
-    for row in rows:  # what the plan records (a joint search chooses labels)
+    copies = {tuple(gp.nodes): gp.recompute for gp in plan.groups if gp.recompute}
+    for row in rows:  # what the plan records (a joint search chooses labels and copies)
         row["realization"] = labels.get(tuple(row["nodes"]), row["realization"])
+        if tuple(row["nodes"]) in copies:
+            row["recompute"] = [graph.nodes[i].name for i in copies[tuple(row["nodes"])]]
+            row["ops"] = [*row["ops"], *(f"+{n}" for n in row["recompute"])]
+    if copies:  # each group priced with its copies and the results no longer written
+        _reprice(rows, result.partition, plan, objective)
+        summary.append(f"with recompute {fmt.time_s(plan.predicted_s)} (+name: a recomputed op)")
     payload = {
         "model": r.spec.label,
         "device": r.device_name,
@@ -97,6 +108,20 @@ def run(args: argparse.Namespace) -> int:
             summary.append(tp_text)
     emit(args, payload, _table(title, rows, summary))
     return 0
+
+
+def _reprice(rows: list[dict[str, Any]], part: Any, plan: Any, objective: Objective) -> None:
+    """Rows' time, bound and bytes as planner.fusion.recompute prices each group."""
+    by_nodes = {
+        tuple(sorted(bits(m))): e for m, e in zip(part.masks, effective(part, plan.copies()))
+    }
+    labels = {tuple(gp.nodes): gp.realization for gp in plan.groups}
+    for row in rows:
+        live, cm, unread = by_nodes[tuple(row["nodes"])]
+        cost = recompute_cost(objective.cost_model, part.graph, live, cm,
+                              labels.get(tuple(row["nodes"])) or None, unread)  # fmt: skip
+        row.update(predicted_s=cost.latency_s, bound=cost.bound, bytes_in=cost.bytes_in,
+                   bytes_out=cost.bytes_out, flops=cost.flops)  # fmt: skip
 
 
 def _totals(result: SearchResult, unfused: Evaluation) -> dict[str, Any]:

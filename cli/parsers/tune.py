@@ -56,7 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="pow2",
         help="bucket policy: pow2 (powers of two) or edges:a,b,c (explicit upper edges)",
     )
-    p.add_argument("--strategy", default="tpe", choices=sorted(STRATEGY_NAMES))
+    p.add_argument(
+        "--strategy",
+        default="joint-tpe",
+        choices=sorted(STRATEGY_NAMES),
+        help="search strategy (joint-tpe: partition and per-group realization together; "
+        "tpe: the contested merges only, needed for --storage/--workers)",
+    )
     p.add_argument("--budget-evals", type=positive_int, default=None, help="objective evaluations")
     p.add_argument(
         "--budget-seconds", type=positive_float, default=30.0, help="search seconds per bucket"

@@ -24,15 +24,20 @@ SCHEMA_VERSION = 1
 @dataclass(frozen=True)
 class GroupPlan:
     """One group: its nodes, how it runs (planner.fusion.realization; "" = not recorded, derived
-    by the rule when realized) and its predicted latency."""
+    by the rule when realized), its predicted latency, and the ops of other groups it
+    recomputes from their inputs instead of reading their results (planner.fusion.recompute;
+    absent from records written before recompute existed, which load with none)."""
 
     nodes: tuple[int, ...]
     realization: str = ""
     predicted_s: float = 0.0
+    recompute: tuple[int, ...] = ()  # ops of other groups this one recomputes
 
     def __post_init__(self) -> None:
         if self.realization and self.realization not in LABELS:
             raise PlanError(f"unknown realization {self.realization!r}; use one of {LABELS}")
+        if set(self.recompute) & set(self.nodes):
+            raise PlanError("a group recomputes one of its own ops")
 
 
 def versions() -> dict[str, str]:
@@ -148,12 +153,35 @@ class Plan:
             **kw,
         )
 
+    def copies(self) -> tuple[tuple[int, int], ...]:
+        """(group mask, copy mask) per group that recomputes ops of others, by group mask
+        (planner.fusion.recompute.Copies)."""
+        out = []
+        for gp in self.groups:
+            if gp.recompute:
+                out.append((sum(1 << i for i in gp.nodes), sum(1 << i for i in gp.recompute)))
+        return tuple(sorted(out))
+
+    def with_copies(self, copies: tuple[tuple[int, int], ...]) -> Plan:
+        """This plan with each group's recomputed ops set from `copies` (by group mask)."""
+        by_mask = dict(copies)
+        groups = []
+        for gp in self.groups:
+            c = by_mask.get(sum(1 << i for i in gp.nodes), 0)
+            groups.append(
+                replace(gp, recompute=tuple(i for i in range(c.bit_length()) if c >> i & 1))
+            )
+        return replace(self, groups=tuple(groups))
+
     @property
     def n_groups(self) -> int:
         return len(self.groups)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        for g in d["groups"]:  # a group without copies is written as before recompute
+            if not g["recompute"]:
+                del g["recompute"]
         d["schema"] = SCHEMA_VERSION
         return d
 
@@ -166,7 +194,12 @@ class Plan:
         d = {k: v for k, v in data.items() if k != "schema"}
         try:
             d["groups"] = tuple(
-                GroupPlan(tuple(g["nodes"]), g.get("realization") or "", g["predicted_s"])
+                GroupPlan(
+                    tuple(g["nodes"]),
+                    g.get("realization") or "",
+                    g["predicted_s"],
+                    tuple(int(i) for i in g.get("recompute") or ()),
+                )
                 for g in d["groups"]
             )
             return cls(**d)

@@ -17,14 +17,15 @@ bookkeeping, which is where realization bugs would hide:
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 
 from planner.errors import PlanError
-from planner.fusion.partition import Partition
+from planner.fusion.partition import Partition, bits
+from planner.fusion.recompute import Copies, check_copies, dead
 from planner.ir.capture import _SKIP_TARGETS, Captured
 from planner.ir.graph import OpGraph
 
@@ -57,6 +58,8 @@ class ProgramParts:
     group_of: dict[str, int]  # FX node name -> group index, for nodes inside groups
     op_names: tuple[str, ...]  # op_names[i] = FX name of OpGraph node i
     by_name: dict[str, fx.Node]  # every FX node of the program by name
+    copied_into: dict[str, tuple[int, ...]] = field(default_factory=dict)  # name -> groups
+    dead: frozenset[str] = frozenset()  # copied ops their home group does not run
 
 
 def _is_op_node(node: fx.Node) -> bool:
@@ -111,8 +114,12 @@ def _state_of(program: torch.export.ExportedProgram) -> tuple[tuple[str, ...], d
     return tuple(user), state
 
 
-def take_apart(captured: Captured, partition: Partition) -> ProgramParts:
-    """Map every FX node of the program onto the partition's groups (see module doc)."""
+def take_apart(captured: Captured, partition: Partition, copies: Copies = ()) -> ProgramParts:
+    """Map every FX node of the program onto the partition's groups (see module doc), and
+    the ops `copies` recompute (planner.fusion.recompute) onto the groups that copy them."""
+    why = check_copies(partition, copies) if copies else None
+    if why:
+        raise PlanError(f"the plan's recompute is not legal: {why}")
     program = captured.program
     gm = program.graph_module
     names = op_node_names(captured.graph, gm)
@@ -132,7 +139,13 @@ def take_apart(captured: Captured, partition: Partition) -> ProgramParts:
         raise PlanError("the program's outputs do not match its signature")
     outputs = tuple(v for v, k in zip(flat, kinds) if k == "USER_OUTPUT")
     by_name = {n.name: n for n in gm.graph.nodes}
-    return ProgramParts(gm, user, state, outputs, group_of, names, by_name)
+    index = {m: g for g, m in enumerate(partition.masks)}
+    copied_into: dict[str, tuple[int, ...]] = {}
+    for gm_mask, cm in copies:
+        for i in bits(cm):
+            copied_into[names[i]] = (*copied_into.get(names[i], ()), index[gm_mask])
+    gone = frozenset(names[i] for i in bits(dead(partition, copies))) if copies else frozenset()
+    return ProgramParts(gm, user, state, outputs, group_of, names, by_name, copied_into, gone)
 
 
 def _fake_of(node: fx.Node) -> Any:
@@ -189,15 +202,31 @@ def group_graphs(
     only group `only`'s (a one-element list) when given."""
     members: list[list[fx.Node]] = [[] for _ in partition.groups]
     symbol_nodes = _symbol_nodes(parts.gm)
-    for node in parts.gm.graph.nodes:
+    for node in parts.gm.graph.nodes:  # program order: copies land before their users
         g = parts.group_of.get(node.name)
-        if g is not None:
+        if g is not None and node.name not in parts.dead:
             members[g].append(node)
+        for c in parts.copied_into.get(node.name, ()):
+            members[c].append(node)
+    computed = [{n.name for n in nodes} for nodes in members]
+
+    def read_elsewhere(n: fx.Node, g: int) -> bool:
+        """Whether a user of `n` (a member of group g) reads it from memory."""
+        for u in n.users:
+            if u.name not in parts.group_of:
+                return True  # the top level: a model output or a free node
+            users = [] if u.name in parts.dead else [parts.group_of[u.name]]
+            users += parts.copied_into.get(u.name, ())
+            if any(h != g and n.name not in computed[h] for h in users):
+                return True
+        return False
+
     out: list[GroupGraph] = []
     for g, nodes in enumerate(members):
         if only is not None and g != only:
             continue
-        inside = {n.name for n in nodes}
+        inside = computed[g]
+        copies = {n.name for n in nodes if g in parts.copied_into.get(n.name, ())}
         sub = fx.Graph()
         env: dict[fx.Node, fx.Node] = {}
         inputs: list[fx.Node] = []
@@ -215,7 +244,7 @@ def group_graphs(
         for n in nodes:
             env[n] = sub.node_copy(n, env.__getitem__)
             env[n].meta = dict(n.meta)
-        outputs = [n for n in nodes if any(u.name not in inside for u in n.users)]
+        outputs = [n for n in nodes if n.name not in copies and read_elsewhere(n, g)]
         for n in outputs:
             if not isinstance(n.meta.get("val"), torch.Tensor):
                 raise PlanError(
@@ -315,6 +344,8 @@ def build_top(
 
     for gi in order:
         ins, outs_g = calls[gi]
+        if not outs_g:  # every op of the group is recomputed where it is needed
+            continue
         call = g.call_function(runners[gi], tuple(value(a) for a in ins))
         for j, out in enumerate(outs_g):
             env[out] = g.call_function(operator.getitem, (call, j))

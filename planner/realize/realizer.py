@@ -733,9 +733,13 @@ def realize(
     asked = _requested(graph, partition, plan_or_partition, realizations)
     wanted = list(asked)
     substituted = _honoured(graph, partition, wanted)
-    parts = take_apart(captured, partition)
+    copies = plan_or_partition.copies() if isinstance(plan_or_partition, Plan) else ()
+    parts = take_apart(captured, partition, copies)
     dev = _device_of(parts, captured, device)
     groups: list[GroupGraph] = group_graphs(parts, partition)
+    for gg in groups:  # every op recomputed where needed: nothing to compile, never called
+        if not gg.outputs:
+            wanted[gg.index] = "eager"
     order = group_order(parts, groups)
     compile_group = compiler or inductor_compiler()
     # an injected compiler (tests) compiles every mode; else Inductor with the mode's options

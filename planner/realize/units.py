@@ -495,6 +495,8 @@ def reference_values(
                 keep.add(node.name)
             elif isinstance(node.meta.get("val"), torch.SymInt):
                 keep.add(node.name)  # a size a group may take as an input of its own
+            if node.name in parts.copied_into:  # recomputed elsewhere: from its inputs
+                keep.update(a.name for a in node.all_input_nodes)
     keep |= {v.name for v in parts.outputs if isinstance(v, fx.Node)}
     user = dict(zip(parts.user_inputs, inputs))
     args = [

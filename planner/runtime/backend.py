@@ -472,7 +472,7 @@ class _PlannedGraph:
         if fn is not None:
             return fn, None
         plan = result.plan or self._default
-        if plan is None or all(len(g.nodes) == 1 for g in plan.groups):
+        if plan is None or all(len(g.nodes) == 1 and not g.recompute for g in plan.groups):
             # Nothing fused (no fuse_rules, or nothing to fuse): dynamo's graph is that
             # plan already, without paying for a realization.
             self._realized[key] = self._eager

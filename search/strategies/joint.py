@@ -3,11 +3,15 @@
 The space is search/joint_space.py's (partition decisions, merge moves, one realization
 label per group), searched by search/joint_search.py. The partition of the result is the
 best point's; `SearchResult.extra["variants"]` ranks every distinct point found as
-(partition, labels, predicted seconds, found by) rows, best first (priority's warm start
+(partition, labels, predicted seconds, found by, copies) rows, best first (priority's warm start
 always among them), which the tune loop
 realizes with their labels and measures, and `extra["found_by"]` says what found the
 best (priority's warm start, enumeration, a trial or an episode). `joint-tpe` and
 `joint-nsga2` need optuna; `joint-rl` does not.
+
+`max_trials` (samples) defaults to the budget: with a budget in seconds or evaluations
+the search runs until it is spent (or `patience` samples in a row find no new plan, or
+the space is exhausted); with no budget at all, 200 samples.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from search.joint_search import WARM, JointOutcome, best_partition, describe, ru
 from search.optuna_storage import require_optuna
 from search.strategy import Budget, Clock, SearchResult, Strategy, register
 
+DEFAULT_TRIALS = 200  # samples when neither trials nor a budget bound the search
+UNBOUNDED_TRIALS = 1_000_000
+
 
 class _Joint(Strategy):
     method = ""
@@ -30,7 +37,7 @@ class _Joint(Strategy):
     def __init__(
         self,
         *,
-        max_trials: int = 200,
+        max_trials: int | None = None,
         patience: int = 60,
         enumerate_up_to: int = 64,
         keep: int = 16,
@@ -47,9 +54,12 @@ class _Joint(Strategy):
     def search(
         self, graph: OpGraph, objective: Objective, clock: Clock, seed: int
     ) -> tuple[Partition, bool, str]:
-        self._out = out = run_joint(
-            graph, objective, clock, method=self.method, seed=seed, **self.options
-        )
+        opts = dict(self.options)
+        if opts["max_trials"] is None:  # a budget bounds the search; without one, a cap
+            b = clock.budget
+            bounded = b.max_evals is not None or b.max_seconds is not None
+            opts["max_trials"] = UNBOUNDED_TRIALS if bounded else DEFAULT_TRIALS
+        self._out = out = run_joint(graph, objective, clock, method=self.method, seed=seed, **opts)
         return best_partition(graph, out), out.complete, describe(out)
 
     def plan(
@@ -66,7 +76,10 @@ class _Joint(Strategy):
             return result
         kept = out.ranked[: self.keep]
         kept += [f for f in out.ranked[self.keep :] if f.found_by == WARM]
-        rows = [(f.variant.partition, f.variant.labels, f.predicted_s, f.found_by) for f in kept]
+        rows = [
+            (f.variant.partition, f.variant.labels, f.predicted_s, f.found_by, f.variant.copies)
+            for f in kept
+        ]
         extra = {"variants": rows, "found_by": out.best.found_by, "exhausted": out.exhausted}
         return dataclasses.replace(result, extra=extra)
 
