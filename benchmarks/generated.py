@@ -342,7 +342,12 @@ GENERATED: tuple[Generated, ...] = (
     ),
     *(
         Generated(f"benchmarks/results/{n}.md", _stream(n), _stream_cmd(n))
-        for n in ("runtime_stream_cpu", "runtime_stream_h100", "runtime_stream_tuned_h100")
+        for n in (
+            "runtime_stream_cpu",
+            "runtime_stream_h100",
+            "runtime_stream_tuned_h100",
+            "runtime_stream_gpt2_tuned_h200",
+        )
     ),
     Generated(
         "benchmarks/results/real_models_h100.md",

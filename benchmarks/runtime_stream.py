@@ -488,6 +488,20 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             f"{' Fallback reasons:' + reasons if reasons else ''}\n"
         )
     loaded = sorted({m for r in results if "modules" in r for m, v in r["modules"].items() if v})
+    by_eager = {
+        m
+        for r in results
+        if r.get("contender") == "eager"
+        for m, v in r.get("modules", {}).items()
+        if v
+    }
+    loaded_text = (
+        ", ".join(
+            f"{m} (by eager too: the model's own imports)" if m in by_eager else m for m in loaded
+        )
+        if loaded
+        else "neither"
+    )
     cache_mode = (
         f"`--cache {meta['cache']}`: plans tuned beforehand (fusion-plan tune)"
         if meta["cache"]
@@ -519,7 +533,7 @@ Produced by `{meta["command"]}` on {meta["date"]}.
 - Stream: {len(lengths)} calls, {meta["dim"]} in {meta["seq"][0]}..{meta["seq"][1]} (log-normal, seed {meta["seed"]}): {len(set(lengths))} distinct lengths in {len(buckets)} pow2 buckets. Each contender runs it {meta["passes"]} times: pass 1 cold, the later passes are the steady state (their median).
 - Plan cache (planner): {cache_mode}.
 - Each contender ran in {where}, with {ind_cache}.
-- optuna / scikit-learn loaded by a contender: {", ".join(loaded) if loaded else "neither"}.
+- optuna / scikit-learn loaded by a contender: {loaded_text}.
 
 | contender | pass 1 s | steady pass s | steady speedup vs eager | pass 1 - steady s | first call s | first call per bucket, sum s | calls that compiled (their time) | steady median ms/call | dynamo compiles (recompiles) | Inductor graphs compiled | planner realizations | max abs err vs eager |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|
