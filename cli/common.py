@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,33 @@ from zoo import modelspec
 from zoo.modelspec import ModelSpec
 
 
-def apply_threads(args: argparse.Namespace) -> None:
+def busy_cpu() -> tuple[float, int] | None:
+    """(1-minute load average, cores) when the host's runnable threads already fill its
+    cores, else None (also where the OS does not report a load)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = os.cpu_count() or 1
+    return (load, cores) if load >= cores - 0.5 else None
+
+
+def apply_threads(args: argparse.Namespace, times_on_cpu: bool = False) -> None:
+    """--threads when given. Without it, a command that times on the CPU of a busy host
+    (`busy_cpu`) times with one intra-op thread and says so: several threads each
+    waiting for a busy core stretch a call to tens of milliseconds at random, which
+    turns every speed-up into noise; one thread is steadier."""
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
+        return
+    busy = busy_cpu() if times_on_cpu else None
+    if busy is not None and torch.get_num_threads() > 1:
+        torch.set_num_threads(1)
+        print(
+            f"note: this machine is busy (load {busy[0]:.1f} on {busy[1]} cores): timing with "
+            "1 CPU thread, which is steadier here; --threads N sets the count",
+            file=sys.stderr,
+        )
 
 
 def check_local_device(args: argparse.Namespace) -> str:

@@ -127,7 +127,8 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         help="torch CPU threads while measuring (1 is steadier on a busy host; "
-        "default: torch's, one per core)",
+        "default: torch's, one per core, or 1 when timing on the CPU of a host whose load "
+        "already fills its cores)",
     )
 
 

@@ -26,8 +26,8 @@ TIMER = {"warmup": 5, "min_reps": 20, "max_reps": 300, "max_seconds": 10.0}
 
 
 def run(args: argparse.Namespace) -> int:
-    apply_threads(args)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    apply_threads(args, times_on_cpu=dev.type == "cpu")
     args.device = check_local_device(args)
     r = resolve(args)
     module, inputs = r.spec.build(dtype=r.dtype, device=dev)

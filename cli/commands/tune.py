@@ -30,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
         require_dot()
         check_writable(args.report)
     device = check_local_device(args)
-    apply_threads(args)
     gpu = device != "cpu"
+    apply_threads(args, times_on_cpu=not gpu)
     dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
     spec = resolve(args.model, args.shape)
     cost_model = cost_model_for(args.cost_model, device)
