@@ -21,14 +21,16 @@ from zoo.modelspec import ModelSpec
 
 
 def busy_cpu() -> tuple[float, int] | None:
-    """(1-minute load average, cores) when the host's runnable threads already fill its
-    cores, else None (also where the OS does not report a load)."""
+    """(1-minute load average, cores) when other work already keeps at least half the
+    host's cores busy, else None (also where the OS does not report a load). On a 2-core
+    host a load of 1.2 was enough to spread two-thread timings by +-80% where one thread
+    kept them within 3% (docs/measurement.md)."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
     cores = os.cpu_count() or 1
-    return (load, cores) if load >= cores - 0.5 else None
+    return (load, cores) if load >= max(1.0, cores / 2) else None
 
 
 def apply_threads(args: argparse.Namespace, times_on_cpu: bool = False) -> None:

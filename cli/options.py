@@ -128,7 +128,7 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
         default=None,
         help="torch CPU threads while measuring (1 is steadier on a busy host; "
         "default: torch's, one per core, or 1 when timing on the CPU of a host whose load "
-        "already fills its cores)",
+        "keeps half its cores busy)",
     )
 
 
