@@ -22,9 +22,8 @@ from zoo.modelspec import ModelSpec
 
 def busy_cpu() -> tuple[float, int] | None:
     """(1-minute load average, cores) when other work already keeps at least half the
-    host's cores busy, else None (also where the OS does not report a load). On a 2-core
-    host a load of 1.2 was enough to spread two-thread timings by +-80% where one thread
-    kept them within 3% (docs/measurement.md)."""
+    host's cores busy, else None (also where the OS does not report a load); why half:
+    docs/measuring.md."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
