@@ -634,6 +634,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--redo", action="store_true", help="re-measure cells already in the jsonl")
     p.add_argument(
+        "--tree",
+        default=None,
+        help="the commit the code is at, recorded in each row (and so in the command list): "
+        "on a machine that runs a copy of a working tree, git cannot say",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="also record each contender's kernels (torch.profiler) in the row",
@@ -696,6 +702,8 @@ def main(argv: list[str] | None = None) -> int:
                 "errors": {"cell": f"{type(e).__name__}: {e}"},
             }
         row["command"] = command
+        if args.tree:
+            row["tree"] = args.tree
         row["cell_s"] = time.perf_counter() - t_cell
         longest_s = max(longest_s, row["cell_s"])
         with jsonl.open("a") as f:
