@@ -1,26 +1,16 @@
-"""Attention inside a compiled group runs the library kernel eager would run.
+"""Attention inside a compiled group runs the library kernel on a mask it accepts.
 
-Inductor lowers `scaled_dot_product_attention` by the backend choice it makes on fake
-tensors when it traces a group. For some models that choice is the math fallback: on the
-H200 a Hugging Face ViT-B/16 (197 tokens) compiled its attention, in `torch.compile` and in
-the planner's compiled groups alike, into float32 GEMMs and a separate softmax, about 2.5x
-eager's cuDNN attention kernel on the same inputs.
-
-Here each `aten.scaled_dot_product_attention` node of a group that Inductor will compile
-on CUDA is replaced by `fusion_planner::attention`, an operator Inductor cannot decompose:
-at run time it calls `torch.nn.functional.scaled_dot_product_attention`, which picks its
-kernel on the real tensors, as eager does. Its output has the layout the fused kernels
-write (4-D attention: (batch, tokens, heads, dim) in memory, seen as (batch, heads,
-tokens, dim)), so the usual transpose and reshape after it are views; an output that
-comes back otherwise (the math kernel) is copied into that layout.
-
-A model traced by dynamo may hand attention an explicit mask where eager passes none:
-Hugging Face's ViT builds an all-true (1, 1, 197, 197) boolean mask, broadcast along its
-last dimension (stride 0). With that mask the dispatcher picks the math kernel (497 µs at
-B=32 on the H200, against 81 µs for cuDNN with the same mask made dense, and 41 µs with
-none), so the operator makes such a mask dense before the call. Where a group's outputs
-keep eager's strides (a plan realized over a shape range), an attention whose output
-leaves the group keeps Inductor's lowering.
+Each `aten.scaled_dot_product_attention` node of a group that Inductor will compile on CUDA
+is replaced by `fusion_planner::attention`, an operator Inductor cannot decompose: at run
+time it calls `torch.nn.functional.scaled_dot_product_attention`, which picks its kernel
+on the real tensors. A mask broadcast along its last dimension (stride 0 there), which
+the fused kernels refuse, is made dense first, so such a call is not sent to the math
+kernel. The output has the layout the fused kernels write (4-D attention: (batch, tokens,
+heads, dim) in memory, seen as (batch, heads, tokens, dim)), so the usual transpose and
+reshape after it are views; an output that comes back otherwise (the math kernel) is
+copied into that layout. Where a group's outputs keep eager's strides (a plan realized
+over a shape range), an attention whose output leaves the group keeps Inductor's
+lowering. Why: docs/realization.md.
 """
 
 from __future__ import annotations
@@ -58,9 +48,9 @@ def attention(
     scale: float | None,
     enable_gqa: bool,
 ) -> torch.Tensor:
-    """`scaled_dot_product_attention` as eager runs it, in the layout `_layout_of` says. A
-    mask broadcast along its last dimension (stride 0 there) is made dense first: the
-    fused kernels refuse such a mask and the call would fall to the math kernel."""
+    """`scaled_dot_product_attention` in the layout `_layout_of` says, a mask broadcast
+    along its last dimension (stride 0 there) made dense first: the fused kernels refuse
+    such a mask, and the call would fall to the math kernel."""
     kwargs = {"enable_gqa": True} if enable_gqa else {}
     if attn_mask is not None and attn_mask.dim() and attn_mask.stride(-1) != 1:
         attn_mask = attn_mask.contiguous()
