@@ -4,10 +4,14 @@ the plan the backend realizes, and what each attention group runs as.
     PYTHONPATH=. python benchmarks/probes/attention_lowering.py --model vit --shape B=1,IMG=224
 
 Prints, for `export_model`'s capture and for the graph the `torch.compile` backend
-realizes (`--cache`'s plan, else the default plan of an empty cache), the attention-related ops (any op whose name
-holds attention, softmax, bmm or matmul) and, per realized group holding one, its
-realization, its note and its ops. Then the device kernels of one call under
-torch.profiler whose names hold gemm/sdpa/softmax/attention/fmha. JSON lines to --out.
+realizes (`--cache`'s plan, else the default plan of an empty cache), the
+attention-related ops (any op whose name holds attention, softmax, bmm or matmul) and,
+per realized group holding one, its realization, its note and its ops; the attention
+calls eager and each realized plan dispatch, with their masks and the kernel the
+dispatcher picks for them (`eager_dispatched`, `plan_dispatched`); what the planner's
+attention operator passes on to the library call (`plan_sdpa_calls`: shapes, strides,
+the dispatcher's choice); and the device kernels of one call under torch.profiler whose
+names hold gemm/sdpa/softmax/attention/fmha/flash/nvjet. JSON lines to --out.
 """
 
 from __future__ import annotations
