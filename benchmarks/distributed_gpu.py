@@ -531,6 +531,57 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+def run_jobs(
+    path: Path,
+    jobs: list[tuple[str, Any]],
+    meta: dict[str, Any],
+    deadline: float,
+    report: Any = None,
+) -> None:
+    """Run each (key, job) not yet recorded as ok in `path`, while more than 15 s remain
+    before `deadline` (time.monotonic()); `job(seconds_left)` returns the row's fields. Each
+    row (key, `meta`, ok or the error and traceback, elapsed_s) is appended as it ends, so
+    a call cut short resumes where it stopped; `report(row)` may print more about it."""
+    done = load_rows(path)
+    for key, job in jobs:
+        if done.get(key, {}).get("ok"):
+            print(f"[skip] {key}: already in {path}", flush=True)
+            continue
+        left = deadline - time.monotonic()
+        if left < 15:
+            print(f"[stop] time limit reached before {key}", flush=True)
+            break
+        print(f"[run ] {key} ({left:.0f} s left)", flush=True)
+        t0 = time.monotonic()
+        row: dict[str, Any] = {"key": key, **meta}
+        try:
+            row.update(job(max(10.0, left - 5)))
+            row["ok"] = True
+        except Exception as e:
+            row["ok"] = False
+            row["error"] = f"{type(e).__name__}: {e}"[-4000:]
+            row["traceback"] = traceback.format_exc()[-4000:]
+        row["elapsed_s"] = time.monotonic() - t0
+        append_row(path, row)
+        print(
+            f"[{'done' if row['ok'] else 'FAIL'}] {key} in {row['elapsed_s']:.1f} s"
+            + ("" if row["ok"] else f": {row['error'][:500]}"),
+            flush=True,
+        )
+        if report is not None and row["ok"]:
+            report(row)
+
+
+def _report_tp(row: dict[str, Any]) -> None:
+    if row["key"].startswith("tp:"):
+        t = row["timing"]
+        print(
+            f"       chosen {row['chosen']}; "
+            + ", ".join(f"{n} {v['median_s'] * 1e6:.1f}us" for n, v in t.items() if "T_" not in n),
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -562,41 +613,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs.append(
                 (key, lambda t, shape=shape: tp_row(a, shape, load_rows(path), min(t, 300.0)))
             )
-    done = load_rows(path)
-    for key, job in jobs:
-        if done.get(key, {}).get("ok"):
-            print(f"[skip] {key}: already in {path}", flush=True)
-            continue
-        left = deadline - time.monotonic()
-        if left < 15:
-            print(f"[stop] time limit reached before {key}", flush=True)
-            break
-        print(f"[run ] {key} ({left:.0f} s left)", flush=True)
-        t0 = time.monotonic()
-        row: dict[str, Any] = {"key": key, **meta}
-        try:
-            row.update(job(max(10.0, left - 5)))
-            row["ok"] = True
-        except Exception as e:
-            row["ok"] = False
-            row["error"] = f"{type(e).__name__}: {e}"[-4000:]
-            row["traceback"] = traceback.format_exc()[-4000:]
-        row["elapsed_s"] = time.monotonic() - t0
-        append_row(path, row)
-        print(
-            f"[{'done' if row['ok'] else 'FAIL'}] {key} in {row['elapsed_s']:.1f} s"
-            + ("" if row["ok"] else f": {row['error'][:500]}"),
-            flush=True,
-        )
-        if row["ok"] and key.startswith("tp:"):
-            t = row["timing"]
-            print(
-                f"       chosen {row['chosen']}; "
-                + ", ".join(
-                    f"{n} {v['median_s'] * 1e6:.1f}us" for n, v in t.items() if "T_" not in n
-                ),
-                flush=True,
-            )
+    run_jobs(path, jobs, meta, deadline, report=_report_tp)
     md = markdown(load_rows(path), meta)
     (a.out / "results.md").write_text(md)
     print(md)

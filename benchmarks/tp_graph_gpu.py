@@ -26,7 +26,6 @@ import copy
 import math
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import parallelize_module
 
-from benchmarks.distributed_gpu import all_reduce_fn, all_reduce_model, append_row, load_rows
+from benchmarks.distributed_gpu import all_reduce_fn, all_reduce_model, load_rows, run_jobs
 from learned_cost.analytical import AnalyticalModel
 from planner.distributed import parallel_models as pm
 from planner.distributed.parallel_models import TPBlock
@@ -217,37 +216,20 @@ def main(argv: list[str] | None = None) -> int:
         ar = all_reduce_model({}, a.backend, a.world_size)
         meta = {"backend": a.backend, "world_size": a.world_size, "torch": torch.__version__}
         meta["dtype"], meta["compile"] = a.dtype, a.compile
-        for shape in a.shapes:
-            key = f"tp-graph:{'x'.join(map(str, shape))}:{a.dtype}:{a.backend}"
-            if load_rows(path).get(key, {}).get("ok"):
-                print(f"[skip] {key}: already in {path}", flush=True)
-                continue
-            left = deadline - time.monotonic()
-            if left < 15:
-                print(f"[stop] time limit reached before {key}", flush=True)
-                break
-            print(f"[run ] {key} ({left:.0f} s left)", flush=True)
-            row: dict[str, Any] = {"key": key, **meta}
-            t0 = time.monotonic()
-            try:
-                args = (list(shape), a.dtype, a.reps, a.compile, ar)
-                row.update(
-                    run_ranks(
-                        a.world_size,
-                        "benchmarks.tp_graph_gpu:tp_graph_rank",
-                        args,
-                        timeout_s=min(300.0, max(10.0, left - 5)),
-                        backend=a.backend,
-                    )
-                )
-                row["ok"] = True
-            except Exception as e:
-                row["ok"], row["error"] = False, f"{type(e).__name__}: {e}"[-4000:]
-                row["traceback"] = traceback.format_exc()[-4000:]
-            row["elapsed_s"] = time.monotonic() - t0
-            append_row(path, row)
-            status = "done" if row["ok"] else f"FAIL: {row['error'][:300]}"
-            print(f"[{status}] {key} in {row['elapsed_s']:.1f} s", flush=True)
+        jobs = [
+            (
+                f"tp-graph:{'x'.join(map(str, shape))}:{a.dtype}:{a.backend}",
+                lambda t, shape=shape: run_ranks(
+                    a.world_size,
+                    "benchmarks.tp_graph_gpu:tp_graph_rank",
+                    (list(shape), a.dtype, a.reps, a.compile, ar),
+                    timeout_s=min(300.0, t),
+                    backend=a.backend,
+                ),
+            )
+            for shape in a.shapes
+        ]
+        run_jobs(path, jobs, meta, deadline)
     md = markdown(load_rows(path))
     table.write_text(md)
     print(md)
