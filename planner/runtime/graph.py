@@ -157,37 +157,31 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
         if not node.users:  # e.g. the stride of a size-1 dimension: nothing reads it
             continue
         expr = _sym_expr(fake)
-        hit = next(
+        for op, values in (
+            (torch.ops.aten.sym_size.int, lambda t: getattr(t, "shape", ())),
             (
-                (ui, axis)
-                for ui, (_, _, uf) in enumerate(user)
-                for axis, size in enumerate(getattr(uf, "shape", ()))
-                if expr is not None and _sym_expr(size) == expr
+                torch.ops.aten.sym_stride.int,
+                lambda t: t.stride() if isinstance(t, torch.Tensor) else (),
             ),
-            None,
-        )
-        if hit is not None:
-            ui, axis = hit
-            env[node] = g.call_function(torch.ops.aten.sym_size.int, (user[ui][1], axis))
-            continue
-        stride = next(
-            (
-                (ui, axis)
-                for ui, (_, _, uf) in enumerate(user)
-                if isinstance(uf, torch.Tensor)
-                for axis, st in enumerate(uf.stride())
-                if expr is not None and _sym_expr(st) == expr
-            ),
-            None,
-        )
-        if stride is None:
+        ):
+            hit = next(
+                (
+                    (ui, axis)
+                    for ui, (_, _, uf) in enumerate(user)
+                    for axis, v in enumerate(values(uf))
+                    if expr is not None and _sym_expr(v) == expr
+                ),
+                None,
+            )
+            if hit is not None:
+                env[node] = g.call_function(op, (user[hit[0]][1], hit[1]))
+                break
+        else:
             raise LiftError(
                 f"size input {node.name} ({expr}) is neither a dimension nor a stride of any "
                 "user tensor (an int argument to forward?): the runtime plans tensor shapes "
                 "only"
             )
-        ui, axis = stride
-        env[node] = g.call_function(torch.ops.aten.sym_stride.int, (user[ui][1], axis))
     for ui, (_, _, uf) in enumerate(user):
         for axis, size in enumerate(getattr(uf, "shape", ())):
             if _sym_expr(size) is not None and not _sym_expr(size).is_number:
