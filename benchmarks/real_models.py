@@ -158,10 +158,11 @@ def tune_cell(m: SuiteModel, shape: dict[str, int], args: Any, db: str) -> dict[
     """`fusion-plan tune` of the cell's shape into `db`, in a subprocess: one bucket
     (v/2, v] of `served_dim` whose representative is the cell's size, or the cell's one
     shape."""
-    d = served_dim(m, shape, args.bucket) or m.dim
+    bucketed = served_dim(m, shape, args.bucket)
+    d = bucketed or m.dim
     fixed = ",".join(f"{k}={v}" for k, v in shape.items() if k != d)
     v = shape[d]
-    lo = max(2, v // 2 + 1) if served_dim(m, shape, args.bucket) else v
+    lo = max(2, v // 2 + 1) if bucketed else v
     cmd = [
         sys.executable,
         "-m",
