@@ -126,3 +126,72 @@ def test_a_mask_broadcast_along_its_last_dimension_is_made_dense(monkeypatch):
     got = torch.ops.fusion_planner.attention(q, k, v, mask, 0.0, False, None, False)
     torch.testing.assert_close(got, sdpa(q, k, v, mask), equal_nan=True)
     assert seen[-1].stride()[-1] == 1 and torch.equal(seen[-1], mask)
+
+
+class _Biased(torch.nn.Module):
+    """T5-style attention: an additive position bias looked up as (S, S, heads) and
+    permuted to (1, heads, S, S), so the mask is not contiguous along keys."""
+
+    def __init__(self, d: int = 32, h: int = 4, s: int = 13):
+        super().__init__()
+        self.h = h
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, d, bias=False) for _ in range(3))
+        self.bias = torch.nn.Embedding(2 * s, h)
+        self.register_buffer("pos", torch.arange(s)[None, :] - torch.arange(s)[:, None] + s)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (p(x).view(b, s, self.h, d // self.h).transpose(1, 2) for p in self.qkv)
+        mask = self.bias(self.pos).permute(2, 0, 1).unsqueeze(0)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, scale=1.0)
+        return (o * 2.0).sum(1)
+
+
+def test_an_eager_groups_attention_gets_its_permuted_mask_dense(monkeypatch):
+    """In a group the plan runs eagerly, an attention whose mask is not contiguous along
+    keys runs as the operator (the fused kernels refuse such a mask), with eager's values;
+    the kernel is given the mask dense."""
+    monkeypatch.setattr(library_attention, "LIBRARY_ATTENTION_DEVICES", ("cpu",))
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*a, **k):
+        seen.append(a[3] if len(a) > 3 else k.get("attn_mask"))
+        return sdpa(*a, **k)
+
+    torch.manual_seed(0)
+    module = _Biased().eval()
+    x = torch.randn(2, 13, 32)
+    c = export_model(module, (x,))
+    ops = [n.op for n in c.graph.nodes]
+    at = ops.index("scaled_dot_product_attention")
+    tail = list(range(at, len(ops)))  # the attention and what reads it
+    p = Partition.from_groups(c.graph, [*([i] for i in range(at)), tail])
+    g_at = len(p.groups) - 1
+    for propagate_layouts in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RealizeWarning)
+            r = realize(c, p, realizations={g_at: "eager"}, propagate_layouts=propagate_layouts)
+        g = r.groups[g_at]
+        assert r.realizations[g_at] == "eager" and not r.fallbacks
+        assert "attention(s) on a dense mask" in g.note, g.note
+        assert "fusion_planner.attention" in str(r.modules[g_at].graph)
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+        x = torch.randn(2, 13, 32)
+        got = r(x)
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+        assert seen and seen[-1].stride()[-1] == 1
+        with torch.no_grad():
+            want = module(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_eager_group_with_a_dense_mask_is_left_as_it_is(monkeypatch):
+    monkeypatch.setattr(library_attention, "LIBRARY_ATTENTION_DEVICES", ("cpu",))
+    _, _, c = _captured()  # no mask at all
+    ops = [n.op for n in c.graph.nodes]
+    at = ops.index("scaled_dot_product_attention")
+    p = Partition.from_groups(c.graph, [[i] for i in range(len(ops))])
+    r = realize(c, p, realizations={at: "eager"})
+    assert "dense mask" not in r.groups[at].note
+    assert "scaled_dot_product_attention" in str(r.modules[at].graph)

@@ -3,14 +3,20 @@
 Each `aten.scaled_dot_product_attention` node of a group that Inductor will compile on CUDA
 is replaced by `fusion_planner::attention`, an operator Inductor cannot decompose: at run
 time it calls `torch.nn.functional.scaled_dot_product_attention`, which picks its kernel
-on the real tensors. A mask broadcast along its last dimension (stride 0 there), which
-the fused kernels refuse, is made dense first, so such a call is not sent to the math
-kernel. The output has the layout the fused kernels write (4-D attention: (batch, tokens,
+on the real tensors. A mask whose last dimension is not contiguous (broadcast along it
+with stride 0, or an additive bias permuted from another layout, as T5's position bias),
+which the fused kernels refuse, is made dense first, so such a call is not sent to the math
+kernel; a dense mask broadcast over batch or heads that still gets the math kernel is
+expanded too. The output has the layout the fused kernels write (4-D attention: (batch, tokens,
 heads, dim) in memory, seen as (batch, heads, tokens, dim)), so the usual transpose and
 reshape after it are views; an output that comes back otherwise (the math kernel) is
 copied into that layout. Where a group's outputs keep eager's strides (a plan realized
 over a shape range), an attention whose output leaves the group keeps Inductor's
-lowering. Why: docs/realization.md.
+lowering.
+
+An attention in a group the plan runs eagerly is replaced the same way when its mask is
+not contiguous along keys (`eager_mask_sites`): the same values, computed by a fused kernel
+instead of the math kernel. Why: docs/realization.md.
 """
 
 from __future__ import annotations
@@ -54,6 +60,10 @@ def attention(
     kwargs = {"enable_gqa": True} if enable_gqa else {}
     if attn_mask is not None and attn_mask.dim() and attn_mask.stride(-1) != 1:
         attn_mask = attn_mask.contiguous()
+    if attn_mask is not None and attn_mask.dim() and 0 in attn_mask.stride()[:-1]:
+        attn_mask = _dense_if_math(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, kwargs
+        )
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs
     )
@@ -61,6 +71,34 @@ def attention(
     if out.stride() == want.stride():
         return out
     return want.copy_(out)
+
+
+_MATH = 0  # torch._fused_sdp_choice's number for the math kernel
+
+
+def _dense_if_math(query, key, value, attn_mask, dropout_p, is_causal, scale, kwargs):
+    """`attn_mask` expanded to the scores' full shape and made dense when the dispatcher
+    would give the broadcast one the math kernel and the dense one a fused kernel; else as
+    it is."""
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None or query.device.type != "cuda" or query.dim() != 4:
+        return attn_mask
+    try:
+        if (
+            int(choose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs))
+            != _MATH
+        ):
+            return attn_mask
+        full = (*query.shape[:-1], key.shape[-2])
+        dense = attn_mask.expand(full).contiguous()
+        if (
+            int(choose(query, key, value, dense, dropout_p, is_causal, scale=scale, **kwargs))
+            != _MATH
+        ):
+            return dense
+    except Exception:  # a private helper whose signature may change: keep the mask
+        pass
+    return attn_mask
 
 
 @attention.register_fake
@@ -93,17 +131,39 @@ def attention_sites(
     return out
 
 
+def _mask_of(node: fx.Node) -> fx.Node | None:
+    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    return mask if isinstance(mask, fx.Node) else None
+
+
+def eager_mask_sites(
+    gm: fx.GraphModule, devices: Sequence[str] | None = None, keep_layout: bool = True
+) -> list[fx.Node]:
+    """Those of `attention_sites(gm, devices, keep_layout)` whose mask is not contiguous
+    along its last dimension: eager would hand it to the math kernel."""
+    out = []
+    for node in attention_sites(gm, devices, keep_layout):
+        mask = _mask_of(node)
+        val = mask.meta.get("val") if mask is not None else None
+        if isinstance(val, torch.Tensor) and val.dim() and val.stride(-1) != 1:
+            out.append(node)
+    return out
+
+
 _ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 _DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False}
 
 
 def use_library_attention(
-    gm: fx.GraphModule, devices: Sequence[str] | None = None, keep_layout: bool = True
+    gm: fx.GraphModule,
+    devices: Sequence[str] | None = None,
+    keep_layout: bool = True,
+    sites: Sequence[fx.Node] | None = None,
 ) -> int:
-    """Replace each of `attention_sites(gm, devices, keep_layout)` by
+    """Replace `sites` (default: `attention_sites(gm, devices, keep_layout)`) by
     `fusion_planner::attention` (in place); returns how many. The caller re-propagates fake
     values (the output layout changes)."""
-    sites = attention_sites(gm, devices, keep_layout)
+    sites = attention_sites(gm, devices, keep_layout) if sites is None else list(sites)
     g = gm.graph
     for node in sites:
         given = dict(zip(_ARGS, node.args))

@@ -359,6 +359,34 @@ def pad_unaligned_linears(
     return gm, names, fakes, extra, len(replaced)
 
 
+def _eager_attention_on_dense_masks(
+    unit: GroupUnit, parts: ProgramParts, fake_mode: Any, keep_layout: bool
+) -> None:
+    """An eager group's attention whose mask is not contiguous along keys (eager would run
+    it with the math kernel) runs as `fusion_planner::attention`, uncompiled: the same
+    values from a fused kernel. With `keep_layout`, only where the group's outputs keep
+    eager's strides; a group this does not fit is left as it is, with a note."""
+    gg = unit.group
+    if not library_attention.eager_mask_sites(gg.module, keep_layout=keep_layout):
+        return
+    try:
+        lib = _clone(gg.module)
+        sites = library_attention.eager_mask_sites(lib, keep_layout=keep_layout)
+        n = library_attention.use_library_attention(lib, sites=sites)
+        outs = propagate(lib, gg.fakes, fake_mode)
+        if keep_layout:
+            want = [parts.by_name[o].meta["val"] for o in gg.outputs]
+            if len(outs) != len(want) or not all(same_strides(a, b) for a, b in zip(outs, want)):
+                unit.note = "attention on a dense mask left out: it changes an output's layout"
+                return
+    except Exception as e:  # keep the group as it was
+        unit.note = f"attention on a dense mask failed ({type(e).__name__}: {str(e)[:160]})"
+        return
+    unit.module, unit.module_fakes = lib, tuple(gg.fakes)
+    unit.use("eager", lib.forward, list(gg.inputs), compiled=False)
+    unit.note = f"{n} attention(s) on a dense mask, as eager's library kernel"
+
+
 def prepare_unit(
     graph: OpGraph,
     parts: ProgramParts,
@@ -383,7 +411,10 @@ def prepare_unit(
     caller records them in the unit's `out_fakes` (`predicted_outputs`).
     """
     if requested == "eager" or work_ops(gg.module) == 0:
-        return GroupUnit(gg, requested, {})
+        unit = GroupUnit(gg, requested, {})
+        if requested == "eager":
+            _eager_attention_on_dense_masks(unit, parts, fake_mode, keep_layout)
+        return unit
     base, mode = split_label(requested)
     realization, module, names, fakes = base, gg.module, list(gg.inputs), list(gg.fakes)
     extra: dict[str, torch.Tensor] = {}
