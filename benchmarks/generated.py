@@ -361,6 +361,18 @@ GENERATED: tuple[Generated, ...] = (
         "benchmarks/results/real_models_bucket_h100.jsonl",
     ),
     Generated(
+        "benchmarks/results/real_models_bucket_h100_earlier.md",
+        _real_models("real_models_bucket_h100_earlier"),
+        "python benchmarks/real_models.py --from-jsonl "
+        "benchmarks/results/real_models_bucket_h100_earlier.jsonl",
+    ),
+    Generated(
+        "benchmarks/results/real_models_bucket_h100_diag.md",
+        _real_models("real_models_bucket_h100_diag"),
+        "python benchmarks/real_models.py --from-jsonl "
+        "benchmarks/results/real_models_bucket_h100_diag.jsonl",
+    ),
+    Generated(
         "benchmarks/results/real_models_bucket_h200.md",
         _real_models("real_models_bucket_h200"),
         "python benchmarks/real_models.py --from-jsonl "
