@@ -195,3 +195,22 @@ def test_an_eager_group_with_a_dense_mask_is_left_as_it_is(monkeypatch):
     r = realize(c, p, realizations={at: "eager"})
     assert "dense mask" not in r.groups[at].note
     assert "scaled_dot_product_attention" in str(r.modules[at].graph)
+
+
+def test_a_shared_mask_is_made_dense_once_not_per_batch_entry(monkeypatch):
+    """A permuted bias broadcast over the batch (T5's, traced): the kernel gets it dense
+    along keys and still broadcast over the batch, with the same values."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*a, **k):
+        seen.append(a[3])
+        return sdpa(*a, **k)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    q, k, v = (torch.randn(3, 4, 13, 8) for _ in range(3))
+    bias = torch.randn(13, 13, 4).permute(2, 0, 1).unsqueeze(0).expand(3, 4, 13, 13)
+    assert bias.stride() == (0, 1, 52, 4)
+    got = torch.ops.fusion_planner.attention(q, k, v, bias, 0.0, False, 1.0, False)
+    torch.testing.assert_close(got, sdpa(q, k, v, bias, scale=1.0))
+    assert seen[-1].stride() == (0, 169, 13, 1) and torch.equal(seen[-1], bias)

@@ -59,7 +59,7 @@ def attention(
     such a mask, and the call would fall to the math kernel."""
     kwargs = {"enable_gqa": True} if enable_gqa else {}
     if attn_mask is not None and attn_mask.dim() and attn_mask.stride(-1) != 1:
-        attn_mask = attn_mask.contiguous()
+        attn_mask = _dense_keys(attn_mask)
     if attn_mask is not None and attn_mask.dim() and 0 in attn_mask.stride()[:-1]:
         attn_mask = _dense_if_math(
             query, key, value, attn_mask, dropout_p, is_causal, scale, kwargs
@@ -71,6 +71,18 @@ def attention(
     if out.stride() == want.stride():
         return out
     return want.copy_(out)
+
+
+def _dense_keys(mask: torch.Tensor) -> torch.Tensor:
+    """`mask` with its last two dimensions dense (row-major), the leading dimensions it is
+    broadcast along (stride 0, as a bias shared by the batch) still broadcast: one copy of
+    the shared part, not one per batch entry."""
+    lead = mask.dim() - 2
+    index = tuple(
+        slice(0, 1) if d < lead and mask.stride(d) == 0 and mask.shape[d] > 1 else slice(None)
+        for d in range(mask.dim())
+    )
+    return mask[index].contiguous().expand(mask.shape)
 
 
 _MATH = 0  # torch._fused_sdp_choice's number for the math kernel
