@@ -167,3 +167,29 @@ def test_a_recorded_decision_is_applied_and_verified_on_gloo_ranks() -> None:
     assert not wrong["applied"] and wrong["err"] == 0.0
     assert any("not applied" in w for w in wrong["warnings"]), wrong
     assert not res["stale"]["applied"]
+
+
+def test_the_runtime_backend_runs_a_dtensor_model_as_dynamo_traced_it(tmp_path) -> None:
+    """Why the backend does not apply a recorded decision yet (docs/distributed.md):
+    dynamo's graph of a DTensor model takes the device mesh as an input, which the backend
+    cannot lift; it falls back to dynamo's graph with a warning, and the output is right."""
+    from planner.runtime.backend import PlannerRuntimeWarning, fusion_planner_backend
+
+    pm.capture_group(2)
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (2,))
+    model = parallelize_module(pm.LlamaStyleBlock(D, 4, 2 * D), mesh, pm.llama_tp_plan())
+    x = torch.randn(B, S, D)
+    with PlanCache(str(tmp_path / "c.db")) as cache, torch.no_grad():
+        with pytest.warns(PlannerRuntimeWarning, match="DeviceMesh"):
+            got = torch.compile(model, backend=fusion_planner_backend(cache))(x)
+        want = model(x)
+    torch._dynamo.reset()
+    assert torch.equal(got.to_local() if hasattr(got, "to_local") else got, want)
+
+
+def test_the_runtime_backend_applies_a_cached_decision_on_gloo_ranks(tmp_path) -> None:
+    res = run_ranks(2, "tests.tp_ranks:served_plan", (str(tmp_path),), timeout_s=120)
+    r = res  # rank 0
+    assert r["exact"] == 1 and r["applied"] == [True], r
+    assert r["err"] < 1e-5 and not r["warnings"], r

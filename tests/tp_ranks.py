@@ -185,3 +185,61 @@ def realized_plans(rank: int, world: int) -> dict:
         warnings.simplefilter("always")
         out["stale"] = {"applied": realize(captured, stale).applied}
     return out
+
+
+@torch.no_grad()
+def served_plan(rank: int, world: int, cache_dir: str) -> dict:
+    """The runtime backend serving a cached plan that records a TP decision for the zoo
+    block (functional collectives): realized through the backend, the decision applied,
+    the output equal to the block's own."""
+    import warnings
+
+    from planner.distributed import tp_realize
+    from planner.fusion.partition import Partition
+    from planner.hardware import device_fingerprint
+    from planner.plans.cache import PlanCache
+    from planner.plans.plan import Plan, TPChoice
+    from planner.runtime.backend import fusion_planner_backend
+    from planner.runtime.graph import capture_for_serving
+
+    torch.manual_seed(0)
+    x = torch.randn(B, S, D)
+    block = pm.TPBlock(D, H, world, dist.group.WORLD)
+    for p in block.parameters():
+        p.normal_(0.0, 0.2)
+    captured = capture_for_serving(block, (x,))
+    sites = tuple(s.gemm for s in find_tp_sites(captured.program.module()))
+    plan = Plan.from_partition(
+        Partition.singletons(captured.graph),
+        device="cpu",
+        dtype="float32",
+        strategy="test",
+        cost_model="test",
+        predicted_s=1e-3,
+        device_fingerprint=device_fingerprint(torch.device("cpu")),
+        tensor_parallel=TPChoice(2, True, sites),
+    )
+    applied: list[bool] = []
+    realize_tp = tp_realize.realize_tp
+
+    def spy(*args, **kwargs):
+        r = realize_tp(*args, **kwargs)
+        applied.append(r.applied)
+        return r
+
+    tp_realize.realize_tp = spy
+    with (
+        PlanCache(f"{cache_dir}/rank{rank}.db") as cache,
+        warnings.catch_warnings(record=True) as w,
+    ):
+        warnings.simplefilter("always")
+        cache.store_exact(plan, [list(x.shape)])
+        backend = fusion_planner_backend(cache)
+        got = torch.compile(block, backend=backend, dynamic=False)(x)
+        want = block(x)
+    return {
+        "applied": applied,
+        "err": float((got - want).abs().max()),
+        "exact": backend.stats.exact,
+        "warnings": [str(m.message) for m in w if "fusion-planner" in str(m.message)],
+    }
