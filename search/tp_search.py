@@ -27,6 +27,7 @@ from planner.distributed.tp_graph import (
     TPSite,
     find_tp_sites,
     graph_decisions,
+    predict_backward,
     predict_graph,
 )
 from planner.distributed.tp_plan import (
@@ -42,9 +43,14 @@ from planner.distributed.tp_plan import (
 from planner.errors import ModelSpecError
 from planner.ir.capture import Captured, capture
 from planner.ir.graph import Category, OpGraph
+from planner.plans.plan import TPChoice
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-COMPILED_CALL_LAUNCHES = 4.0  # a compiled region's call (guards, wrapper) in eager launches
+COMPILED_CALL_LAUNCHES = 4.0
+COLUMN_GRAD = (
+    "per_input",
+    "per_gemm",
+)  # who all-reduces a column GEMM's input gradient  # a compiled region's call (guards, wrapper) in eager launches
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,18 @@ class TPGraphPlan:
     table: tuple[Prediction, ...]  # every decision searched
     costs: GraphCosts
     sites: tuple[TPSite, ...]
+    backward: Prediction  # the backward (not chunked: one for every decision)
+
+    def choice(self) -> TPChoice:
+        """The chosen decision as the Plan records it (planner.plans.plan.TPChoice)."""
+        d = self.best.decision
+        return TPChoice(
+            d.chunks,
+            d.fuse_epilogue,
+            tuple(s.gemm for s in self.sites),
+            self.best.total_s,
+            self.backward.total_s,
+        )
 
 
 def graph_costs(
@@ -184,9 +202,16 @@ def graph_costs(
     model=None,
     host: HostCosts | None = None,
     chunk_choices: tuple[int, ...] = (1, 2, 4),
+    column_grad: str = "per_input",
 ) -> GraphCosts:
     """Each site's GEMM slices, epilogue and the kernels between them, priced by `model`
-    (the analytical roofline of an H100 by default) on the captured rank program."""
+    (the analytical roofline of an H100 by default) on the captured rank program, and
+    what its backward runs (planner.distributed.tp_graph, "Backward"): the row-parallel
+    GEMM's dX and dW, and the column GEMMs' input-gradient all-reduces, one per distinct
+    input (`column_grad="per_input"`: Megatron's f) or per column GEMM ("per_gemm":
+    DTensor's ColwiseParallel)."""
+    if column_grad not in COLUMN_GRAD:
+        raise ModelSpecError(f"column_grad must be one of {COLUMN_GRAD}, got {column_grad!r}")
     model = model or AnalyticalModel("h100")
     spec = getattr(model, "spec", None)
     launch = spec.launch_s if spec is not None else 5e-6
@@ -203,6 +228,7 @@ def graph_costs(
         if i not in taken and g.nodes[i].category is not Category.COLLECTIVE:
             segments[sum(1 for at in gemm_at if at < i)].append(i)
     gemm_s: dict[tuple[int, int], float] = {}
+    backward_gemm_s: list[float] = []
     for i, s in enumerate(sites):
         node = g.nodes[index[s.gemm]]
         w = g.tensors[node.inputs[GEMM_OPERANDS[s.kind][1]]]
@@ -215,6 +241,7 @@ def graph_costs(
                 a = torch.empty(s.rows // k, k_dim, dtype=dt)
                 wt = torch.empty(n_dim, k_dim, dtype=dt)
             gemm_s[(i, k)] = _eager_s(model, capture(_RowGemm(wt), (a,)))
+        backward_gemm_s.append(_backward_gemm_s(model, s.rows, k_dim, n_dim, dt))
     epilogue_s: dict[tuple[int, bool], float] = {}
     ops: list[int] = []
     for i, s in enumerate(sites):
@@ -232,7 +259,19 @@ def graph_costs(
         eager_op_host_s=host.eager_op_s,
         compiled_call_host_s=host.compiled_call_s,
         collective_call_host_s=host.collective_call_s,
+        backward_gemm_s=tuple(backward_gemm_s),
+        column_grad_bytes=tuple(s.column_grad_bytes(column_grad == "per_gemm") for s in sites),
     )
+
+
+def _backward_gemm_s(model, rows: int, k_dim: int, n_dim: int, dt: torch.dtype) -> float:
+    """The row-parallel GEMM's backward: dX = g W (rows x n @ n x k) and
+    dW = g^T X (n x rows @ rows x k), each one eager kernel."""
+    with torch.device("meta"):
+        g, w_dx = torch.empty(rows, n_dim, dtype=dt), torch.empty(k_dim, n_dim, dtype=dt)
+        gt, w_dw = torch.empty(n_dim, rows, dtype=dt), torch.empty(k_dim, rows, dtype=dt)
+    dx = _eager_s(model, capture(_RowGemm(w_dx), (g,)))
+    return dx + _eager_s(model, capture(_RowGemm(w_dw), (gt,)))
 
 
 def search_tp_graph(
@@ -241,6 +280,7 @@ def search_tp_graph(
     model=None,
     host: HostCosts | None = None,
     chunk_choices: tuple[int, ...] = (1, 2, 4),
+    column_grad: str = "per_input",
 ) -> TPGraphPlan:
     """The tensor-parallel decision with the shortest predicted program for a captured
     rank program (ties: fewer chunks, then unfused); its sites are found on the program's
@@ -251,12 +291,13 @@ def search_tp_graph(
             "the captured program has no column -> row GEMM pair ending in an all-reduce: "
             "there is no tensor-parallel decision to make"
         )
-    costs = graph_costs(captured, sites, model, host, chunk_choices)
+    costs = graph_costs(captured, sites, model, host, chunk_choices, column_grad)
     table = tuple(
         predict_graph(costs, d, all_reduce_s) for d in graph_decisions(sites, chunk_choices)
     )
     best = min(table, key=lambda p: (p.total_s, p.decision.chunks, p.decision.fuse_epilogue))
-    return TPGraphPlan(best, table, costs, tuple(sites))
+    backward = predict_backward(costs, best.decision, all_reduce_s)
+    return TPGraphPlan(best, table, costs, tuple(sites), backward)
 
 
 __all__ = [

@@ -108,3 +108,138 @@ _HF_COLUMN = (
     "mlp.up_proj",
 )
 _HF_ROW = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def _wrong_rewrite(gm, decision, sites, compile_epilogue):
+    """The planned program with 1 added to its first output on rank 1 only: a mismatch
+    one rank sees, which every rank must answer with the unplanned program."""
+    planned = tp_program(gm, decision, sites, compile_epilogue)
+    rank = dist.get_rank()
+
+    def run(*args):
+        out = planned(*args)
+        return (out[0] + rank, *out[1:]) if isinstance(out, tuple) else out + rank
+
+    return run
+
+
+@torch.no_grad()
+def realized_plans(rank: int, world: int) -> dict:
+    """A Plan recording a TP decision realized on a DTensor program through the realizer:
+    applied and equal to the unplanned program; and with a wrong rewrite on one rank,
+    the unplanned program on every rank with a warning."""
+    import dataclasses
+    import warnings
+
+    from planner.distributed.tp_realize import realize_tp
+    from planner.fusion.partition import Partition
+    from planner.plans.plan import Plan, TPChoice
+    from planner.realize.realizer import realize
+
+    torch.manual_seed(0)
+    x = torch.randn(B, S, D)
+    mesh = init_device_mesh("cpu", (world,))
+    full = pm.LlamaStyleBlock(D, H, 2 * D)
+    model = parallelize_module(copy.deepcopy(full), mesh, pm.llama_tp_plan())
+    captured = export_model(model, (x,))
+    gm = captured.program.module()
+    sites = tuple(s.gemm for s in find_tp_sites(gm))
+    base = Plan.from_partition(
+        Partition.singletons(captured.graph),
+        device="cpu",
+        dtype="float32",
+        strategy="test",
+        cost_model="test",
+        predicted_s=0.0,
+    )
+    unplanned = gm(x)[0]
+    out = {}
+    for chunks, fuse in ((2, True), (2, False)):
+        plan = dataclasses.replace(base, tensor_parallel=TPChoice(chunks, fuse, sites))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            realized = realize(captured, plan)
+            got = realized(x)[0]
+        calls = [str(n.target) for n in realized.program.graph.nodes]
+        out[f"k={chunks} fused={fuse}"] = {
+            "applied": realized.applied,
+            "chunked": sum("row_parallel_chunks" in c for c in calls),
+            "collectives_left": sum("all_reduce" in c and "chunks" not in c for c in calls),
+            "err": float((got - unplanned).abs().max()),
+            "ref_err": float((got - full(x)).abs().max()),
+            "warnings": [str(m.message) for m in w],
+        }
+    plan = dataclasses.replace(base, tensor_parallel=TPChoice(2, False, sites))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        realized = realize_tp(captured, plan, rewrite=_wrong_rewrite)
+    got = realized(x)[0]
+    out["wrong"] = {
+        "applied": realized.applied,
+        "reason": realized.reason,
+        "err": float((got - unplanned).abs().max()),
+        "warnings": [str(m.message) for m in w],
+    }
+    stale = dataclasses.replace(base, tensor_parallel=TPChoice(2, False, ("no_such_gemm",)))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        out["stale"] = {"applied": realize(captured, stale).applied}
+    return out
+
+
+@torch.no_grad()
+def served_plan(rank: int, world: int, cache_dir: str) -> dict:
+    """The runtime backend serving a cached plan that records a TP decision for the zoo
+    block (functional collectives): realized through the backend, the decision applied,
+    the output equal to the block's own."""
+    import warnings
+
+    from planner.distributed import tp_realize
+    from planner.fusion.partition import Partition
+    from planner.hardware import device_fingerprint
+    from planner.plans.cache import PlanCache
+    from planner.plans.plan import Plan, TPChoice
+    from planner.runtime.backend import fusion_planner_backend
+    from planner.runtime.graph import capture_for_serving
+
+    torch.manual_seed(0)
+    x = torch.randn(B, S, D)
+    block = pm.TPBlock(D, H, world, dist.group.WORLD)
+    for p in block.parameters():
+        p.normal_(0.0, 0.2)
+    captured = capture_for_serving(block, (x,))
+    sites = tuple(s.gemm for s in find_tp_sites(captured.program.module()))
+    plan = Plan.from_partition(
+        Partition.singletons(captured.graph),
+        device="cpu",
+        dtype="float32",
+        strategy="test",
+        cost_model="test",
+        predicted_s=1e-3,
+        device_fingerprint=device_fingerprint(torch.device("cpu")),
+        tensor_parallel=TPChoice(2, True, sites),
+    )
+    applied: list[bool] = []
+    realize_tp = tp_realize.realize_tp
+
+    def spy(*args, **kwargs):
+        r = realize_tp(*args, **kwargs)
+        applied.append(r.applied)
+        return r
+
+    tp_realize.realize_tp = spy
+    with (
+        PlanCache(f"{cache_dir}/rank{rank}.db") as cache,
+        warnings.catch_warnings(record=True) as w,
+    ):
+        warnings.simplefilter("always")
+        cache.store_exact(plan, [list(x.shape)])
+        backend = fusion_planner_backend(cache)
+        got = torch.compile(block, backend=backend, dynamic=False)(x)
+        want = block(x)
+    return {
+        "applied": applied,
+        "err": float((got - want).abs().max()),
+        "exact": backend.stats.exact,
+        "warnings": [str(m.message) for m in w if "fusion-planner" in str(m.message)],
+    }

@@ -160,8 +160,10 @@ def tp_report(
     args: argparse.Namespace, captured: Captured, model: Any, device_kind: str
 ) -> tuple[dict[str, Any], str] | None:
     """The tensor-parallel decisions (chunks, fused epilogue) of the captured program's
-    column -> row sites, priced with `model` and ring all-reduces on the link; None when
-    the program has no such site."""
+    column -> row sites, priced with `model` and ring all-reduces on the link, forward
+    (every decision) and backward (what training adds: not chunked); None when the program
+    has no such site. The payload's "record" is the chosen decision as the Plan records it
+    (planner.plans.plan.TPChoice)."""
     sites = find_tp_sites(captured.program.module())
     if not sites:
         return None
@@ -171,6 +173,7 @@ def tp_report(
     plan = search_tp_graph(
         captured, lambda n: collective_time_s("all_reduce", "ring", n, ranks, link), model
     )
+    back = plan.backward
     lines = [
         f"tensor-parallel decisions: {len(sites)} column -> row sites, all-reduce over "
         f"{link.name}, {ranks} ranks:",
@@ -182,11 +185,19 @@ def tp_report(
             f"{p.decision.label:<12} {p.total_s * 1e6:>11.2f} {p.t_comp_s * 1e6:>11.2f} "
             f"{p.t_comm_s * 1e6:>11.2f} {p.exposed_comm_s * 1e6:>11.2f}{mark}"
         )
+    lines.append(
+        f"{'backward':<12} {back.total_s * 1e6:>11.2f} {back.t_comp_s * 1e6:>11.2f} "
+        f"{back.t_comm_s * 1e6:>11.2f} {back.exposed_comm_s * 1e6:>11.2f}  (training: "
+        "not chunked, the same for every decision)"
+    )
     payload = {
         "sites": [s.gemm for s in sites],
         "link": link.name,
         "ranks": ranks,
         "chosen": plan.best.decision.label,
         "table": [p.row() for p in plan.table],
+        "forward": plan.best.row(),
+        "backward": {k: v for k, v in back.row().items() if k.endswith("_s")},
+        "record": plan.choice(),
     }
     return payload, "\n".join(lines)

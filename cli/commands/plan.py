@@ -64,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
         groups = tuple(dataclasses.replace(g, realization=r) for g, r in zip(plan.groups, labels))
         plan = dataclasses.replace(plan, groups=groups, predicted_s=variants[0][2])
         plan = plan.with_copies(variants[0][4])
+    tp = None
+    if args.interconnect or collectives(graph):
+        tp = tp_report(args, captured, model, get_spec(r.device_name).kind)
+        if tp is not None:  # the plan records the chosen decision (planner.plans.plan)
+            plan = dataclasses.replace(plan, tensor_parallel=tp[0].pop("record"))
     title = f"{r.spec.label} on {r.device_name} ({r.dtype_name}), strategy {args.strategy}"
     summary = _summary_lines(result, unfused)
     if args.html:
@@ -102,7 +107,6 @@ def run(args: argparse.Namespace) -> int:
             args, objective, result.partition, get_spec(r.device_name).kind
         )
         summary.append(streams_text)
-        tp = tp_report(args, captured, model, get_spec(r.device_name).kind)
         if tp is not None:
             payload["tensor_parallel"], tp_text = tp
             summary.append(tp_text)

@@ -22,6 +22,18 @@ moved into one submodule (compiled by Inductor when `compile_epilogue`). `graph_
 the rewritten program out on the host, compute and communication streams as
 `tp_plan.block_tasks` does for the zoo block, from per-site costs (`GraphCosts`, filled by
 search/tp_search.py).
+
+**Backward.** Training a site (the unplanned program's DTensor or Megatron autograd, and
+`tp_plan.PlannedTPBlock`'s) communicates only for the column GEMMs: their weights hold
+a shard of the output features, so each rank's gradient of their replicated input is a
+partial sum, all-reduced. The row-parallel GEMM's output is the same on every rank, so
+its gradient passes the forward all-reduce unchanged: dX = g W and dW = g^T X need no
+collective. Megatron's f (`parallel_models.copy_to_tp`) all-reduces once per distinct
+input tensor (Q/K/V share one); DTensor's `ColwiseParallel` converts each column GEMM's
+input separately and so all-reduces once per column GEMM (`TPSite.column_grad_bytes`).
+The backward is not chunked; `backward_tasks` prices it as the autograd engine runs it,
+one chain in reverse order whose input-gradient all-reduces the next step waits for,
+the other kernels at `dp.BACKWARD_FACTOR` times their forward.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 
+from planner.distributed.dp import BACKWARD_FACTOR
 from planner.distributed.overlap import COMM, COMPUTE, Task, schedule
 from planner.distributed.tp_plan import HOST, Prediction, TPDecision
 from planner.errors import ModelSpecError
@@ -95,6 +108,16 @@ class TPSite:
     rows: int  # tokens: the GEMM's output rows
     nbytes: int  # the partial sum all-reduced
     group_name: str
+    # per column GEMM: (the tensor its activation is a reshape of, that activation's bytes)
+    column_inputs: tuple[tuple[str, int], ...] = ()
+
+    def column_grad_bytes(self, per_gemm: bool) -> tuple[int, ...]:
+        """The input-gradient all-reduces the site's backward issues (module docstring,
+        "Backward"): one per column GEMM (`per_gemm`, DTensor's `ColwiseParallel`) or one
+        per distinct input tensor (Megatron's f, `parallel_models.copy_to_tp`)."""
+        if per_gemm:
+            return tuple(b for _, b in self.column_inputs)
+        return tuple(dict(self.column_inputs).values())
 
 
 def _nbytes(node: fx.Node) -> int:
@@ -119,6 +142,17 @@ def _column_gemms(start: fx.Node) -> tuple[str, ...]:
             continue
         stack += [a for a in n.all_input_nodes]
     return tuple(sorted(found))
+
+
+def _column_input(node: fx.Node) -> tuple[str, int]:
+    """The tensor a GEMM's activation is a reshape of, and the activation's bytes."""
+    act = node.args[GEMM_OPERANDS[_op(node)][0]]
+    if not isinstance(act, fx.Node):
+        return ("", 0)
+    base = act
+    while base.op == "call_function" and _op(base) in RESHAPES:
+        base = base.args[0]  # type: ignore[assignment]
+    return (base.name, _nbytes(act))
 
 
 def _epilogue(wait: fx.Node, order: dict[fx.Node, int]) -> tuple[str, ...]:
@@ -164,6 +198,7 @@ def _site_at(ar: fx.Node, order: dict[fx.Node, int]) -> TPSite | None:
     if not column or not isinstance(val, torch.Tensor):
         return None
     rows = int(val.numel() // val.shape[-1])
+    by_name = {m.name: m for m in order}
     return TPSite(
         n.name,
         kind,
@@ -175,6 +210,7 @@ def _site_at(ar: fx.Node, order: dict[fx.Node, int]) -> TPSite | None:
         rows,
         _nbytes(ar.args[0]),  # type: ignore[arg-type]
         str(ar.args[2]),
+        tuple(_column_input(by_name[c]) for c in column),
     )
 
 
@@ -215,6 +251,9 @@ class GraphCosts:
     eager_op_host_s: float
     compiled_call_host_s: float
     collective_call_host_s: float
+    # the backward: site i's dX + dW GEMMs (unchunked), its input-gradient all-reduces
+    backward_gemm_s: tuple[float, ...] = ()
+    column_grad_bytes: tuple[tuple[int, ...], ...] = ()
 
 
 def graph_tasks(
@@ -254,6 +293,62 @@ def graph_tasks(
         tail = c.segment_ops[-1] * c.eager_op_host_s
         add("ops after", COMPUTE, c.segment_s[-1], prev, tail)
     return tasks
+
+
+def backward_tasks(
+    c: GraphCosts, all_reduce_s: Callable[[int], float], collectives: bool = True
+) -> list[Task]:
+    """The program's backward as tasks (module docstring, "Backward"), in reverse program
+    order: the kernels after the last site, then per site the epilogue's backward, the
+    row-parallel GEMM's dX and dW (no collective), the kernels before the site (its
+    column GEMMs among them) and the all-reduces of the column GEMMs' input gradients,
+    which the next task waits for. Without `collectives` those are left out."""
+    if len(c.backward_gemm_s) != len(c.all_reduce_bytes):
+        raise ModelSpecError("these costs have no backward: price them with graph_costs")
+    tasks: list[Task] = []
+
+    def add(name: str, stream: str, dur: float, deps: tuple[int, ...], host_s: float) -> int:
+        tasks.append(Task(f"issue {name}", HOST, host_s))
+        tasks.append(Task(name, stream, dur, (*deps, len(tasks) - 1)))
+        return len(tasks) - 1
+
+    f, host = BACKWARD_FACTOR, c.eager_op_host_s
+    prev: tuple[int, ...] = ()
+    if c.segment_ops[-1]:
+        prev = (add("ops after (bwd)", COMPUTE, f * c.segment_s[-1], prev,
+                    f * c.segment_ops[-1] * host),)  # fmt: skip
+    for i in reversed(range(len(c.all_reduce_bytes))):
+        if c.epilogue_ops[i]:
+            dur, ops = f * c.epilogue_s[(i, False)], f * c.epilogue_ops[i]
+            prev = (add(f"epilogue {i} (bwd)", COMPUTE, dur, prev, ops * host),)
+        prev = (add(f"gemm {i} dX dW", COMPUTE, c.backward_gemm_s[i], prev, 2 * host),)
+        if c.segment_ops[i]:
+            dur, ops = f * c.segment_s[i], f * c.segment_ops[i]
+            prev = (add(f"ops before {i} (bwd)", COMPUTE, dur, prev, ops * host),)
+        if collectives:
+            ars = [
+                add(
+                    f"all_reduce d input {i}[{j}]",
+                    COMM,
+                    all_reduce_s(b),
+                    prev,
+                    c.collective_call_host_s,
+                )
+                for j, b in enumerate(c.column_grad_bytes[i])
+            ]
+            prev = (*prev, *ars)
+    return tasks
+
+
+def predict_backward(
+    c: GraphCosts, d: TPDecision, all_reduce_s: Callable[[int], float]
+) -> Prediction:
+    """The backward's prediction (the same for every decision: it is not chunked; `d`
+    names the forward decision it goes with)."""
+    full = schedule(backward_tasks(c, all_reduce_s))
+    comp = schedule(backward_tasks(c, all_reduce_s, collectives=False))
+    exposed = max(0.0, full.makespan_s - comp.makespan_s)
+    return Prediction(d, full.makespan_s, comp.makespan_s, full.t_comm_s, exposed, full)
 
 
 def predict_graph(c: GraphCosts, d: TPDecision, all_reduce_s: Callable[[int], float]) -> Prediction:

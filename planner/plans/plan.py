@@ -40,6 +40,51 @@ class GroupPlan:
             raise PlanError("a group recomputes one of its own ops")
 
 
+@dataclass(frozen=True)
+class TPChoice:
+    """The tensor-parallel decision a plan records for a rank program's column -> row
+    sites (planner.distributed.tp_graph): the row-parallel GEMM runs over `chunks` token
+    slices, each slice all-reduced asynchronously, and with `fuse_epilogue` the ops after
+    the all-reduce run as one unit. One decision for every site in `sites` (the row-parallel
+    GEMMs' node names, in program order); `predicted_s` is the forward's predicted total,
+    `predicted_backward_s` the backward's (unchunked: the same for every decision), None
+    where it was not priced."""
+
+    chunks: int
+    fuse_epilogue: bool
+    sites: tuple[str, ...]
+    predicted_s: float = 0.0
+    predicted_backward_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 1:
+            raise PlanError(f"a tensor-parallel decision needs chunks >= 1, got {self.chunks!r}")
+        if not isinstance(self.fuse_epilogue, bool):
+            raise PlanError(f"fuse_epilogue must be true or false, got {self.fuse_epilogue!r}")
+        if not self.sites or not all(isinstance(s, str) and s for s in self.sites):
+            raise PlanError(f"a tensor-parallel decision names its sites, got {self.sites!r}")
+
+    @property
+    def label(self) -> str:
+        return f"k={self.chunks}{' fused' if self.fuse_epilogue else ''}"
+
+    @classmethod
+    def from_json(cls, data: Any) -> TPChoice:
+        if not isinstance(data, dict):
+            raise PlanError(f"tensor_parallel must be an object, got {type(data).__name__}")
+        try:
+            back = data.get("predicted_backward_s")
+            return cls(
+                data["chunks"],
+                data["fuse_epilogue"],
+                tuple(data["sites"]),
+                float(data.get("predicted_s", 0.0)),
+                None if back is None else float(back),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise PlanError(f"the plan's tensor_parallel record is malformed: {e}") from e
+
+
 def versions() -> dict[str, str]:
     """The versions every plan and measurement records."""
     return {
@@ -59,6 +104,8 @@ class Plan:
 
     `predicted_s` is the objective's value under `cost_model`; `measured_s` and
     `measured_p99_s` are filled in once the plan ran on the device (profiling).
+    `tensor_parallel`: the decision for a tensor-parallel rank program's sites (None for
+    other programs, and in records written before it existed).
     """
 
     graph_key: str
@@ -76,6 +123,7 @@ class Plan:
     versions: dict[str, str] = field(default_factory=versions)
     created_at: str = field(default_factory=now_iso)
     notes: str = ""
+    tensor_parallel: TPChoice | None = None
 
     @classmethod
     def from_partition(
@@ -182,6 +230,10 @@ class Plan:
         for g in d["groups"]:  # a group without copies is written as before recompute
             if not g["recompute"]:
                 del g["recompute"]
+        if d["tensor_parallel"] is None:  # written as before the field existed
+            del d["tensor_parallel"]
+        else:
+            d["tensor_parallel"]["sites"] = list(d["tensor_parallel"]["sites"])
         d["schema"] = SCHEMA_VERSION
         return d
 
@@ -202,6 +254,8 @@ class Plan:
                 )
                 for g in d["groups"]
             )
+            tp = d.get("tensor_parallel")
+            d["tensor_parallel"] = None if tp is None else TPChoice.from_json(tp)
             return cls(**d)
         except (KeyError, TypeError) as e:
             raise PlanError(f"plan record is malformed: {e}") from e

@@ -727,7 +727,16 @@ def realize(
     inject failures with it). `propagate_layouts`: groups hand on the layouts their kernels
     compute (planner.realize.layout; static shapes only); False copies every boundary value
     back to eager's layout (also the fallback when propagation cannot be done).
+    A Plan that records a tensor-parallel decision (`Plan.tensor_parallel`) is realized as
+    planner.distributed.tp_realize.realize_tp does it instead: the decision applied to the
+    rank program, verified against it on every rank, its other ops eager.
     """
+    if isinstance(plan_or_partition, Plan) and plan_or_partition.tensor_parallel is not None:
+        # a rank program's recorded TP decision: the rewritten program, verified on the ranks
+        from planner.distributed.tp_realize import realize_tp
+
+        tp = realize_tp(captured, plan_or_partition, inputs=inputs, verify=verify)
+        return tp  # type: ignore[return-value]
     graph = captured.graph
     partition = _partition_of(graph, plan_or_partition)
     asked = _requested(graph, partition, plan_or_partition, realizations)

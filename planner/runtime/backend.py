@@ -472,9 +472,12 @@ class _PlannedGraph:
         if fn is not None:
             return fn, None
         plan = result.plan or self._default
-        if plan is None or all(len(g.nodes) == 1 and not g.recompute for g in plan.groups):
-            # Nothing fused (no fuse_rules, or nothing to fuse): dynamo's graph is that
-            # plan already, without paying for a realization.
+        if plan is None or (
+            plan.tensor_parallel is None
+            and all(len(g.nodes) == 1 and not g.recompute for g in plan.groups)
+        ):
+            # Nothing fused (no fuse_rules, or nothing to fuse) and no tensor-parallel
+            # decision: dynamo's graph is that plan already, without paying for a realization.
             self._realized[key] = self._eager
             return self._eager, None
         if not self.backend.take_budget():
