@@ -330,6 +330,22 @@ def _dp_cpu_earlier() -> str:
     )
 
 
+def _shared_compiles(name: str, title: bool = True) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import shared_compiles
+
+        return shared_compiles.render_json(RESULTS / f"{name}.json", title)
+
+    return render
+
+
+SHARED_COMPILES = (
+    "shared_compiles_cpu",
+    "shared_compiles_cpu_nocache",
+    "shared_compiles_cpu_dynamic",
+)
+
+
 def _stream_cmd(name: str) -> str:
     return f"python benchmarks/runtime_stream.py --from-jsonl benchmarks/results/{name}.jsonl"
 
@@ -395,6 +411,14 @@ GENERATED: tuple[Generated, ...] = (
         if (d / "search_measured.jsonl").exists()
     ),
     *(Generated(f"benchmarks/results/{n}.md", _raw(m, n), _raw_cmd(m, n)) for m, n in RAW_ROWS),
+    *(
+        Generated(
+            f"benchmarks/results/{n}.md",
+            _shared_compiles(n),
+            f"python benchmarks/shared_compiles.py --from-json benchmarks/results/{n}.json",
+        )
+        for n in SHARED_COMPILES
+    ),
     Generated("docs/learned_cost.md", _learned_cost_doc, "fusion-plan cost report"),
     Generated(
         "benchmarks/results/heldout_plans_h100.md",
@@ -426,6 +450,15 @@ GENERATED: tuple[Generated, ...] = (
             ("dp_bucket_cpu_b8", _dp_cpu),
             ("dp_bucket_cpu_earlier", _dp_cpu_earlier),
         )
+    ),
+    *(
+        Generated(
+            "docs/realization.md",
+            _shared_compiles(n, title=False),
+            "python benchmarks/generated.py",
+            block=n,
+        )
+        for n in SHARED_COMPILES
     ),
     Generated("data/README.md", _data_summary, "python benchmarks/generated.py", block="datasets"),
     Generated(

@@ -21,6 +21,10 @@ planner.realize.check), falls back to eager with a warning; the realized plan as
 is checked the same way, and a whole-plan failure falls back only the groups it is
 narrowed to. The model always runs and gives the right answer.
 
+Groups with the same compile key (the same subgraph up to names, inputs of the same
+layouts, the same compile options: planner.realize.compilers) are compiled once per
+realization and share the compiled callable; a later one reports `reuses`.
+
 Shapes: a program exported with symbolic dims (planner.ir.capture_dynamic) is compiled once
 with symbolic shapes and serves every shape in its range. With static shapes on a GPU the
 whole plan is captured in one CUDA graph (static input buffers, outputs copied out), so
@@ -56,6 +60,7 @@ from planner.ir.capture import Captured
 from planner.ir.graph import OpGraph
 from planner.plans.plan import Plan
 from planner.realize.check import Mismatch, compare_outputs
+from planner.realize.compilers import GroupCompiler, SharedCompiles, inductor_compiler
 from planner.realize.cudagraphs import RealizeWarning, _GraphReplay, _ShapeGraphs
 from planner.realize.graph import (
     GroupGraph,
@@ -80,28 +85,6 @@ from planner.realize.units import (
 log = logging.getLogger(__name__)
 
 choose_realization = realization_of  # an alias of the rule (planner.fusion.realization)
-
-# A group compiler: (subgraph, fake inputs, fake mode) -> callable over real inputs.
-GroupCompiler = Callable[[fx.GraphModule, tuple[Any, ...], Any], Callable[..., Any]]
-
-
-def inductor_compiler(options: Mapping[str, Any] | None = None) -> GroupCompiler:
-    """Compile a group with TorchInductor for inference, shapes (static or symbolic) as
-    export left them."""
-
-    def compile_group(gm: fx.GraphModule, fakes: tuple[Any, ...], fake_mode: Any) -> Any:
-        context = torch._guards.TracingContext(fake_mode)
-        # an inference graph: with grad on, parameters would make AOT autograd trace a
-        # training graph (saving activations, and failing on ops without a derivative)
-        with torch._guards.tracing(context), torch.no_grad():
-            return torch._inductor.standalone_compile(
-                gm,
-                list(fakes),
-                dynamic_shapes="from_tracing_context",
-                options=dict(options or {}),
-            )
-
-    return compile_group
 
 
 def _partition_of(graph: OpGraph, plan: Plan | Partition) -> Partition:
@@ -310,6 +293,7 @@ class RealizedPlan:
         ]
         for r in self.groups:
             what = r.realization + (" (compiled)" if r.compiled else "")
+            what += f" (group {r.reuses}'s kernel)" if r.reuses is not None else ""
             fb = f"  <- fell back: {r.fallback}" if r.fallback else ""
             lines.append(f"  group {r.index:3d} {len(r.nodes):3d} ops  {what}{fb}")
         return "\n".join(lines)
@@ -660,6 +644,7 @@ def _prepare_propagating(
     compile_group: GroupCompiler,
     fake_mode: Any,
     compilers: Mapping[str, GroupCompiler] | None = None,
+    shared: SharedCompiles | None = None,
 ) -> tuple[list[GroupUnit], dict[int, list[int]]]:
     """Prepare the groups in execution order, each traced with the layouts its producers
     hand it (planner.realize.layout). Returns the units and, for user outputs whose
@@ -686,6 +671,7 @@ def _prepare_propagating(
             RealizeWarning,
             keep_layout=False,
             compilers=compilers,
+            shared=shared,
         )
         unit.out_fakes = tuple(unit.predicted_outputs(fake_mode))
         actual.update(zip(gg.outputs, unit.out_fakes))
@@ -711,6 +697,7 @@ def realize(
     copy_outputs: bool = True,
     inputs: Sequence[Any] | None = None,
     propagate_layouts: bool = True,
+    share_compiles: bool | None = None,
 ) -> RealizedPlan:
     """Realize `plan_or_partition` of `captured` (see the module docstring).
 
@@ -730,6 +717,9 @@ def realize(
     A Plan that records a tensor-parallel decision (`Plan.tensor_parallel`) is realized as
     planner.distributed.tp_realize.realize_tp does it instead: the decision applied to the
     rank program, verified against it on every rank, its other ops eager.
+    `share_compiles`: groups with the same compile key (planner.realize.compilers) are
+    compiled once and share the callable; None = on for Inductor, off for a `compiler`
+    given (which may tell groups apart by node names, as the tests' fault injectors do).
     """
     if isinstance(plan_or_partition, Plan) and plan_or_partition.tensor_parallel is not None:
         # a rank program's recorded TP decision: the rewritten program, verified on the ranks
@@ -753,6 +743,8 @@ def realize(
     compile_group = compiler or inductor_compiler()
     # an injected compiler (tests) compiles every mode; else Inductor with the mode's options
     compilers = {m: compiler or inductor_compiler(o) for m, o in MODE_OPTIONS.items()}
+    share = compiler is None if share_compiles is None else share_compiles
+    shared = SharedCompiles() if share else None
     t0 = time.perf_counter()
     fake_mode = fake_mode_of(parts)
     out_orders: dict[int, list[int]] = {}
@@ -763,7 +755,7 @@ def realize(
     if propagate_layouts and not _symbolic(parts):
         try:
             units, out_orders = _prepare_propagating(
-                graph, parts, groups, order, wanted, compile_group, fake_mode, compilers
+                graph, parts, groups, order, wanted, compile_group, fake_mode, compilers, shared
             )
         except PlanError as e:
             warnings.warn(
@@ -775,17 +767,20 @@ def realize(
     if units is None:
         args = (compile_group, fake_mode, RealizeWarning)
         units = [
-            prepare_unit(graph, parts, gg, wanted[gg.index], *args, compilers=compilers)
+            prepare_unit(
+                graph, parts, gg, wanted[gg.index], *args, compilers=compilers, shared=shared
+            )
             for gg in groups
         ]
     for gi, why in substituted.items():
         units[gi].requested = asked[gi]
         units[gi].note = "; ".join(filter(None, [why, units[gi].note]))
     log.info(
-        "realized %d groups in %.2f s (%d compiled)",
+        "realized %d groups in %.2f s (%d compiled, %d of them sharing another's kernel)",
         len(units),
         time.perf_counter() - t0,
         sum(u.compiled for u in units),
+        sum(u.reuses is not None for u in units),
     )
     realized = RealizedPlan(captured, partition, parts, units, order, dev, out_orders)
     example = tuple(inputs) if inputs is not None else tuple(captured.example_inputs)

@@ -27,6 +27,7 @@ from planner.errors import PlanError
 from planner.fusion.realization import split_label
 from planner.ir import taxonomy
 from planner.ir.graph import Category, OpGraph
+from planner.realize.compilers import SharedCompiles
 from planner.realize.graph import GroupGraph, ProgramParts
 from planner.realize.layout import (
     as_layout,
@@ -140,6 +141,7 @@ class GroupReport:
     compile_s: float
     fallback: str = ""  # "" when the group runs as requested (else: why it runs eagerly)
     note: str = ""  # e.g. why a requested rewrite was not applied
+    reuses: int | None = None  # the group whose compiled callable this one runs, uncompiled
 
 
 class GroupUnit:
@@ -155,6 +157,7 @@ class GroupUnit:
         self.compile_s = 0.0
         self.fallback = ""
         self.note = ""
+        self.reuses: int | None = None  # see GroupReport.reuses
         self.is_eager = True
         self.run = _pick(group.module.forward, tuple(range(len(group.inputs))), len(self.inputs))
         # the layouts the unit's outputs have at run time (set by prepare_unit); consumers
@@ -173,9 +176,11 @@ class GroupUnit:
         self.realization, self.compiled, self.is_eager = realization, compiled, False
 
     def to_eager(self, reason: str) -> None:
-        """Run the group's aten ops as they are (`eager_runner`) from now on."""
+        """Run the group's aten ops as they are (`eager_runner`) from now on. A callable
+        this unit shares with other groups (SharedCompiles) stays theirs."""
         self.run = self.eager_runner()
         self.realization, self.compiled, self.is_eager = "eager", False, True
+        self.reuses = None
         self.fallback = reason
 
     def eager_runner(self) -> Callable[..., Any]:
@@ -211,6 +216,7 @@ class GroupUnit:
             self.compile_s,
             self.fallback,
             self.note,
+            self.reuses,
         )
 
 
@@ -398,6 +404,7 @@ def prepare_unit(
     keep_layout: bool = True,
     compilers: Mapping[str, Callable[[fx.GraphModule, tuple[Any, ...], Any], Callable[..., Any]]]
     | None = None,
+    shared: SharedCompiles | None = None,
 ) -> GroupUnit:
     """Make group `gg` runnable as `requested` (see the module doc); never raises for a
     group that fails to rewrite or compile: it runs eagerly instead, with a warning.
@@ -409,6 +416,9 @@ def prepare_unit(
     copied back where they differ); False when realize propagates layouts
     (planner.realize.layout): outputs keep the layout their kernel computes, and the
     caller records them in the unit's `out_fakes` (`predicted_outputs`).
+    `shared`: the realization's compiled groups (planner.realize.compilers); a group whose
+    compile key an earlier group has runs that group's callable, with compile_s the key's
+    look-up time and `reuses` (and a note) naming the group.
     """
     if requested == "eager" or work_ops(gg.module) == 0:
         unit = GroupUnit(gg, requested, {})
@@ -481,8 +491,12 @@ def prepare_unit(
         return unit
     compiler = (compilers or {}).get(mode, compile_group) if mode else compile_group
     t0 = time.perf_counter()
+    first = None
     try:
-        fn = compiler(module, tuple(fakes), fake_mode)
+        if shared is None:
+            fn = compiler(module, tuple(fakes), fake_mode)
+        else:
+            fn, first = shared.compile(compiler, module, tuple(fakes), fake_mode, gg.index)
     except Exception as e:
         unit.compile_s = time.perf_counter() - t0
         reason = f"compile failed: {type(e).__name__}: {str(e).strip()[:300]}"
@@ -492,6 +506,9 @@ def prepare_unit(
         return unit
     unit.compile_s = time.perf_counter() - t0
     unit.use(label, fn, names, compiled=True)
+    if first is not None:
+        unit.reuses = first
+        unit.note = "; ".join(filter(None, [unit.note, f"reuses group {first}'s compiled kernel"]))
     return unit
 
 
