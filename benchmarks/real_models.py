@@ -25,7 +25,11 @@ Cells are (model, shape) pairs of `benchmarks/models` (`SUITE`), named like
    delivers against what `tune` measured) and its predicted latency (the cost model's
    plan error, predicted / measured); from the backend: its RuntimeStats (cache hits,
    graph-level fallbacks) and, per realized plan, how many groups fell back to eager and
-   whether the whole plan did.
+   whether the whole plan did;
+4. the planner and eager timed again each by itself, with `tune`'s protocol (the runner's
+   steady settings, calls back to back): served/tuned from the same protocol in this
+   process, and eager's ratio to `tune`'s eager, the host-speed drift between the two
+   processes (the table's notes).
 
 With `--bucket`, the tuned bucket is (v/2, v] of the cell's bucket size v (the sequence
 length for text, the batch for vision: an image model serves one image size; a cell whose
@@ -84,6 +88,7 @@ MODES = (
     "planner",
 )
 ALTERNATIVES = MODES[:5]  # what the planner is compared with
+SOLO = "@alone"  # a contender timed by itself, with `tune`'s protocol
 OTHER = "@other"  # suffix of a contender timed at the bucket's other shape (`--bucket`)
 
 
@@ -346,6 +351,18 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
             )
             timing = {n: _timing_row(m) for n, m in measured.items() if m.timing is not None}
             errors |= {n: str(m.error) for n, m in measured.items() if m.error is not None}
+            # the served plan and eager timed alone, as `tune` times them (its runner's
+            # steady settings, back to back): served/tuned from the same protocol, in this
+            # process, apart from the host-speed drift between this process and tune's
+            solo = {n: calls[n] for n in ("eager", "planner") if n in calls}
+            if "planner" in solo:
+                alone = {
+                    n: runner.measure_interleaved({n: f}, dtype=args.dtype)[n]
+                    for n, f in solo.items()
+                }
+                timing |= {
+                    n + SOLO: _timing_row(m) for n, m in alone.items() if m.timing is not None
+                }
             if args.profile:
                 row["kernels"] = {
                     n: kernel_breakdown(call, device) for n, call in calls.items() if OTHER not in n
@@ -518,6 +535,13 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             notes.append(f"tune stored nothing: {why[:160]}")
         notes += [f"{n}: {e[:160]}" for n, e in r.get("errors", {}).items()]
         notes += [f"backend: {f[:160]}" for f in st.get("fallbacks", [])[:2]]
+        alone = t.get("planner" + SOLO, {}).get("median_s")
+        eager_alone = t.get("eager" + SOLO, {}).get("median_s")
+        if alone and stored:
+            note = f"served alone (tune's protocol, this process) / tuned {alone / stored:.2f}"
+            if eager_alone and r.get("stored_eager_s"):
+                note += f"; eager alone here / in tune {eager_alone / r['stored_eager_s']:.2f}"
+            notes.append(note)
         if st.get("static"):
             notes.append(f"static specializations: {st['static']}")
         notes += [f"no static specialization: {f[:160]}" for f in st.get("static_failed", [])[:1]]

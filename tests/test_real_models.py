@@ -227,9 +227,13 @@ def test_benchmark_runs_a_tiny_cell_and_regenerates_its_table(tmp_path):
     rows = bench.read_jsonl(stem.with_suffix(".jsonl"))
     assert [r["cell"] for r in rows] == ["resnet18:B2xIMG32"]
     r = rows[0]
-    assert set(r["timing"]) == {"eager", "planner"} and r["tune_s"] > 0
+    assert set(r["timing"]) == {"eager", "planner", "eager@alone", "planner@alone"}
+    assert r["tune_s"] > 0
     assert r["runtime_stats"]["graphs"] >= 1 and r["max_abs_diff"]["planner"] < 1e-3
     table = stem.with_suffix(".md").read_text()
+    # served/tuned again from the served plan timed alone, as tune times it
+    alone = r["timing"]["planner@alone"]["median_s"] / r["stored_measured_s"]
+    assert f"served alone (tune's protocol, this process) / tuned {alone:.2f}" in table
     assert bench.main(["--from-jsonl", str(stem.with_suffix(".jsonl"))]) == 0
     assert stem.with_suffix(".md").read_text() == table
     # a second call skips the measured cell
@@ -248,7 +252,14 @@ def test_bucket_mode_times_the_other_shape_after_it_recurs(tmp_path):
     assert bench.main([*args, "--bucket", "--rounds", "2", "--out", str(stem)]) == 0
     (r,) = bench.read_jsonl(stem.with_suffix(".jsonl"))
     assert r["other_shape"] == {"B": 2, "S": 24}
-    assert set(r["timing"]) == {"eager", "planner", "eager@other", "planner@other"}
+    assert set(r["timing"]) == {
+        "eager",
+        "planner",
+        "eager@other",
+        "planner@other",
+        "eager@alone",
+        "planner@alone",
+    }
     assert r["runtime_stats"]["static"] == 2 and r["max_abs_diff"]["planner@other"] < 1e-3
     row = stem.with_suffix(".md").read_text().splitlines()
     head = next(ln for ln in row if ln.startswith("| cell"))
