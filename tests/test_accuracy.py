@@ -470,3 +470,15 @@ def test_a_view_traced_against_another_layout_runs_as_a_reshape_in_high_precisio
     assert high.values is not None, high.note
     assert high.dtype == torch.float64
     torch.testing.assert_close(high.values[0], arg.double().reshape(-1))
+
+
+def test_subnormal_values_flushed_to_zero_pass_and_a_wrong_scale_there_fails():
+    """A kernel that flushes subnormal values to zero is not wrong; one that scales an
+    ordinary output by 1% is, however small the floor for subnormals."""
+    torch.manual_seed(0)
+    high = torch.randn(4096, dtype=torch.float64) * 1e-39  # all below float32's tiny
+    ref = high.float()  # eager keeps the subnormals
+    flushed = torch.zeros_like(ref)
+    assert compare_tensor(ref, flushed, high=high) is None
+    big = torch.randn(4096, dtype=torch.float64)
+    assert compare_tensor(big.float(), (big * 1.01).float(), high=big) is not None
