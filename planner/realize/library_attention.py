@@ -88,29 +88,43 @@ def _dense_keys(mask: torch.Tensor) -> torch.Tensor:
 _MATH = 0  # torch._fused_sdp_choice's number for the math kernel
 
 
+_EXPAND: dict[tuple, bool] = {}  # call metadata -> whether to expand the mask (bounded)
+_EXPAND_LIMIT = 256
+
+
 def _dense_if_math(query, key, value, attn_mask, dropout_p, is_causal, scale, kwargs):
     """`attn_mask` expanded to the scores' full shape and made dense when the dispatcher
     would give the broadcast one the math kernel and the dense one a fused kernel; else as
-    it is."""
+    it is. The dispatcher reads only the tensors' metadata, so its answer is asked once per
+    kind of call (shapes, strides, dtypes, devices and the other arguments), not per call."""
     choose = getattr(torch, "_fused_sdp_choice", None)
     if choose is None or query.device.type != "cuda" or query.dim() != 4:
         return attn_mask
-    try:
-        if (
-            int(choose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs))
-            != _MATH
-        ):
-            return attn_mask
-        full = (*query.shape[:-1], key.shape[-2])
-        dense = attn_mask.expand(full).contiguous()
-        if (
-            int(choose(query, key, value, dense, dropout_p, is_causal, scale=scale, **kwargs))
-            != _MATH
-        ):
-            return dense
-    except Exception:  # a private helper whose signature may change: keep the mask
-        pass
-    return attn_mask
+    full = (*query.shape[:-1], key.shape[-2])
+    tensors = (query, key, value, attn_mask)
+    call = (
+        *((tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad) for t in tensors),
+        dropout_p,
+        is_causal,
+        scale,
+        tuple(sorted(kwargs.items())),
+    )
+    expand = _EXPAND.get(call)
+    if expand is None:
+        try:
+
+            def math(mask: torch.Tensor) -> bool:
+                args = (query, key, value, mask, dropout_p, is_causal)
+                return int(choose(*args, scale=scale, **kwargs)) == _MATH
+
+            # the dense mask's layout, without copying it just to ask
+            expand = math(attn_mask) and not math(attn_mask.new_empty(full))
+        except Exception:  # a private helper whose signature may change: keep the mask
+            expand = False
+        if len(_EXPAND) >= _EXPAND_LIMIT:
+            _EXPAND.clear()
+        _EXPAND[call] = expand
+    return attn_mask.expand(full).contiguous() if expand else attn_mask
 
 
 @attention.register_fake
