@@ -3,14 +3,32 @@ eager makes, instead of whatever Inductor would lower it to."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
+import pytest
 import torch
 
 from planner.fusion.partition import Partition
 from planner.ir.capture import export_model
 from planner.realize import library_attention
 from planner.realize.realizer import RealizeWarning, realize
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+@contextlib.contextmanager
+def _masks_passed_on():
+    """The masks `scaled_dot_product_attention` is called with while active, in order."""
+    seen = []
+
+    def recording(*a, **k):
+        seen.append(a[3] if len(a) > 3 else k.get("attn_mask"))
+        return _SDPA(*a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+        yield seen
 
 
 class _Attend(torch.nn.Module):
@@ -108,23 +126,16 @@ def test_an_attention_leaving_its_group_hands_its_layout_on(monkeypatch):
     torch.testing.assert_close(r(x), want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_mask_broadcast_along_its_last_dimension_is_made_dense(monkeypatch):
+def test_a_mask_broadcast_along_its_last_dimension_is_made_dense():
     """Such a mask (a traced model's all-true mask) would send the call to the math kernel;
     the operator passes it on dense, with the same values."""
-    seen = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def recording(*a, **k):
-        seen.append(a[3])
-        return sdpa(*a, **k)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
     q, k, v = (torch.randn(2, 4, 13, 8) for _ in range(3))
     keep = torch.rand(13) > 0.2
     mask = keep[None, None, :, None].expand(1, 1, 13, 13)  # by query row, stride 0 along keys
     assert mask.stride()[-1] == 0
-    got = torch.ops.fusion_planner.attention(q, k, v, mask, 0.0, False, None, False)
-    torch.testing.assert_close(got, sdpa(q, k, v, mask), equal_nan=True)
+    with _masks_passed_on() as seen:
+        got = torch.ops.fusion_planner.attention(q, k, v, mask, 0.0, False, None, False)
+    torch.testing.assert_close(got, _SDPA(q, k, v, mask), equal_nan=True)
     assert seen[-1].stride()[-1] == 1 and torch.equal(seen[-1], mask)
 
 
@@ -152,13 +163,6 @@ def test_an_eager_groups_attention_gets_its_permuted_mask_dense(monkeypatch):
     keys runs as the operator (the fused kernels refuse such a mask), with eager's values;
     the kernel is given the mask dense."""
     monkeypatch.setattr(library_attention, "LIBRARY_ATTENTION_DEVICES", ("cpu",))
-    seen = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def recording(*a, **k):
-        seen.append(a[3] if len(a) > 3 else k.get("attn_mask"))
-        return sdpa(*a, **k)
-
     torch.manual_seed(0)
     module = _Biased().eval()
     x = torch.randn(2, 13, 32)
@@ -176,10 +180,9 @@ def test_an_eager_groups_attention_gets_its_permuted_mask_dense(monkeypatch):
         assert r.realizations[g_at] == "eager" and not r.fallbacks
         assert "attention(s) on a dense mask" in g.note, g.note
         assert "fusion_planner.attention" in str(r.modules[g_at].graph)
-        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
         x = torch.randn(2, 13, 32)
-        got = r(x)
-        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+        with _masks_passed_on() as seen:
+            got = r(x)
         assert seen and seen[-1].stride()[-1] == 1
         with torch.no_grad():
             want = module(x)
@@ -197,20 +200,13 @@ def test_an_eager_group_with_a_dense_mask_is_left_as_it_is(monkeypatch):
     assert "scaled_dot_product_attention" in str(r.modules[at].graph)
 
 
-def test_a_shared_mask_is_made_dense_once_not_per_batch_entry(monkeypatch):
+def test_a_shared_mask_is_made_dense_once_not_per_batch_entry():
     """A permuted bias broadcast over the batch (T5's, traced): the kernel gets it dense
     along keys and still broadcast over the batch, with the same values."""
-    seen = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def recording(*a, **k):
-        seen.append(a[3])
-        return sdpa(*a, **k)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
     q, k, v = (torch.randn(3, 4, 13, 8) for _ in range(3))
     bias = torch.randn(13, 13, 4).permute(2, 0, 1).unsqueeze(0).expand(3, 4, 13, 13)
     assert bias.stride() == (0, 1, 52, 4)
-    got = torch.ops.fusion_planner.attention(q, k, v, bias, 0.0, False, 1.0, False)
-    torch.testing.assert_close(got, sdpa(q, k, v, bias, scale=1.0))
+    with _masks_passed_on() as seen:
+        got = torch.ops.fusion_planner.attention(q, k, v, bias, 0.0, False, 1.0, False)
+    torch.testing.assert_close(got, _SDPA(q, k, v, bias, scale=1.0))
     assert seen[-1].stride() == (0, 169, 13, 1) and torch.equal(seen[-1], bias)

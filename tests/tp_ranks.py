@@ -110,6 +110,22 @@ _HF_COLUMN = (
 _HF_ROW = ("self_attn.o_proj", "mlp.down_proj")
 
 
+def _unfused_plan(graph, **fields):
+    """A plan of `graph` with every op its own group (nothing fused), made on this CPU for
+    the tests; `fields` are the Plan's other fields (predicted_s, tensor_parallel, ...)."""
+    from planner.fusion.partition import Partition
+    from planner.plans.plan import Plan
+
+    return Plan.from_partition(
+        Partition.singletons(graph),
+        device="cpu",
+        dtype="float32",
+        strategy="test",
+        cost_model="test",
+        **fields,
+    )
+
+
 def _wrong_rewrite(gm, decision, sites, compile_epilogue):
     """The planned program with 1 added to its first output on rank 1 only: a mismatch
     one rank sees, which every rank must answer with the unplanned program."""
@@ -132,8 +148,7 @@ def realized_plans(rank: int, world: int) -> dict:
     import warnings
 
     from planner.distributed.tp_realize import realize_tp
-    from planner.fusion.partition import Partition
-    from planner.plans.plan import Plan, TPChoice
+    from planner.plans.plan import TPChoice
     from planner.realize.realizer import realize
 
     torch.manual_seed(0)
@@ -144,14 +159,7 @@ def realized_plans(rank: int, world: int) -> dict:
     captured = export_model(model, (x,))
     gm = captured.program.module()
     sites = tuple(s.gemm for s in find_tp_sites(gm))
-    base = Plan.from_partition(
-        Partition.singletons(captured.graph),
-        device="cpu",
-        dtype="float32",
-        strategy="test",
-        cost_model="test",
-        predicted_s=0.0,
-    )
+    base = _unfused_plan(captured.graph, predicted_s=0.0)
     unplanned = gm(x)[0]
     out = {}
     for chunks, fuse in ((2, True), (2, False)):
@@ -195,10 +203,9 @@ def served_plan(rank: int, world: int, cache_dir: str) -> dict:
     import warnings
 
     from planner.distributed import tp_realize
-    from planner.fusion.partition import Partition
     from planner.hardware import device_fingerprint
     from planner.plans.cache import PlanCache
-    from planner.plans.plan import Plan, TPChoice
+    from planner.plans.plan import TPChoice
     from planner.runtime.backend import fusion_planner_backend
     from planner.runtime.graph import capture_for_serving
 
@@ -209,12 +216,8 @@ def served_plan(rank: int, world: int, cache_dir: str) -> dict:
         p.normal_(0.0, 0.2)
     captured = capture_for_serving(block, (x,))
     sites = tuple(s.gemm for s in find_tp_sites(captured.program.module()))
-    plan = Plan.from_partition(
-        Partition.singletons(captured.graph),
-        device="cpu",
-        dtype="float32",
-        strategy="test",
-        cost_model="test",
+    plan = _unfused_plan(
+        captured.graph,
         predicted_s=1e-3,
         device_fingerprint=device_fingerprint(torch.device("cpu")),
         tensor_parallel=TPChoice(2, True, sites),
