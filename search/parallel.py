@@ -23,7 +23,12 @@ from planner.errors import FusionPlannerError
 from planner.fusion.partition import Partition
 from planner.ir.graph import OpGraph
 from planner.objective import Objective
-from search.optuna_storage import UNREACHABLE, run_workers, storage_kind
+from search.optuna_storage import (
+    UNREACHABLE,
+    fail_trials_of_dead_workers,
+    run_workers,
+    storage_kind,
+)
 from search.strategies import get_strategy
 from search.strategy import Budget, SearchResult
 
@@ -69,8 +74,11 @@ def plan_through_outages(
 ) -> SearchResult:
     """`get_strategy(strategy, **kwargs).plan(...)`, started again on the same study when
     its database goes away mid-search, for up to `outage_s` of outage: the trials already
-    stored are kept, the one running is failed by the heartbeat and retried."""
+    stored are kept; the trial this process was running when the database went away is
+    failed (and queued again) once the search is done, so no trial of this process is left
+    RUNNING in the study."""
     deadline = time.monotonic() + outage_s
+    outage = False
     while True:
         try:
             res = get_strategy(strategy, **kwargs).plan(graph, objective, budget, seed=seed)
@@ -78,12 +86,16 @@ def plan_through_outages(
             if not _storage_lost(e) or time.monotonic() > deadline:
                 raise
             log.warning("study storage unreachable (%s: %s); retrying", type(e).__name__, e)
+            outage = True
             time.sleep(1.0)
             continue
         if UNREACHABLE in res.notes and time.monotonic() < deadline:  # down when opened
             log.warning("study storage unreachable (%s); retrying", res.notes[:300])
+            outage = True
             time.sleep(1.0)
             continue
+        if outage:  # this process runs one trial at a time: any still RUNNING is orphaned
+            fail_trials_of_dead_workers(kwargs.get("storage"), {os.getpid()})
         return res
 
 

@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -657,3 +658,36 @@ def test_the_backend_runs_the_model_right_when_its_cache_is_down():
     assert be.stats.default == 3 and be.stats.queued == 0  # misses; nothing could be queued
     assert not [f for f in be.stats.fallbacks if f.startswith("capture")]  # not marked broken
     assert be.cache is not None  # the cache object stays, to be used once the server is up
+
+
+class OperationalError(Exception):
+    """Named as the database drivers name a dropped connection."""
+
+
+def test_a_trial_cut_off_by_a_database_outage_is_not_left_running(tmp_path, monkeypatch):
+    optuna = pytest.importorskip("optuna")
+    from search import parallel
+    from search.optuna_storage import WORKER_ATTR, make_storage, worker_tag
+
+    journal = f"journal:{tmp_path / 'study.log'}"
+    study = optuna.create_study(study_name="outage", storage=make_storage(journal))
+    calls: list[int] = []
+
+    class CutOff:
+        """A search whose first attempt loses its database mid-trial."""
+
+        def plan(self, g, objective, budget, seed=0):
+            calls.append(seed)
+            if len(calls) == 1:
+                trial = study.ask()
+                trial.set_user_attr(WORKER_ATTR, worker_tag())
+                raise RuntimeError("tell failed") from OperationalError("server closed")
+            return types.SimpleNamespace(notes="")
+
+    monkeypatch.setattr(parallel, "get_strategy", lambda name, **kw: CutOff())
+    monkeypatch.setattr(parallel.time, "sleep", lambda s: None)
+    parallel.plan_through_outages("tpe", {"storage": journal}, None, None, None, 0)
+    assert len(calls) == 2
+    trials = optuna.load_study(study_name="outage", storage=make_storage(journal)).trials
+    states = [t.state.name for t in trials]
+    assert "RUNNING" not in states and "FAIL" in states
