@@ -21,6 +21,7 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+import planner.realize.conv_layout as conv_layout
 import planner.realize.kernels as patterns
 import planner.realize.library_attention as library_attention
 from planner.errors import PlanError
@@ -481,6 +482,24 @@ def prepare_unit(
             note = "; ".join(filter(None, [note, f"{n} attention(s) as eager's library kernel"]))
         except Exception as e:  # keep the group as it was
             why = f"library attention failed ({type(e).__name__}: {str(e)[:160]})"
+            note = "; ".join(filter(None, [note, why]))
+    if (
+        not keep_layout
+        and realization in ("inductor", "sdpa", "concat_gemm")
+        and conv_layout.conv_sites(module, conv_layout.CHANNELS_LAST_DEVICES)
+    ):
+        try:
+            cl, cl_names, cl_fakes = _clone(module), list(names), list(fakes)
+            state = {k: parts.state[k] for k in cl_names if k in parts.state}
+            prefix = f"channels_last_w_{gg.index}_"
+            more, n = conv_layout.to_channels_last(
+                cl, state, cl_names, cl_fakes, fake_mode, prefix, conv_layout.CHANNELS_LAST_DEVICES
+            )
+            _finish(cl, cl_names, cl_fakes, [], parts, gg, fake_mode, keep_layout)
+            module, names, fakes, extra = cl, cl_names, cl_fakes, {**extra, **more}
+            note = "; ".join(filter(None, [note, f"{n} convolution(s) channels-last"]))
+        except Exception as e:  # keep the group as it was
+            why = f"channels-last convolutions failed ({type(e).__name__}: {str(e)[:160]})"
             note = "; ".join(filter(None, [note, why]))
     label = f"{realization}+{mode}" if mode else realization
     unit = GroupUnit(gg, requested, extra)
