@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from planner.realize.derived import Recipe, derive
+
 aten = torch.ops.aten
 
 CHANNELS_LAST_DEVICES: tuple[str, ...] = ("cuda",)
@@ -74,6 +76,10 @@ def conv_sites(gm: fx.GraphModule, devices: Sequence[str] = CHANNELS_LAST_DEVICE
     return out
 
 
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
 def to_channels_last(
     gm: fx.GraphModule,
     state: dict[str, torch.Tensor],
@@ -81,13 +87,14 @@ def to_channels_last(
     fakes: list[Any],
     fake_mode: Any,
     prefix: str,
-    devices: Sequence[str] = CHANNELS_LAST_DEVICES,
+    recipes: dict[str, Recipe],
 ) -> tuple[dict[str, torch.Tensor], int]:
     """Rewrite `gm` in place as the module doc says; `state` maps the placeholders that are
     model state to their tensors. New placeholders (channels-last weight copies, named
-    `prefix` + a number) are appended to `names` and `fakes`. Returns the copies made and
-    the number of convolutions rewritten (0: `gm` is unchanged)."""
-    sites = conv_sites(gm, devices)
+    `prefix` + a number, their recipes recorded in `recipes`: planner.realize.derived) are
+    appended to `names` and `fakes`. Returns the copies made and the number of
+    convolutions rewritten (0: `gm` is unchanged)."""
+    sites = conv_sites(gm, CHANNELS_LAST_DEVICES)
     if not sites:
         return {}, 0
     g = gm.graph
@@ -106,7 +113,7 @@ def to_channels_last(
         if w.op == "placeholder" and w.target in state:
             if w.target not in copies:
                 name = f"{prefix}{len(extra)}"
-                extra[name] = state[w.target].detach().contiguous(memory_format=torch.channels_last)
+                extra[name] = derive(recipes, name, [w.target], _channels_last, state)
                 with g.inserting_after(last):
                     last = copies[w.target] = g.placeholder(name)
                 names.append(name)

@@ -62,6 +62,7 @@ from planner.plans.plan import Plan
 from planner.realize.check import Mismatch, compare_outputs
 from planner.realize.compilers import GroupCompiler, SharedCompiles, inductor_compiler
 from planner.realize.cudagraphs import RealizeWarning, _GraphReplay, _ShapeGraphs
+from planner.realize.derived import DerivedState
 from planner.realize.graph import (
     GroupGraph,
     ProgramParts,
@@ -210,6 +211,8 @@ class RealizedPlan:
         self._order = order
         self._impls: list[Callable[..., Any]] = [u.run for u in units]
         self._guard = _InputGuard(parts, captured.program)
+        # copies of state (concatenated, padded, channels-last weights) follow their sources
+        self._derived = DerivedState.of_units(parts.state, units)
         # the model's compute dtype: the loosest precision any value was rounded to
         self._dtype = next((d for d, _ in self._guard.specs if d.is_floating_point), None)
         self._io = captured.io
@@ -311,6 +314,7 @@ class RealizedPlan:
         elif kwargs:
             raise PlanError("the realized plan takes positional tensor inputs only")
         self._guard.check(args)
+        self._derived.refresh()
         if self._whole_fallback is not None:
             out = self._whole_fallback(*args)  # the exported program: flat when io is known
             return self._io.rebuild_outputs(out) if self._io is not None else out

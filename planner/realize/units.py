@@ -9,6 +9,7 @@ top-level program changing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import time
@@ -29,6 +30,7 @@ from planner.fusion.realization import split_label
 from planner.ir import taxonomy
 from planner.ir.graph import Category, OpGraph
 from planner.realize.compilers import SharedCompiles
+from planner.realize.derived import Recipe, derive
 from planner.realize.graph import GroupGraph, ProgramParts
 from planner.realize.layout import (
     as_layout,
@@ -152,6 +154,7 @@ class GroupUnit:
         self.group = group
         self.requested = requested
         self.extra_state = extra
+        self.derived: dict[str, Recipe] = {}  # how each extra tensor is made from state
         self.inputs = group.inputs + tuple(extra)  # the fixed call signature
         self.realization = "eager"
         self.compiled = False
@@ -225,6 +228,10 @@ def _fake_mode(fakes: Sequence[Any]) -> Any:
     return next(f.fake_mode for f in fakes if hasattr(f, "fake_mode"))
 
 
+def _cat(*ts: torch.Tensor) -> torch.Tensor:
+    return torch.cat(ts, 0)
+
+
 def _rewrite(
     graph: OpGraph,
     parts: ProgramParts,
@@ -232,8 +239,11 @@ def _rewrite(
     realization: str,
     fake_mode: Any,
     keep_layout: bool = True,
+    recipes: dict[str, Recipe] | None = None,
 ) -> tuple[fx.GraphModule, list[str], list[Any], dict[str, torch.Tensor]] | None:
-    """The group's subgraph with its pattern rewritten, or None when there is none."""
+    """The group's subgraph with its pattern rewritten, or None when there is none. The
+    copies of state it makes (concatenated weights) record their recipes in `recipes`."""
+    recipes = {} if recipes is None else recipes
     names, fakes = list(gg.inputs), list(gg.fakes)
     extra: dict[str, torch.Tensor] = {}
     replaced: list[tuple[fx.Node, str]] = []
@@ -250,14 +260,15 @@ def _rewrite(
             return None
         gm = _clone(gg.module)
         for k, s in enumerate(sibs):
-            ws = [parts.state[graph.tensors[t].name] for t in s.weights]
+            w_names = [graph.tensors[t].name for t in s.weights]
             w_name = f"concat_w_{gg.index}_{k}"
-            extra[w_name] = torch.cat(ws, 0)
+            extra[w_name] = derive(recipes, w_name, w_names, _cat, parts.state)
             b_name = None
             if s.biases:
                 b_name = f"concat_b_{gg.index}_{k}"
-                extra[b_name] = torch.cat([parts.state[graph.tensors[t].name] for t in s.biases])
-            sizes = tuple(int(w.shape[0]) for w in ws)
+                b_names = [graph.tensors[t].name for t in s.biases]
+                extra[b_name] = derive(recipes, b_name, b_names, _cat, parts.state)
+            sizes = tuple(int(parts.state[w].shape[0]) for w in w_names)
             replaced += patterns.rewrite_concat_gemm(gm, s, parts.op_names, w_name, b_name, sizes)
             names.append(w_name)
             fakes.append(fake_mode.from_tensor(extra[w_name]))
@@ -300,6 +311,10 @@ def _finish(
 _ALIGN_BYTES = 16  # cuBLAS's fast kernels want every leading dimension 16-byte aligned
 
 
+def _padded(t: torch.Tensor, spec: tuple[int, ...]) -> torch.Tensor:
+    return torch.nn.functional.pad(t, spec)
+
+
 def pad_unaligned_linears(
     parts: ProgramParts,
     gg: GroupGraph,
@@ -309,6 +324,7 @@ def pad_unaligned_linears(
     fake_mode: Any,
     keep_layout: bool,
     devices: tuple[str, ...] = ("cuda",),
+    recipes: dict[str, Recipe] | None = None,
 ) -> tuple[fx.GraphModule, list[str], list[Any], dict[str, torch.Tensor], int] | None:
     """`module` with each `linear` whose weight is model state and whose output width is not
     a multiple of 16 bytes run on a copy of the weight (and bias) padded with zero rows to
@@ -345,8 +361,11 @@ def pad_unaligned_linears(
             if a is None:
                 continue
             name = f"padded_{what}_{gg.index}_{len(extra)}"
-            t = parts.state[a.target].detach()
-            extra[name] = torch.nn.functional.pad(t, (0, 0, 0, pad) if t.dim() == 2 else (0, pad))
+            spec = (0, 0, 0, pad) if parts.state[a.target].dim() == 2 else (0, pad)
+            make = functools.partial(_padded, spec=spec)
+            extra[name] = derive(
+                {} if recipes is None else recipes, name, [a.target], make, parts.state
+            )
             with g.inserting_after(last):
                 last = g.placeholder(name)
             names.append(name)
@@ -429,10 +448,11 @@ def prepare_unit(
     base, mode = split_label(requested)
     realization, module, names, fakes = base, gg.module, list(gg.inputs), list(gg.fakes)
     extra: dict[str, torch.Tensor] = {}
+    recipes: dict[str, Recipe] = {}
     note = ""
     if base in ("sdpa", "concat_gemm"):
         try:
-            rewritten = _rewrite(graph, parts, gg, base, fake_mode, keep_layout)
+            rewritten = _rewrite(graph, parts, gg, base, fake_mode, keep_layout, recipes)
         except Exception as e:  # a rewrite that does not trace: compile the group as is
             rewritten = None
             note = f"{base} rewrite failed ({type(e).__name__}: {str(e)[:160]})"
@@ -451,7 +471,9 @@ def prepare_unit(
     alone = realization != "inductor" and not mode
     if realization in ("inductor", "sdpa", "concat_gemm") and not mode:
         try:
-            padded = pad_unaligned_linears(parts, gg, module, names, fakes, fake_mode, keep_layout)
+            padded = pad_unaligned_linears(
+                parts, gg, module, names, fakes, fake_mode, keep_layout, recipes=recipes
+            )
         except Exception as e:  # keep the group as it was
             padded = None
             why = f"padding unaligned GEMMs failed ({type(e).__name__}: {str(e)[:160]})"
@@ -493,7 +515,7 @@ def prepare_unit(
             state = {k: parts.state[k] for k in cl_names if k in parts.state}
             prefix = f"channels_last_w_{gg.index}_"
             more, n = conv_layout.to_channels_last(
-                cl, state, cl_names, cl_fakes, fake_mode, prefix, conv_layout.CHANNELS_LAST_DEVICES
+                cl, state, cl_names, cl_fakes, fake_mode, prefix, recipes
             )
             _finish(cl, cl_names, cl_fakes, [], parts, gg, fake_mode, keep_layout)
             module, names, fakes, extra = cl, cl_names, cl_fakes, {**extra, **more}
@@ -503,6 +525,7 @@ def prepare_unit(
             note = "; ".join(filter(None, [note, why]))
     label = f"{realization}+{mode}" if mode else realization
     unit = GroupUnit(gg, requested, extra)
+    unit.derived = {n: r for n, r in recipes.items() if n in extra}
     unit.note = note
     unit.module, unit.module_fakes = module, tuple(fakes)
     if alone and work_ops(module) <= 1:
