@@ -56,6 +56,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -90,6 +91,17 @@ MODES = (
 ALTERNATIVES = MODES[:5]  # what the planner is compared with
 SOLO = "@alone"  # a contender timed by itself, with `tune`'s protocol
 OTHER = "@other"  # suffix of a contender timed at the bucket's other shape (`--bucket`)
+
+
+def _note_counts(groups: Any) -> dict[str, int]:
+    """How many groups carry each note, numbers left out ("3 convolution(s) channels-last"
+    and "1 convolution(s) channels-last" count as one note)."""
+    out: dict[str, int] = {}
+    for g in groups:
+        for part in filter(None, (getattr(g, "note", "") or "").split("; ")):
+            key = re.sub(r"\b\d+\b", "N", part)[:120]
+            out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
 
 
 # ---- cells ---------------------------------------------------------------------------------
@@ -389,6 +401,8 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
                     "fallback_reasons": sorted(set(rp.fallbacks.values()))[:5],
                     # set when no group-level fallback made the plan agree with eager
                     "whole_plan_fallback": getattr(rp, "_whole_fallback", None) is not None,
+                    # what realization did beyond the label (rewrites, layouts), by group count
+                    "notes": _note_counts(getattr(rp, "groups", ())),
                 }
                 for rp in realized
                 if hasattr(rp, "partition")

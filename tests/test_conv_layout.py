@@ -104,3 +104,26 @@ def test_compiled_by_inductor_the_channels_last_plan_matches_eager(on_cpu):
     assert len(_conv_units(r)) == 3 and not r.fallbacks
     x = torch.randn_like(inputs[0])
     assert_close(r(x), eager_out(module, (x,)), tol=1e-4)
+
+
+def test_a_hugging_face_resnet_through_the_backend_runs_its_convolutions_channels_last(on_cpu):
+    """As a user compiles it: every group compiles (the weight copies' fake values are
+    static: symbolic kernel sizes made Inductor refuse the stride-2 7x7 stem's consumers),
+    and the answer is eager's."""
+    pytest.importorskip("transformers")
+    from benchmarks.models import resnet
+    from planner.runtime.backend import fusion_planner_backend
+
+    module, args = resnet.tiny(2, 32)
+    module.eval()
+    backend = fusion_planner_backend()
+    plans = []
+    realizer = backend.realizer
+    backend.realizer = lambda c, p, **o: plans.append(realizer(c, p, **o)) or plans[-1]
+    compiled = torch.compile(module, backend=backend, dynamic=False)
+    with torch.no_grad():
+        got, want = compiled(*args), module(*args)
+    assert len(plans) == 1 and not plans[0].fallbacks
+    assert len(_conv_units(plans[0])) >= 5
+    assert_close(got.pooler_output, want.pooler_output, tol=1e-4)
+    assert_close(got.last_hidden_state, want.last_hidden_state, tol=1e-4)

@@ -117,7 +117,7 @@ def to_channels_last(
                 with g.inserting_after(last):
                     last = copies[w.target] = g.placeholder(name)
                 names.append(name)
-                fakes.append(fake_mode.from_tensor(extra[name]))
+                fakes.append(fake_mode.from_tensor(extra[name], static_shapes=True))
             new_w = copies[w.target]
         node.args = (converted[x], new_w, *node.args[2:])
     g.lint()

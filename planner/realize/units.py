@@ -271,10 +271,10 @@ def _rewrite(
             sizes = tuple(int(parts.state[w].shape[0]) for w in w_names)
             replaced += patterns.rewrite_concat_gemm(gm, s, parts.op_names, w_name, b_name, sizes)
             names.append(w_name)
-            fakes.append(fake_mode.from_tensor(extra[w_name]))
+            fakes.append(fake_mode.from_tensor(extra[w_name], static_shapes=True))
             if b_name is not None:
                 names.append(b_name)
-                fakes.append(fake_mode.from_tensor(extra[b_name]))
+                fakes.append(fake_mode.from_tensor(extra[b_name], static_shapes=True))
     else:
         return None
     _finish(gm, names, fakes, replaced, parts, gg, fake_mode, keep_layout)
@@ -369,7 +369,7 @@ def pad_unaligned_linears(
             with g.inserting_after(last):
                 last = g.placeholder(name)
             names.append(name)
-            fakes.append(fake_mode.from_tensor(extra[name]))
+            fakes.append(fake_mode.from_tensor(extra[name], static_shapes=True))
             new_args.append(last)
         out_dim = node.meta["val"].dim() - 1 if "val" in node.meta else -1
         with g.inserting_after(node):
