@@ -1,0 +1,141 @@
+"""Can a bucket's symbolic realization propagate layouts across groups?
+
+    PYTHONPATH=. python benchmarks/probes/symbolic_layouts.py > benchmarks/results/symbolic_layouts_h100.jsonl
+    PYTHONPATH=. python benchmarks/probes/symbolic_layouts.py --quick   # CPU, tiny blocks
+
+Symbolic programs (one realization serving a bucket of lengths) keep eager's layouts at
+every group boundary (planner/realize/realizer.py, docs/runtime.md): on the H100 one
+stream run with propagation on had calls fall back to eager at run time, an Inductor group
+compiled for the realization length's strides (`expected size 167==211`). The CPU did not
+reproduce it. One suspect has since been fixed: the copies of weights a rewrite makes
+(concatenated QKV) entered the group's trace with symbolic sizes from export's shape
+environment, which may be duck-sized onto the length.
+
+Per zoo block (bf16 on CUDA; float32 tiny blocks with `--quick`): export over a bucket of
+lengths, realize the default plan at an odd length twice, keeping eager's layouts and
+propagating them (the realizer's static-only switch turned off), then call both at several
+lengths of the bucket. Per (block, variant, length): whether the call matched eager, the
+largest difference, groups that fell back to eager, and the time per call (CUDA events,
+median of 5 runs of 10 calls; perf_counter on CPU). One JSON line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import zoo
+from planner.ir.capture_dynamic import export_dynamic
+from planner.realize import realizer as realizer_module
+from planner.runtime.backend import default_plan
+
+FULL = {"B": 8, "S": 211, "D": 768, "H": 12}
+TINY = {"B": 2, "S": 37, "D": 64, "H": 4}
+BLOCKS = ("gpt2-block", "transformer-block", "llama-block", "bert-layer")
+
+
+def _time(fn: Any, x: Any, cuda: bool) -> float:
+    for _ in range(3):
+        fn(x)
+    runs = []
+    for _ in range(5):
+        if cuda:
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(10):
+                fn(x)
+            b.record()
+            torch.cuda.synchronize()
+            runs.append(a.elapsed_time(b) / 10 * 1e3)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(10):
+                fn(x)
+            runs.append((time.perf_counter() - t0) / 10 * 1e6)
+    return statistics.median(runs)
+
+
+def _realize(c: Any, plan: Any, propagate: bool) -> Any:
+    if not propagate:
+        return realizer_module.realize(c, plan, cuda_graphs=False)
+    keep = realizer_module._symbolic
+    realizer_module._symbolic = lambda parts: False
+    try:
+        return realizer_module.realize(c, plan, cuda_graphs=False)
+    finally:
+        realizer_module._symbolic = keep
+
+
+def probe(name: str, p: dict[str, int], lengths: list[int], device: str, dtype: Any) -> None:
+    cuda = device == "cuda"
+    params = dict(p, MAXS=max(lengths) * 2) if name == "llama-block" else p
+    torch.manual_seed(0)
+    module, inputs = zoo.get(name).build(params, dtype=dtype, device=device)
+    module.eval()
+    lo, hi = min(lengths), max(lengths)
+    c = export_dynamic(module, inputs, dims={0: {1: (lo, hi)}})
+    plan = default_plan(c.graph, device)
+    for propagate in (False, True):
+        row: dict[str, Any] = {"block": name, "propagate": propagate, "realized_at": p["S"]}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                r = _realize(c, plan, propagate)
+            except Exception as e:
+                print(json.dumps({**row, "error": f"{type(e).__name__}: {str(e)[:300]}"}))
+                continue
+            row["propagated"] = any(u.out_fakes for u in r._units)
+            row["realize_fallbacks"] = sorted(set(r.fallbacks.values()))[:3]
+            for s in lengths:
+                shape = list(inputs[0].shape)
+                shape[1] = s
+                x = (
+                    torch.randint(0, 100, shape, device=device)
+                    if not inputs[0].is_floating_point()
+                    else torch.randn(shape, device=device, dtype=dtype)
+                )
+                out: dict[str, Any] = {**row, "S": s}
+                try:
+                    with torch.no_grad():
+                        got, want = r(x), module(x)
+                    got = got[0] if isinstance(got, tuple | list) else got
+                    want = want[0] if isinstance(want, tuple | list) else want
+                    out["max_abs_diff"] = float((got.float() - want.float()).abs().max())
+                    out["fallbacks_now"] = sorted(set(r.fallbacks.values()))[:3]
+                    out["us"] = _time(r, x, cuda)
+                    out["eager_us"] = _time(module, x, cuda)
+                except Exception as e:
+                    out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(json.dumps(out), flush=True)
+        msgs = sorted({str(w.message)[:200] for w in caught if "eager" in str(w.message)})
+        if msgs:
+            print(json.dumps({**row, "warnings": msgs[:5]}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny float32 blocks on the CPU")
+    ap.add_argument("--blocks", default=",".join(BLOCKS))
+    args = ap.parse_args(argv)
+    quick = args.quick or not torch.cuda.is_available()
+    device, dtype = ("cpu", torch.float32) if quick else ("cuda", torch.bfloat16)
+    p = TINY if quick else FULL
+    lengths = [37, 16, 64, 50] if quick else [211, 167, 128, 512, 1024, 2048]
+    for name in args.blocks.split(","):
+        probe(name, p, lengths, device, dtype)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
