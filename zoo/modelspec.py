@@ -160,6 +160,21 @@ def resolve(spec: str, shape: str | dict[str, int] | None = None) -> ModelSpec:
     return ModelSpec(spec, params, dims, bool(getattr(factory, "transformer_like", False)))
 
 
+class KeywordCall(torch.nn.Module):
+    """A model whose factory gave keyword arguments (`{"input_features": x,
+    "decoder_input_ids": y}`), called positionally: `forward(*values)` is
+    `model(**dict(zip(names, values)))`. Encoder-decoder models need this: their decoder
+    inputs come after arguments that must stay unset."""
+
+    def __init__(self, model: torch.nn.Module, names: tuple[str, ...]):
+        super().__init__()
+        self.model = model
+        self.names = names
+
+    def forward(self, *values: Any) -> Any:
+        return self.model(**dict(zip(self.names, values)))
+
+
 def _checked(spec: str, result: Any) -> tuple[torch.nn.Module, tuple[Any, ...]]:
     """A factory's `(module, example_inputs)`, the inputs as a tuple of positional args."""
     if not (isinstance(result, tuple) and len(result) == 2):
@@ -174,10 +189,13 @@ def _checked(spec: str, result: Any) -> tuple[torch.nn.Module, tuple[Any, ...]]:
         )
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
+    if isinstance(inputs, dict) and inputs and all(isinstance(k, str) for k in inputs):
+        module, inputs = KeywordCall(module, tuple(inputs)), tuple(inputs.values())
     if not isinstance(inputs, tuple | list):
         raise ModelSpecError(
-            f"{spec} returned example_inputs of type {type(inputs).__name__}; expected a tensor "
-            "or a tuple of positional args (nested dicts/lists of tensors are fine inside it)"
+            f"{spec} returned example_inputs of type {type(inputs).__name__}; expected a tensor, "
+            "a tuple of positional args (nested dicts/lists of tensors are fine inside it) or a "
+            "dict of keyword args"
         )
     if not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(inputs)):
         raise ModelSpecError(f"{spec}'s example inputs hold no tensor")
