@@ -274,6 +274,12 @@ def _joint_kwargs(cfg: TuneConfig) -> dict[str, Any]:
     return {"max_trials": cfg.trials}
 
 
+def slower_than(a: Timing, b: Timing) -> bool:
+    """Whether `a` is slower than `b` beyond their spread: a's median less half its IQR is
+    above b's median plus half its IQR."""
+    return a.median_s - a.iqr_s / 2 > b.median_s + b.iqr_s / 2
+
+
 def candidate_plan(
     objective: Objective, c: Candidate, *, device: str, dtype: str, strategy: str | None = None
 ) -> Plan:
@@ -382,6 +388,15 @@ def tune_bucket(
     realize_s = time.perf_counter() - t0
     _online_update(cost_model, graph, measured, progress)
     best = min((c for c in measured if c.measured), key=lambda c: c.measured.median_s, default=None)
+    if best is not None and slower_than(best.measured, eager):
+        progress(
+            f"  eager ({units.seconds(eager.median_s)}) is faster than every candidate (best: "
+            f"{best.strategy}, {units.seconds(best.measured.median_s)}): storing the unfused "
+            "plan, which the backend serves as the model's own graph"
+        )
+        unfused = Partition.singletons(graph)
+        best = Candidate("eager", unfused, objective.evaluate(unfused).total_s, measured=eager)
+        measured.append(best)
     plan, stored = None, "nothing measured: no plan stored"
     if best is not None:
         plan = candidate_plan(objective, best, device=device, dtype=dt)

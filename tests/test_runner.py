@@ -195,3 +195,40 @@ def test_tune_keeps_the_fastest_record_and_drops_failed_ones(tmp_path):
     assert failed.measured is None and failed.error == "run: boom"
     assert result.plan.measured_s == min(c.measured.median_s for c in ok) == 2e-3
     assert result.plan.eager_s == 5e-3 and result.plan.strategy == ok[0].strategy
+
+
+class SlowPlansRunner(ScriptedRunner):
+    """Every plan takes 9 ms against eager's 5 ms."""
+
+    def measure_plan(self, job: PlanJob) -> Measurement:
+        self.jobs.append(job)
+        return self._record(job.label, 9e-3)
+
+
+def test_when_eager_beats_every_plan_tune_stores_the_unfused_plan_and_it_serves_eagerly(
+    tmp_path,
+):
+    from planner.plans.cache import PlanCache
+    from planner.runtime.backend import fusion_planner_backend
+    from search.tune import TuneConfig, tune
+
+    spec = resolve("zoo:transformer-block", "B=1,D=32,H=2")
+    cfg = TuneConfig(
+        spec=spec, dynamic="S=8..8", strategy="priority", top_k=2, compile_baseline=False
+    )
+    db = str(tmp_path / "plans.sqlite")
+    with PlanCache(db) as cache:
+        (result,) = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, runner=SlowPlansRunner())
+    plan = result.plan
+    assert plan.strategy == "eager" and plan.measured_s == plan.eager_s == 5e-3
+    assert all(len(g.nodes) == 1 for g in plan.groups)
+    assert result.best.strategy == "eager" and "stored=True" in result.stored
+    module, inputs = spec.with_params(S=8).build()
+    backend = fusion_planner_backend(db, device="cpu")
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), module(*inputs))
+    torch._dynamo.reset()
+    s = backend.stats
+    assert s.exact + s.bucket == 1 and s.realized == 0, s  # the cached plan: dynamo's graph
