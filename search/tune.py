@@ -80,6 +80,9 @@ class TuneConfig:
     heartbeat_s: int | None = None  # database storages: heartbeat interval (None: Optuna's 60)
     seed: int = 0
     compile_baseline: bool = True
+    # store the unfused plan (served as the model's own graph) when eager measured faster
+    # than every candidate beyond their spread; False stores the fastest candidate anyway
+    prefer_eager: bool = True
     timer: dict[str, Any] = field(
         default_factory=lambda: {"warmup": 3, "min_reps": 10, "max_reps": 100, "max_seconds": 5.0}
     )
@@ -388,7 +391,7 @@ def tune_bucket(
     realize_s = time.perf_counter() - t0
     _online_update(cost_model, graph, measured, progress)
     best = min((c for c in measured if c.measured), key=lambda c: c.measured.median_s, default=None)
-    if best is not None and slower_than(best.measured, eager):
+    if best is not None and cfg.prefer_eager and slower_than(best.measured, eager):
         progress(
             f"  eager ({units.seconds(eager.median_s)}) is faster than every candidate (best: "
             f"{best.strategy}, {units.seconds(best.measured.median_s)}): storing the unfused "

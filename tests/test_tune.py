@@ -77,7 +77,11 @@ def test_tune_cli_table_and_queue_only_mode(tmp_path, capsys):
     args = _mlp_tune_args(str(tmp_path / "plans.sqlite"))
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "tuned zoo:mlp" in out and out.count("greedy") >= 2
+    assert "tuned zoo:mlp" in out
+    # one row per bucket, naming the stored plan: the search's, or the unfused one where
+    # eager measured faster on this machine
+    rows = [line.split() for line in out.splitlines() if line.startswith("B ")]
+    assert len(rows) == 2 and all(r[2] in ("greedy", "eager") for r in rows), out
     # nothing queued yet: --from-queue tunes no bucket and still succeeds
     assert main([*args, "--from-queue"]) == 0
 

@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         heartbeat_s=args.heartbeat,
         seed=args.seed,
         compile_baseline=not args.no_compile_baseline,
+        prefer_eager=not args.keep_fused,
     )
     with PlanCache(args.cache) as cache:
         only = None

@@ -105,6 +105,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--no-compile-baseline", action="store_true", help="skip timing torch.compile per bucket"
     )
+    p.add_argument(
+        "--keep-fused",
+        action="store_true",
+        help="store the fastest candidate even when eager measured faster than every one "
+        "(by default the unfused plan is stored then: the backend runs the model's own graph)",
+    )
     p.add_argument("--seed", type=int, default=0)
     add_format_arg(p)
     p.add_argument(
