@@ -246,3 +246,51 @@ def served_plan(rank: int, world: int, cache_dir: str) -> dict:
         "exact": backend.stats.exact,
         "warnings": [str(m.message) for m in w if "fusion-planner" in str(m.message)],
     }
+
+
+def tuned_on_ranks(rank: int, world: int, cache_dir: str) -> dict:
+    """`tune` of the zoo block (functional collectives) run by every rank, each with its own
+    plan cache: the decision searched, the plan with it measured on the ranks as served,
+    the measured best stored; what each rank stored, gathered."""
+    from learned_cost.analytical import AnalyticalModel
+    from planner.hardware import get_spec
+    from planner.plans.cache import PlanCache
+    from search.tune import TuneConfig, tune
+    from zoo.modelspec import resolve
+
+    cfg = TuneConfig(
+        spec=resolve("zoo:tp-block", f"B={B},D={D},H={H},TP={world}"),
+        dynamic=f"S={S}..{S}",
+        strategy="priority",
+        top_k=1,
+        compile_baseline=False,
+        timer={"warmup": 1, "min_reps": 3, "max_reps": 6, "max_seconds": 1.0},
+    )
+    with PlanCache(f"{cache_dir}/rank{rank}.db") as cache:
+        (r,) = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, progress=lambda m: None)
+        plan = r.plan
+        key = plan.structure_key if plan is not None else ""
+        hit = cache.lookup(key, [[B, S, D]]) if plan is not None else None
+    mine = {
+        "stored_tp": plan.tensor_parallel.label if plan and plan.tensor_parallel else None,
+        "measured_s": plan.measured_s if plan else None,
+    }
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    return {
+        "plan": plan.to_json() if plan else None,
+        "cached_tp": hit.plan.tensor_parallel.label
+        if hit and hit.plan and hit.plan.tensor_parallel
+        else None,
+        "candidates": [
+            {
+                "strategy": c.strategy,
+                "tp": c.tensor_parallel.label if c.tensor_parallel else None,
+                "measured_s": c.measured.median_s if c.measured else None,
+                "error": c.error,
+            }
+            for c in r.candidates
+        ],
+        "note": r.tensor_parallel,
+        "ranks": every,
+    }

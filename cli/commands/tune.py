@@ -134,12 +134,14 @@ def _row(r: BucketResult, dims: Any) -> dict[str, Any]:
                 "measured": fmt.timing_dict(c.measured),
                 "error": c.error,
                 "fallbacks": {str(g): why for g, why in c.fallbacks.items()},
+                "tensor_parallel": c.tensor_parallel.label if c.tensor_parallel else None,
             }
             for c in r.candidates
         ],
         "search_s": r.search_s,
         "realize_s": r.realize_s,
         "stored": r.stored,
+        "tensor_parallel": r.tensor_parallel,
     }
 
 
@@ -170,6 +172,8 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
             lines.append(f"{'':<4}group {g} runs eagerly: {short_reason(why, 100)}")
         if r.stored.startswith("NOT stored"):
             lines.append(f"  {r.stored}")
+        if r.tensor_parallel:  # a rank program's decision: measured, or said it was not
+            lines.append(f"  {r.tensor_parallel}")
     lines.append("times: median ±half the interquartile range")
     if flagged:
         lines.append(fmt.UNSTABLE_NOTE)
