@@ -56,6 +56,22 @@ def test_the_decision_round_trips_through_json_and_the_cache(plan, tmp_path) -> 
         assert got.plan is not None and got.plan.tensor_parallel == choice
 
 
+def test_a_decision_per_site_round_trips_and_a_single_one_means_every_site(plan) -> None:
+    sites = ("linear_3", "linear_5")
+    mixed = dataclasses.replace(plan, tensor_parallel=TPChoice((2, 1), (True, False), sites))
+    data = json.loads(json.dumps(mixed.to_json()))
+    assert data["tensor_parallel"]["chunks"] == [2, 1]
+    assert data["tensor_parallel"]["fuse_epilogue"] == [True, False]
+    assert Plan.from_json(data) == mixed and mixed.tensor_parallel.label == "k=2 fused | k=1"
+    # a record written before per-site decisions: one decision for all its sites
+    old = {"chunks": 2, "fuse_epilogue": True, "sites": list(sites), "predicted_s": 1e-4}
+    loaded = Plan.from_json({**plan.to_json(), "tensor_parallel": old}).tensor_parallel
+    assert loaded.chunks == (2, 2) and loaded.fuse_epilogue == (True, True)
+    assert loaded.label == "k=2 fused" and loaded.to_json()["chunks"] == 2  # written so again
+    with pytest.raises(PlanError, match="one per site"):
+        TPChoice((2, 1, 1), True, sites)
+
+
 def test_a_record_without_the_decision_loads_and_is_written_as_before(plan) -> None:
     data = plan.to_json()
     assert "tensor_parallel" not in data  # an old reader still reads new plans without TP
@@ -158,9 +174,16 @@ def test_the_priced_backward_collectives_are_those_torch_issues() -> None:
 
 def test_a_recorded_decision_is_applied_and_verified_on_gloo_ranks() -> None:
     res = run_ranks(2, "tests.tp_ranks:realized_plans", (), timeout_s=120)
-    for label in ("k=2 fused=True", "k=2 fused=False"):
+    # site by site: chunks per row-parallel GEMM, the fused epilogues' units
+    expected = {
+        "k=2 fused": ([2, 2], ["tp_epilogue_0", "tp_epilogue_1"]),
+        "k=2": ([2, 2], []),
+        "k=2 fused | k=1": ([2, 1], ["tp_epilogue_0"]),
+    }
+    for label, (chunks, epilogues) in expected.items():
         r = res[label]
         assert r["applied"] and not r["warnings"], r
+        assert r["chunks"] == chunks and r["epilogues"] == epilogues, r
         assert r["chunked"] == 2 and r["collectives_left"] == 0, r
         assert r["err"] < 1e-5 and r["ref_err"] < 1e-5, r
     wrong = res["wrong"]  # rank 0's program matched; rank 1's did not: both fall back

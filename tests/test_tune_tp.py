@@ -53,6 +53,7 @@ def test_tune_in_one_process_records_the_decision_from_its_prediction(tmp_path, 
     assert r.plan.measured_s == r.candidates[0].measured.median_s
 
 
+@pytest.mark.slow  # about 30 s: two ranks each compile and serve two plans
 def test_tune_on_gloo_ranks_measures_the_decision_as_served(tmp_path, planned) -> None:
     res = run_ranks(2, "tests.tp_ranks:tuned_on_ranks", (str(tmp_path),), timeout_s=240)
     fusion, with_tp = res["candidates"]

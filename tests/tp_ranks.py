@@ -13,7 +13,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from planner.distributed import parallel_models as pm
-from planner.distributed.tp_graph import find_tp_sites, graph_decisions, tp_program
+from planner.distributed.tp_graph import (
+    find_tp_sites,
+    graph_decisions,
+    row_parallel_chunks,
+    tp_program,
+)
 from planner.ir.capture import export_model
 
 B, S, D, H = 2, 8, 32, 4
@@ -162,15 +167,20 @@ def realized_plans(rank: int, world: int) -> dict:
     base = _unfused_plan(captured.graph, predicted_s=0.0)
     unplanned = gm(x)[0]
     out = {}
-    for chunks, fuse in ((2, True), (2, False)):
+    # the same decision at both sites, and a decision per site (attention's output
+    # projection in 2 chunks with its epilogue fused, the MLP's down projection alone)
+    for chunks, fuse in ((2, True), (2, False), ((2, 1), (True, False))):
         plan = dataclasses.replace(base, tensor_parallel=TPChoice(chunks, fuse, sites))
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             realized = realize(captured, plan)
             got = realized(x)[0]
-        calls = [str(n.target) for n in realized.program.graph.nodes]
-        out[f"k={chunks} fused={fuse}"] = {
+        nodes = realized.program.graph.nodes
+        calls = [str(n.target) for n in nodes]
+        out[plan.tensor_parallel.label] = {
             "applied": realized.applied,
+            "chunks": [n.args[1] for n in nodes if n.target is row_parallel_chunks],
+            "epilogues": [c for c in calls if c.startswith("tp_epilogue")],
             "chunked": sum("row_parallel_chunks" in c for c in calls),
             "collectives_left": sum("all_reduce" in c and "chunks" not in c for c in calls),
             "err": float((got - unplanned).abs().max()),

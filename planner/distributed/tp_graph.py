@@ -13,7 +13,9 @@ the reduced sum (residual add, bias, RMSNorm or LayerNorm), taken only while the
 convex (an op that also needs a value computed after the all-reduce outside the set is
 left out).
 
-One `TPDecision` applies to every site of the program. `tp_program` realizes it on the
+A decision is a `TPDecision` for every site of the program, or `SiteDecisions`, one
+`TPDecision` per site (sites differ in size: an attention's output projection and an
+MLP's down projection). `tp_program` realizes it on the
 program's `GraphModule` (`ExportedProgram.module()`): each site's GEMM + reshapes +
 all-reduce + wait become one call of `row_parallel_chunks` (the GEMM over `chunks` token
 slices into one buffer, each slice all-reduced with `async_op=True` as soon as its GEMM is
@@ -224,10 +226,47 @@ def find_tp_sites(gm: fx.GraphModule) -> list[TPSite]:
     return sites
 
 
+@dataclass(frozen=True)
+class SiteDecisions:
+    """One decision per site, in program order (site i: `per_site[i]`)."""
+
+    per_site: tuple[TPDecision, ...]
+
+    @property
+    def label(self) -> str:
+        """As `TPDecision.label` where every site has the same decision, else each site's
+        in order ("k=2 fused | k=1"; planner.plans.plan.TPChoice.label alike)."""
+        if len(set(self.per_site)) == 1:
+            return self.per_site[0].label
+        return " | ".join(d.label for d in self.per_site)
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        return tuple(d.chunks for d in self.per_site)
+
+    @property
+    def fuse_epilogue(self) -> tuple[bool, ...]:
+        return tuple(d.fuse_epilogue for d in self.per_site)
+
+
+Decision = TPDecision | SiteDecisions
+
+
+def per_site(decision: Decision, n_sites: int) -> tuple[TPDecision, ...]:
+    """Each of `n_sites` sites' decision: a `TPDecision` is every site's."""
+    if isinstance(decision, TPDecision):
+        return (decision,) * n_sites
+    if len(decision.per_site) != n_sites:
+        raise ModelSpecError(
+            f"{len(decision.per_site)} per-site decisions for {n_sites} sites: give one per site"
+        )
+    return decision.per_site
+
+
 def graph_decisions(
     sites: list[TPSite], chunk_choices: tuple[int, ...] = (1, 2, 4)
 ) -> list[TPDecision]:
-    """Every decision whose chunks split every site's rows evenly."""
+    """Every decision for all sites alike whose chunks split every site's rows evenly."""
     ks = [k for k in chunk_choices if all(s.rows % k == 0 for s in sites)]
     return [TPDecision(k, fuse) for k in ks for fuse in (False, True)]
 
@@ -258,13 +297,14 @@ class GraphCosts:
 
 def graph_tasks(
     c: GraphCosts,
-    d: TPDecision,
+    decision: Decision,
     all_reduce_s: Callable[[int], float],
     collectives: bool = True,
 ) -> list[Task]:
     """The rewritten program as host / compute / communication tasks; without
     `collectives` the all-reduces are left out (T_comp)."""
     tasks: list[Task] = []
+    ds = per_site(decision, len(c.all_reduce_bytes))
 
     def add(name: str, stream: str, dur: float, deps: tuple[int, ...], host_s: float) -> int:
         tasks.append(Task(f"issue {name}", HOST, host_s))
@@ -277,6 +317,7 @@ def graph_tasks(
             seg = c.segment_ops[i] * c.eager_op_host_s
             prev = (add(f"ops before {i}", COMPUTE, c.segment_s[i], prev, seg),)
         ars: list[int] = []
+        d = ds[i]
         for j in range(d.chunks):
             g = add(f"gemm {i}[{j}]", COMPUTE, c.gemm_s[(i, d.chunks)], prev, c.eager_op_host_s)
             if collectives:
@@ -341,7 +382,7 @@ def backward_tasks(
 
 
 def predict_backward(
-    c: GraphCosts, d: TPDecision, all_reduce_s: Callable[[int], float]
+    c: GraphCosts, d: Decision, all_reduce_s: Callable[[int], float]
 ) -> Prediction:
     """The backward's prediction (the same for every decision: it is not chunked; `d`
     names the forward decision it goes with)."""
@@ -351,7 +392,7 @@ def predict_backward(
     return Prediction(d, full.makespan_s, comp.makespan_s, full.t_comm_s, exposed, full)
 
 
-def predict_graph(c: GraphCosts, d: TPDecision, all_reduce_s: Callable[[int], float]) -> Prediction:
+def predict_graph(c: GraphCosts, d: Decision, all_reduce_s: Callable[[int], float]) -> Prediction:
     full = schedule(graph_tasks(c, d, all_reduce_s))
     comp = schedule(graph_tasks(c, d, all_reduce_s, collectives=False))
     exposed = max(0.0, full.makespan_s - comp.makespan_s)
@@ -471,24 +512,24 @@ def _stable_sort(graph: fx.Graph) -> None:
 
 def tp_program(
     gm: fx.GraphModule,
-    decision: TPDecision,
+    decision: Decision,
     sites: list[TPSite] | None = None,
     compile_epilogue: bool = False,
 ) -> fx.GraphModule:
     """A copy of `gm` (sharing its parameters and buffers) with `decision` applied at
-    every site (module docstring); `gm` is left as it is. A program without sites comes
-    back unchanged."""
+    its sites (a `TPDecision` at every site, `SiteDecisions` site by site; module
+    docstring); `gm` is left as it is. A program without sites comes back unchanged."""
     shared = {id(t): t for t in itertools.chain(gm.parameters(), gm.buffers())}
     with warnings.catch_warnings():  # torch's pytree specs warn when copied
         warnings.simplefilter("ignore", FutureWarning)
         out = copy.deepcopy(gm, memo=shared)  # the graph copied, the weights shared
     sites = find_tp_sites(out) if sites is None else sites
-    for site in sites:
-        _chunk_site(out, site, decision.chunks)
-    if decision.fuse_epilogue:
-        for i, site in enumerate(sites):
-            if site.epilogue:
-                _fuse_epilogue(out, site, i, compile_epilogue)
+    ds = per_site(decision, len(sites))
+    for site, d in zip(sites, ds):
+        _chunk_site(out, site, d.chunks)
+    for i, (site, d) in enumerate(zip(sites, ds)):
+        if d.fuse_epilogue and site.epilogue:
+            _fuse_epilogue(out, site, i, compile_epilogue)
     _stable_sort(out.graph)
     out.graph.lint()
     out.recompile()
