@@ -25,6 +25,7 @@ from learned_cost.analytical import AnalyticalModel
 from planner.distributed.parallel_models import TPBlock
 from planner.distributed.tp_graph import (
     GEMM_OPERANDS,
+    ColumnBackward,
     GraphCosts,
     SiteDecisions,
     TPSite,
@@ -192,6 +193,9 @@ class TPGraphPlan:
     sites: tuple[TPSite, ...]
     backward: Prediction  # the backward (not chunked: one for every decision)
     searched: int = 0  # decisions priced, per-site ones included
+    # the backward of the program rewritten for training with the chosen decision
+    # (tp_program(..., backward=True): the column GEMMs' input gradients chunked)
+    planned_backward: Prediction | None = None
 
     def choice(self) -> TPChoice:
         """The chosen decision as the Plan records it (planner.plans.plan.TPChoice)."""
@@ -270,7 +274,38 @@ def graph_costs(
         collective_call_host_s=host.collective_call_s,
         backward_gemm_s=tuple(backward_gemm_s),
         column_grad_bytes=tuple(s.column_grad_bytes(column_grad == "per_gemm") for s in sites),
+        column_backward=tuple(_column_backward(model, g, s, chunk_choices) for s in sites),
     )
+
+
+def _gemm_s(model, m: int, k: int, n: int, dt: torch.dtype) -> float:
+    """One eager (m x k) @ (k x n) GEMM."""
+    with torch.device("meta"):
+        a, w = torch.empty(m, k, dtype=dt), torch.empty(n, k, dtype=dt)
+    return _eager_s(model, capture(_RowGemm(w), (a,)))
+
+
+def _column_backward(
+    model, g: OpGraph, site: TPSite, chunk_choices: tuple[int, ...]
+) -> tuple[ColumnBackward, ...]:
+    """The site's column GEMMs' backward when rewritten for training: dX in k slices of
+    the tokens, dW, and the input gradient's bytes (planner.distributed.tp_autograd)."""
+    index = {n.name: n.index for n in g.nodes}
+    out = []
+    for name, (_, grad_bytes) in zip(site.column, site.column_inputs):
+        node = g.nodes[index[name]]
+        act_i, w_i = GEMM_OPERANDS[node.op]
+        a, w = g.tensors[node.inputs[act_i]], g.tensors[node.inputs[w_i]]
+        k_dim, n_dim = (w.shape[0], w.shape[1]) if node.op != "linear" else w.shape[::-1]
+        dt = getattr(torch, w.dtype) if isinstance(w.dtype, str) else w.dtype
+        rows = math.prod(a.shape) // a.shape[-1]
+        dx = {
+            k: _gemm_s(model, rows // k, n_dim, k_dim, dt) for k in chunk_choices if rows % k == 0
+        }
+        dw = _gemm_s(model, k_dim, rows, n_dim, dt)
+        fwd = model.group_cost(g, (node.index,)).latency_s
+        out.append(ColumnBackward(dx, dw, grad_bytes, fwd))
+    return tuple(out)
 
 
 def _backward_gemm_s(model, rows: int, k_dim: int, n_dim: int, dt: torch.dtype) -> float:
@@ -305,7 +340,8 @@ def search_tp_graph(
     costs = graph_costs(captured, sites, model, host, chunk_choices, column_grad)
     best, table, searched = search_decisions(costs, all_reduce_s)
     backward = predict_backward(costs, best.decision, all_reduce_s)
-    return TPGraphPlan(best, table, costs, tuple(sites), backward, searched)
+    planned = predict_backward(costs, best.decision, all_reduce_s, planned=True)
+    return TPGraphPlan(best, table, costs, tuple(sites), backward, searched, planned)
 
 
 def search_decisions(

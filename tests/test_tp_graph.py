@@ -81,6 +81,18 @@ def test_zoo_tp_block_capture_has_two_sites_with_their_epilogues() -> None:
     assert plan.costs.segment_ops[0] > 0 and plan.costs.epilogue_ops == (3, 2)
 
 
+def test_programs_rewritten_for_training_give_the_models_gradients_on_gloo() -> None:
+    """The chunked backward (tp_program(..., backward=True)) against the models' own
+    autograd - Megatron's f and g in the zoo block, DTensor's in the LLaMA-style block -
+    for the input and every parameter shard, on 2 gloo ranks (tests/tp_ranks.py)."""
+    res = run_ranks(2, "tests.tp_ranks:trained_programs", (), timeout_s=120)
+    for model in ("tp-block", "llama"):
+        assert set(res[model]) == {"k=1", "k=2 fused", "k=2 fused | k=1"}
+        assert max(res[model].values()) < 1e-5, res[model]
+    assert res["column_chunks"] == [2, 2, 2, 1, 1]  # Q/K/V at site 0, gate/up at site 1
+    assert "forward only" in res["forward_only"]
+
+
 def _two_sites() -> GraphCosts:
     """Site 0 small (its all-reduce 3 + 2 us), site 1 large (8 us of GEMM, 3 + 12 us of
     all-reduce at k = 1): chunking pays at site 1 only."""

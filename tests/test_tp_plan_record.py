@@ -17,7 +17,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import zoo
 from cli.main import main
 from planner.distributed import parallel_models as pm
-from planner.distributed.tp_graph import GraphCosts, find_tp_sites, predict_backward
+from planner.distributed.tp_graph import (
+    ColumnBackward,
+    GraphCosts,
+    SiteDecisions,
+    find_tp_sites,
+    predict_backward,
+)
 from planner.distributed.tp_plan import TPDecision
 from planner.errors import PlanError
 from planner.fusion.partition import Partition
@@ -138,6 +144,22 @@ def test_backward_prices_the_column_input_gradients_and_no_row_collective() -> N
     )
     # site 1: epilogue 2, dX dW 8, all-reduce 4; site 0: dX dW 8, ops before 6, all-reduce 4
     assert predict_backward(two, TPDecision(1), ar).total_s == pytest.approx(32 * US)
+
+
+def test_the_backward_rewritten_for_training_overlaps_the_input_gradients() -> None:
+    ar = lambda nbytes: 1 * US + nbytes / 1000 * US  # noqa: E731
+    col = ColumnBackward({1: 1 * US, 2: 0.5 * US}, 1 * US, 3000, 1 * US)
+    c = _costs(segment_s=(3 * US, 1 * US), segment_ops=(3, 1), column_backward=((col, col),))
+    # ops after 2, epilogue 4, dX dW 8, the segment's other op 2x1: 16 us; then per column
+    # GEMM (the second first) dX 1 with its all-reduce (4 us) after it, then dW 1:
+    # dX 16-17, all-reduce 17-21, dW 17-18; dX 18-19, all-reduce 21-25, dW 19-20
+    one = predict_backward(c, TPDecision(1), ar, planned=True)
+    assert one.total_s == pytest.approx(25 * US) and one.t_comp_s == pytest.approx(20 * US)
+    assert one.t_comm_s == pytest.approx(8 * US)  # unplanned: 28 us, both exposed
+    # k=2: slices of 0.5 us, all-reduces of 1500 bytes (2.5 us) in sequence from 16.5 us:
+    # four of them end at 26.5 us (the link's alpha paid twice more than it hides)
+    two = predict_backward(c, SiteDecisions((TPDecision(2, True),)), ar, planned=True)
+    assert two.total_s == pytest.approx(26.5 * US) and two.t_comm_s == pytest.approx(10 * US)
 
 
 class _Collectives(TorchDispatchMode):

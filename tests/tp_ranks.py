@@ -13,6 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from planner.distributed import parallel_models as pm
+from planner.distributed.tp_autograd import column_parallel_gemm
 from planner.distributed.tp_graph import (
     find_tp_sites,
     graph_decisions,
@@ -304,3 +305,71 @@ def tuned_on_ranks(rank: int, world: int, cache_dir: str) -> dict:
         "note": r.tensor_parallel,
         "ranks": every,
     }
+
+
+def _grad_errors(model, program, x: torch.Tensor, decisions: dict) -> dict:
+    """max |grad - grad of `model`| / max |grad of `model`| over the input and every
+    parameter, for `program` rewritten for training with each of `decisions`."""
+
+    def grads(fn, params: dict) -> dict:
+        for p in params.values():
+            p.grad = None
+        xr = x.clone().requires_grad_()
+        y = fn(xr)
+        y = y[0] if isinstance(y, tuple) else y
+        y = y.to_local() if hasattr(y, "to_local") else y
+        (y * torch.linspace(-1.0, 1.0, y.numel()).view(y.shape)).sum().backward()
+        out = {"input": xr.grad}
+        for n, p in params.items():
+            g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            out[n] = g
+        return out
+
+    want = grads(model, dict(model.named_parameters()))
+    sites = find_tp_sites(program)
+    errs = {}
+    for label, d in decisions.items():
+        planned = tp_program(program, d, sites, backward=True)
+        got = grads(planned, dict(program.named_parameters()))
+        assert set(got) == set(want), (sorted(got), sorted(want))
+        errs[label] = max(
+            float((got[n] - want[n]).abs().max()) / max(1e-12, float(want[n].abs().max()))
+            for n in want
+        )
+    return errs
+
+
+def trained_programs(rank: int, world: int) -> dict:
+    """Gradients of captured programs rewritten for training (chunked backward) against the
+    models' own: the zoo block (Megatron's f and g) and a DTensor LLaMA-style block."""
+    from planner.distributed.tp_graph import SiteDecisions
+    from planner.distributed.tp_plan import TPDecision
+
+    torch.manual_seed(0)
+    x = torch.randn(B, S, D)
+    decisions = {
+        "k=1": TPDecision(1),
+        "k=2 fused": TPDecision(2, True),
+        "k=2 fused | k=1": SiteDecisions((TPDecision(2, True), TPDecision(1))),
+    }
+    block = pm.TPBlock(D, H, world, dist.group.WORLD)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.2)
+        gm = export_model(block, (x,)).program.module()
+    out = {"tp-block": _grad_errors(block, gm, x, decisions)}
+    mesh = init_device_mesh("cpu", (world,))
+    llama = parallelize_module(pm.LlamaStyleBlock(D, H, 2 * D), mesh, pm.llama_tp_plan())
+    with torch.no_grad():
+        gm = export_model(llama, (x,)).program.module()
+    out["llama"] = _grad_errors(llama, gm, x, decisions)
+    trained = tp_program(gm, decisions["k=2 fused | k=1"], find_tp_sites(gm), backward=True)
+    out["column_chunks"] = [
+        n.args[1] for n in trained.graph.nodes if n.target is column_parallel_gemm
+    ]
+    try:
+        tp_program(gm, TPDecision(2), find_tp_sites(gm))(x.clone().requires_grad_())
+        out["forward_only"] = "no error"
+    except Exception as e:  # rewritten for the forward only: a gradient is refused
+        out["forward_only"] = str(e)
+    return out

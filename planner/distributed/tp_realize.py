@@ -26,14 +26,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from planner.distributed.tp_graph import (
-    Decision,
-    SiteDecisions,
-    TPSite,
-    _group,
-    find_tp_sites,
-    tp_program,
-)
+from planner.distributed.tp_autograd import group_of
+from planner.distributed.tp_graph import Decision, SiteDecisions, TPSite, find_tp_sites, tp_program
 from planner.distributed.tp_plan import TPDecision
 from planner.errors import PlanError
 from planner.ir.capture import Captured
@@ -89,7 +83,7 @@ def _tolerance(outputs: Any) -> float:
 def _agree(ok: bool, sites: list[TPSite]) -> bool:
     """Whether every rank of the sites' group says `ok`."""
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=_group(sites[0].group_name))
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group_of(sites[0].group_name))
     return bool(flag.item())
 
 
