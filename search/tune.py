@@ -405,15 +405,18 @@ def tune_bucket(
 
     best, tp_note = fastest(), ""
     if tp is not None and best is not None and ranks:  # the decision measured as served
-        measured.append(
-            measure(dataclasses.replace(best, strategy=f"{best.strategy}+tp", tensor_parallel=tp))
+        with_tp = measure(
+            dataclasses.replace(best, strategy=f"{best.strategy}+tp", tensor_parallel=tp)
         )
+        measured.append(with_tp)
         best = fastest()
-        tp_note = describe(tp, True)
-        if best is not None and best.tensor_parallel is None:
-            tp_note += "; slower than the plan without it: not recorded"
+        if with_tp.measured is None:
+            tp_note = describe(tp, "failed", with_tp.error)
+        else:
+            kept = best is not None and best.tensor_parallel is not None
+            tp_note = describe(tp, "stored" if kept else "slower")
     elif tp is not None and best is not None:  # recorded from its prediction only
-        best, tp_note = dataclasses.replace(best, tensor_parallel=tp), describe(tp, False)
+        best, tp_note = dataclasses.replace(best, tensor_parallel=tp), describe(tp, "predicted")
     if tp_note:
         progress(f"  {tp_note}")
     realize_s = time.perf_counter() - t0
@@ -427,8 +430,8 @@ def tune_bucket(
             eager_s=eager.median_s,
             device_fingerprint=device_fingerprint(dev),
         )
-        if tp_note and best.tensor_parallel is not None:
-            plan = dataclasses.replace(plan, notes=tp_note)
+        if best.tensor_parallel is not None:  # what the notes say of the decision
+            plan = dataclasses.replace(plan, notes="; ".join(n for n in (plan.notes, tp_note) if n))
         if cache is not None:
             stored = _store(cache, plan, spec, bucket, mspec.label, progress)
         else:

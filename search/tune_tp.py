@@ -97,19 +97,24 @@ def search_decision(captured: Captured, cost_model: Any, device: str) -> TPGraph
     )
 
 
-def describe(choice: TPChoice, measured: bool) -> str:
-    """One line of tune's output about the recorded decision."""
+def describe(choice: TPChoice, outcome: str, error: str = "") -> str:
+    """One line of tune's output about the recorded decision. `outcome`: "stored"
+    (measured on the ranks, the fastest), "slower" (measured, slower than the plan
+    without it), "failed" (its measurement failed: `error`) or "predicted" (one process)."""
     head = (
         f"tensor-parallel decision {choice.label} over {len(choice.sites)} site(s): "
         f"predicted forward {choice.predicted_s * 1e6:.1f} us"
     )
-    if measured:
-        return f"{head}; measured on the ranks with the plan"
-    return (
-        f"{head}; recorded from its prediction, NOT measured: this process has no real "
+    tails = {
+        "stored": "measured on the ranks with the plan, the fastest: recorded",
+        "slower": "measured on the ranks with the plan, slower than the plan without it: "
+        "not recorded",
+        "failed": f"its measurement on the ranks failed ({error[:200]}): not recorded",
+        "predicted": "recorded from its prediction, NOT measured: this process has no real "
         "ranks (its collectives do nothing), so the measured latency is the fusion plan's "
-        "without the decision; run tune on the ranks to measure it"
-    )
+        "without the decision; run tune on the ranks to measure it",
+    }
+    return f"{head}; {tails[outcome]}"
 
 
 __all__ = ["agree_calls", "describe", "on_ranks", "search_decision", "slowest"]
