@@ -9,7 +9,8 @@ all-reduce priced on the link table), and the tuned plan records it
 Whether the decision can be measured depends on where tune runs:
 
 - on real ranks (torch.distributed initialized with a real backend, more than one rank,
-  every rank running the same tuning job): every call that issues a collective must be
+  every rank running the same tuning job; `fusion-plan tune --dist-backend` under
+  torchrun, `init_ranks`): every call that issues a collective must be
   issued by every rank, so the timer's calls per round are agreed (the largest over the
   ranks, `agree_calls`) and each timing is the slowest rank's (`slowest`); the plan with the
   decision is then one more measured candidate, and it is stored only if it measured best;
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 import torch
@@ -31,7 +33,7 @@ from planner.distributed.collectives import collectives
 from planner.distributed.comm_cost import collective_time_s
 from planner.distributed.links import get_link
 from planner.distributed.tp_graph import find_tp_sites
-from planner.errors import DeviceSpecError
+from planner.errors import DeviceSpecError, FusionPlannerError
 from planner.hardware import get_spec
 from planner.ir.capture import Captured
 from planner.measurement import MeasureError, Measurement
@@ -49,9 +51,33 @@ def on_ranks() -> bool:
     )
 
 
+def init_ranks(backend: str) -> None:
+    """Join the job torchrun started (its environment: RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT) with `backend`; on NCCL this rank's GPU is LOCAL_RANK's."""
+    missing = [
+        k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
+    ]
+    if missing:
+        raise FusionPlannerError(
+            f"--dist-backend {backend} runs tune as one rank of a job torchrun starts, but "
+            f"{', '.join(missing)} is not set: launch it with `torchrun --nproc-per-node N "
+            "-m cli.main tune ...` (every rank the same command, each with its own --cache)"
+        )
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, init_method="env://")
+
+
+def _device() -> torch.device:
+    """Where the ranks' own small collectives run: the GPU on NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def agree_calls(calls: int) -> int:
     """The largest of every rank's `calls` (the timer's calls per round)."""
-    t = torch.tensor([calls], dtype=torch.int64)
+    t = torch.tensor([calls], dtype=torch.int64, device=_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
 
@@ -60,7 +86,7 @@ def slowest(m: Measurement) -> Measurement:
     """`m` with the slowest rank's median and p99 (a program with collectives takes as
     long as its slowest rank); a measurement that failed on any rank fails on every rank."""
     mine = (m.timing.median_s, m.timing.p99_s) if m.timing is not None else (math.inf,) * 2
-    t = torch.tensor(mine, dtype=torch.float64)
+    t = torch.tensor(mine, dtype=torch.float64, device=_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     median, p99 = (float(v) for v in t)
     if m.timing is None:
@@ -117,4 +143,4 @@ def describe(choice: TPChoice, outcome: str, error: str = "") -> str:
     return f"{head}; {tails[outcome]}"
 
 
-__all__ = ["agree_calls", "describe", "on_ranks", "search_decision", "slowest"]
+__all__ = ["agree_calls", "describe", "init_ranks", "on_ranks", "search_decision", "slowest"]

@@ -74,3 +74,48 @@ def test_tune_on_gloo_ranks_measures_the_decision_as_served(tmp_path, planned) -
         assert "slower than the plan without it: not recorded" in res["note"]
     # both ranks stored the same decision with the same (slowest rank's) latency
     assert res["ranks"][0] == res["ranks"][1], res["ranks"]
+
+
+def _tune_argv(cache: str) -> list[str]:
+    model = ["--model", "zoo:tp-block", "--shape", SHAPE, "--dynamic", f"S={S}..{S}"]
+    run = ["--strategy", "priority", "--top-k", "1", "--no-compile-baseline"]
+    return ["tune", *model, *run, "--cache", cache, "--format", "json"]
+
+
+def test_tune_as_a_rank_needs_torchruns_environment(tmp_path, monkeypatch, capsys) -> None:
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    assert main([*_tune_argv(str(tmp_path / "c.db")), "--dist-backend", "gloo"]) != 0
+    assert "torchrun --nproc-per-node" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # about 40 s: torchrun starts two ranks of the command
+def test_tune_cli_under_torchrun_measures_the_decision_on_the_ranks(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    logs = tmp_path / "logs"
+    # every rank the same command, each with its own cache (named after its RANK)
+    argv = [*_tune_argv(str(tmp_path / "rank{}.db")), "--dist-backend", "gloo"]
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys\nfrom cli.main import main\n"
+        f"argv = [a.format(os.environ['RANK']) for a in {argv!r}]\n"
+        "sys.exit(main(argv))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--log-dir", str(logs), "--redirects", "1", str(script)]
+    done = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    outs = sorted(logs.rglob("stdout.log"))
+    assert len(outs) == 2
+    for out in outs:
+        (bucket,) = json.loads(out.read_text())["buckets"]
+        fusion, with_tp = bucket["candidates"]
+        assert fusion["tensor_parallel"] is None and with_tp["tensor_parallel"], bucket
+        assert fusion["measured_s"] and with_tp["measured_s"], bucket
+        assert "measured on the ranks" in bucket["tensor_parallel"], bucket

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+import torch.distributed as dist
+
 from cli import fmt
 from cli.common import (
     Resolved,
@@ -22,10 +24,21 @@ from planner.plans.cache import PlanCache
 from planner.realize.check import short_reason
 from search.cost_models import cost_model_for
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
+from search.tune_tp import init_ranks
 from zoo.modelspec import dtype_name, parse_dtype, resolve
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.dist_backend:
+        return _run(args)
+    init_ranks(args.dist_backend)  # before anything is built: the model's group is the job's
+    try:
+        return _run(args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.report:  # said before the search and measurements, not after them
         require_dot()
         check_writable(args.report)

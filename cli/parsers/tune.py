@@ -106,6 +106,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--no-compile-baseline", action="store_true", help="skip timing torch.compile per bucket"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--dist-backend",
+        choices=("gloo", "nccl"),
+        default=None,
+        help="run as one rank of a job torchrun started (every rank the same command, each "
+        "with its own --cache): the model's collectives run on the ranks, and a "
+        "tensor-parallel decision is measured there instead of recorded from its prediction",
+    )
     add_format_arg(p)
     p.add_argument(
         "--report",

@@ -82,8 +82,11 @@ def _tolerance(outputs: Any) -> float:
 
 def _agree(ok: bool, sites: list[TPSite]) -> bool:
     """Whether every rank of the sites' group says `ok`."""
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group_of(sites[0].group_name))
+    group = group_of(sites[0].group_name)
+    on_gpu = dist.get_backend(group) == "nccl"  # NCCL reduces GPU tensors only
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
 
 
