@@ -119,7 +119,10 @@ def tp_graph_rank(
         ref = gm(x)[0]
         variants = {"dtensor": lambda: model(x), "unplanned": lambda: gm(x)}
         checks = {"dtensor": _rel(model(x), ref)}
-        for dec in graph_decisions(list(plan.sites)):
+        decisions = graph_decisions(list(plan.sites))
+        if plan.best.decision not in decisions:  # chosen per site: timed with the rest
+            decisions.append(plan.best.decision)
+        for dec in decisions:
             prog = tp_program(gm, dec, list(plan.sites), compile_epilogue=compile_)
             checks[f"planned {dec.label}"] = _rel(prog(x)[0], ref)
             variants[f"planned {dec.label}"] = lambda prog=prog: prog(x)

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
+from planner.distributed.tp_realize import RealizedTP
 from planner.errors import FusionPlannerError
 from planner.fusion.partition import Partition
 from planner.hardware import device_fingerprint, local_device_name
@@ -213,6 +214,16 @@ class ServedExecutor:
                 checked=compiled,
             )
         captured, rp = made[-1]  # the static specialization, when one was made
+        if isinstance(rp, RealizedTP):  # the rank program rewritten: checked as a callable
+            return Prepared(
+                call=lambda: compiled(*inputs),
+                realized=None,
+                reference=captured.program.module(),
+                check_inputs=tuple(captured.example_inputs),
+                compile_s=compile_s,
+                close=close,
+                checked=rp,
+            )
         return Prepared(
             call=lambda: compiled(*inputs),
             realized=rp,
@@ -249,6 +260,11 @@ def _not_served(backend: FusionPlannerBackend, made: list[Any], plan: Plan) -> s
         return "the backend's lookup missed the stored plan (its key or bucket differs)"
     if not made and all(len(g.nodes) == 1 and not g.recompute for g in plan.groups):
         return ""
+    tp = [m[1] for m in made if isinstance(m[1], RealizedTP)]
+    if plan.tensor_parallel is not None and (len(tp) != 1 or len(made) != 1):
+        return f"the backend realized {len(made)} plan(s), not the tensor-parallel one stored"
+    if tp:  # a rank program's decision: realized once, for its static shapes
+        return "" if tp[0].applied else f"the tensor-parallel decision fell back: {tp[0].reason}"
     # the bucket's realization, then (for a shape that recurs) its static specialization
     if len(made) != 1 + s.static or not all(isinstance(m[1], RealizedPlan) for m in made):
         return f"the backend realized {len(made)} plan(s), not the one stored"

@@ -220,12 +220,15 @@ def measure_interleaved(
     round_s: float = 0.025,
     warmup: int = 3,
     dtype: str = "",
+    agree: Callable[[int], int] | None = None,
 ) -> dict[str, Timing]:
     """Time several contenders fairly: interleaved rounds, the contenders in rotated order
     each round, every contender the same number of back-to-back calls per round (sized so
     the slowest fills about `round_s`). One sample per contender and round; statistics per
     call (`Timing.copies` = calls per round, `Timing.reps` = rounds); `Timing.stable` when
-    the first and second half of the rounds agree (`_settled`)."""
+    the first and second half of the rounds agree (`_settled`). `agree` maps this
+    process's calls per round to the ones every process uses: on the ranks of a program
+    with collectives (search.tune), each rank must issue the same calls."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     for fn in fns.values():
         for _ in range(warmup):
@@ -234,6 +237,8 @@ def measure_interleaved(
         torch.cuda.synchronize(dev)
     slowest = max(statistics.median(_run_reps(fn, 1, dev) for _ in range(3)) for fn in fns.values())
     reps = max(1, min(200, int(round_s / max(slowest, 1e-7))))
+    if agree is not None:
+        reps = agree(reps)
     samples: dict[str, list[float]] = {n: [] for n in fns}
     names = list(fns)
     for r in range(rounds):

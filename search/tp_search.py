@@ -13,6 +13,8 @@ each of its ops as its own kernel; the fused epilogue one group.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,10 +25,12 @@ from learned_cost.analytical import AnalyticalModel
 from planner.distributed.parallel_models import TPBlock
 from planner.distributed.tp_graph import (
     GEMM_OPERANDS,
+    ColumnBackward,
     GraphCosts,
+    SiteDecisions,
     TPSite,
     find_tp_sites,
-    graph_decisions,
+    per_site,
     predict_backward,
     predict_graph,
 )
@@ -176,20 +180,29 @@ def search_tp_block(
 
 
 # ---- any captured program -------------------------------------------------------------
+# per-site search: every combination of the sites' own decisions up to this many, else
+# coordinate descent from the best decision for all sites alike
+EXHAUSTIVE_COMBINATIONS = 256
+
+
 @dataclass(frozen=True)
 class TPGraphPlan:
-    best: Prediction
-    table: tuple[Prediction, ...]  # every decision searched
+    best: Prediction  # its decision a TPDecision (every site alike) or SiteDecisions
+    table: tuple[Prediction, ...]  # the decisions for all sites alike, then a per-site best
     costs: GraphCosts
     sites: tuple[TPSite, ...]
     backward: Prediction  # the backward (not chunked: one for every decision)
+    searched: int = 0  # decisions priced, per-site ones included
+    # the backward of the program rewritten for training with the chosen decision
+    # (tp_program(..., backward=True): the column GEMMs' input gradients chunked)
+    planned_backward: Prediction | None = None
 
     def choice(self) -> TPChoice:
         """The chosen decision as the Plan records it (planner.plans.plan.TPChoice)."""
-        d = self.best.decision
+        ds = per_site(self.best.decision, len(self.sites))
         return TPChoice(
-            d.chunks,
-            d.fuse_epilogue,
+            tuple(d.chunks for d in ds),
+            tuple(d.fuse_epilogue for d in ds),
             tuple(s.gemm for s in self.sites),
             self.best.total_s,
             self.backward.total_s,
@@ -261,7 +274,38 @@ def graph_costs(
         collective_call_host_s=host.collective_call_s,
         backward_gemm_s=tuple(backward_gemm_s),
         column_grad_bytes=tuple(s.column_grad_bytes(column_grad == "per_gemm") for s in sites),
+        column_backward=tuple(_column_backward(model, g, s, chunk_choices) for s in sites),
     )
+
+
+def _gemm_s(model, m: int, k: int, n: int, dt: torch.dtype) -> float:
+    """One eager (m x k) @ (k x n) GEMM."""
+    with torch.device("meta"):
+        a, w = torch.empty(m, k, dtype=dt), torch.empty(n, k, dtype=dt)
+    return _eager_s(model, capture(_RowGemm(w), (a,)))
+
+
+def _column_backward(
+    model, g: OpGraph, site: TPSite, chunk_choices: tuple[int, ...]
+) -> tuple[ColumnBackward, ...]:
+    """The site's column GEMMs' backward when rewritten for training: dX in k slices of
+    the tokens, dW, and the input gradient's bytes (planner.distributed.tp_autograd)."""
+    index = {n.name: n.index for n in g.nodes}
+    out = []
+    for name, (_, grad_bytes) in zip(site.column, site.column_inputs):
+        node = g.nodes[index[name]]
+        act_i, w_i = GEMM_OPERANDS[node.op]
+        a, w = g.tensors[node.inputs[act_i]], g.tensors[node.inputs[w_i]]
+        k_dim, n_dim = (w.shape[0], w.shape[1]) if node.op != "linear" else w.shape[::-1]
+        dt = getattr(torch, w.dtype) if isinstance(w.dtype, str) else w.dtype
+        rows = math.prod(a.shape) // a.shape[-1]
+        dx = {
+            k: _gemm_s(model, rows // k, n_dim, k_dim, dt) for k in chunk_choices if rows % k == 0
+        }
+        dw = _gemm_s(model, k_dim, rows, n_dim, dt)
+        fwd = model.group_cost(g, (node.index,)).latency_s
+        out.append(ColumnBackward(dx, dw, grad_bytes, fwd))
+    return tuple(out)
 
 
 def _backward_gemm_s(model, rows: int, k_dim: int, n_dim: int, dt: torch.dtype) -> float:
@@ -283,8 +327,10 @@ def search_tp_graph(
     column_grad: str = "per_input",
 ) -> TPGraphPlan:
     """The tensor-parallel decision with the shortest predicted program for a captured
-    rank program (ties: fewer chunks, then unfused); its sites are found on the program's
-    module (planner.distributed.tp_graph)."""
+    rank program, decided per site (ties: fewer chunks, then fewer fused epilogues); its
+    sites are found on the program's module (planner.distributed.tp_graph). Up to
+    `EXHAUSTIVE_COMBINATIONS` combinations of the sites' own decisions are all priced,
+    beyond that one site at a time from the best decision for all sites alike."""
     sites = find_tp_sites(captured.program.module())
     if not sites:
         raise ModelSpecError(
@@ -292,12 +338,64 @@ def search_tp_graph(
             "there is no tensor-parallel decision to make"
         )
     costs = graph_costs(captured, sites, model, host, chunk_choices, column_grad)
-    table = tuple(
-        predict_graph(costs, d, all_reduce_s) for d in graph_decisions(sites, chunk_choices)
-    )
-    best = min(table, key=lambda p: (p.total_s, p.decision.chunks, p.decision.fuse_epilogue))
+    best, table, searched = search_decisions(costs, all_reduce_s)
     backward = predict_backward(costs, best.decision, all_reduce_s)
-    return TPGraphPlan(best, table, costs, tuple(sites), backward)
+    planned = predict_backward(costs, best.decision, all_reduce_s, planned=True)
+    return TPGraphPlan(best, table, costs, tuple(sites), backward, searched, planned)
+
+
+def search_decisions(
+    costs: GraphCosts, all_reduce_s: Callable[[int], float]
+) -> tuple[Prediction, tuple[Prediction, ...], int]:
+    """The fastest predicted decision over `costs`' sites, decided per site, as (best,
+    table, decisions priced): the table holds the decisions for all sites alike, then the
+    best when it differs between sites. A site's options are the chunk counts priced for
+    it (`costs.gemm_s`), fused or not (unfused only where it has no epilogue: fusing
+    nothing changes nothing). Ties go to fewer chunks, then fewer fused epilogues. Up to
+    `EXHAUSTIVE_COMBINATIONS` combinations are all priced; beyond that one site at a time,
+    the others held, from the best decision for all sites alike, until none changes."""
+    n = len(costs.all_reduce_bytes)
+    ks = [sorted(k for i, k in costs.gemm_s if i == site) for site in range(n)]
+    options = [
+        [
+            TPDecision(k, f)
+            for k in ks[i]
+            for f in ((False, True) if costs.epilogue_ops[i] else (False,))
+        ]
+        for i in range(n)
+    ]
+    alike = [k for k in ks[0] if all(k in other for other in ks)]
+    uniform = [
+        predict_graph(costs, TPDecision(k, f), all_reduce_s) for k in alike for f in (False, True)
+    ]
+    priced = {per_site(p.decision, n): p for p in uniform}
+
+    def price(ds: tuple[TPDecision, ...]) -> Prediction:
+        if ds not in priced:
+            priced[ds] = predict_graph(costs, SiteDecisions(ds), all_reduce_s)
+        return priced[ds]
+
+    def key(p: Prediction) -> tuple[float, int, int]:
+        ds = per_site(p.decision, n)
+        return (p.total_s, sum(d.chunks for d in ds), sum(d.fuse_epilogue for d in ds))
+
+    if math.prod(len(o) for o in options) <= EXHAUSTIVE_COMBINATIONS:
+        best = min([*uniform, *(price(ds) for ds in itertools.product(*options))], key=key)
+    else:
+        best = min(uniform, key=key)
+        changed = True
+        while changed:
+            changed = False
+            for i, choices in enumerate(options):
+                ds = per_site(best.decision, n)
+                trial = min((price((*ds[:i], o, *ds[i + 1 :])) for o in choices), key=key)
+                if key(trial) < key(best):
+                    best, changed = trial, True
+    ds = per_site(best.decision, n)
+    if len(set(ds)) == 1:  # the same for every site: the decision for all sites alike
+        best = next(p for p in uniform if per_site(p.decision, n) == ds)
+    table = tuple(uniform) if best in uniform else (*uniform, best)
+    return best, table, len(priced)
 
 
 __all__ = [
@@ -307,6 +405,7 @@ __all__ = [
     "TPPlan",
     "graph_costs",
     "region_costs",
+    "search_decisions",
     "search_tp_block",
     "search_tp_graph",
 ]

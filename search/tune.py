@@ -16,6 +16,11 @@ This is the composition root of the pipeline (docs/architecture.md): it wires th
    disagrees is dropped, never stored;
 4. keep the measured best, feed every measurement to the cost model's online update
    (when it has one), and store the plan (with its measurement) for the bucket.
+
+A model whose program is a tensor-parallel rank program also gets its tensor-parallel
+decision (chunked row-parallel GEMMs, fused epilogue) searched and recorded in the plan;
+search/tune_tp.py says when it is measured (on real ranks) and when it is recorded from
+its prediction only (in one process).
 """
 
 from __future__ import annotations
@@ -48,13 +53,14 @@ from planner.objective import Objective
 from planner.plans.buckets import Bucket, BucketSpec, parse_dynamic
 from planner.plans.cache import PlanCache
 from planner.plans.cache_admin import export_document, plan_record, spec_record
-from planner.plans.plan import Plan
+from planner.plans.plan import Plan, TPChoice
 from planner.runtime.graph import capture_for_serving
-from profiling.runner import DeviceRunner, ServedExecutor, first_call
+from profiling.runner import STEADY_TIMER, DeviceRunner, ServedExecutor, first_call
 from search.optuna_storage import check_storage, storage_kind
 from search.parallel import OPTUNA_STRATEGIES, plan_through_outages, tune_parallel
 from search.strategies import get_strategy
 from search.strategy import Budget
+from search.tune_tp import agree_calls, describe, on_ranks, search_decision, slowest
 from zoo.modelspec import ModelSpec, dtype_name
 
 log = logging.getLogger(__name__)
@@ -100,6 +106,7 @@ class Candidate:
     labels: tuple[str, ...] | None = None  # each group's realization (None: the rule's)
     found_by: str = ""  # within a joint search: the warm start, enumeration, a trial
     copies: tuple[tuple[int, int], ...] = ()  # recompute (planner.fusion.recompute)
+    tensor_parallel: TPChoice | None = None  # the rank program's decision (search.tune_tp)
 
     @property
     def key(self) -> tuple[Partition, tuple[str, ...], tuple[tuple[int, int], ...]]:
@@ -118,6 +125,7 @@ class BucketResult:
     search_s: float
     realize_s: float
     stored: str  # what the cache did with the plan, or why the bucket failed
+    tensor_parallel: str = ""  # what became of a rank program's decision (search.tune_tp)
 
     @property
     def best(self) -> Candidate | None:
@@ -291,6 +299,7 @@ def candidate_plan(
     plan = objective.make_plan(
         c.partition, ev, strategy=strategy or c.strategy, device=device, dtype=dtype
     )
+    plan = dataclasses.replace(plan, tensor_parallel=c.tensor_parallel)
     if c.labels is None:
         return plan
     groups = tuple(dataclasses.replace(gp, realization=r) for gp, r in zip(plan.groups, c.labels))
@@ -341,7 +350,12 @@ def tune_bucket(
         f"bucket {spec.label(bucket)} at {params}: {len(graph.nodes)} ops, "
         f"{len(cands)} distinct candidate(s) in {search_s:.1f}s; measuring top {cfg.top_k}"
     )
-    runner = runner or DeviceRunner(executor=ServedExecutor(), device=dev, timer=cfg.timer)
+    decision = search_decision(captured, cost_model, device)
+    tp = decision.choice() if decision is not None else None
+    ranks = on_ranks()  # every rank runs this job: each call with collectives on every rank
+    if runner is None:
+        steady = STEADY_TIMER | {"agree": agree_calls} if ranks else None
+        runner = DeviceRunner(executor=ServedExecutor(), device=dev, timer=cfg.timer, steady=steady)
     # The baselines are timed the way served plans are (profiling.runner: calls back to
     # back in rounds, the runner's `steady` settings), eager and torch.compile interleaved.
     baselines: dict[str, Any] = {"eager": lambda: module(*inputs)}
@@ -351,15 +365,16 @@ def tune_bucket(
         setup["torch.compile"], _ = first_call(lambda: cmod(*inputs), dev)
         baselines["torch.compile"] = lambda: cmod(*inputs)
     timed = runner.measure_interleaved(baselines, dtype=dt, compile_s=setup)
+    if ranks:
+        timed = {name: slowest(m) for name, m in timed.items()}
     eager_m = timed["eager"]
     if eager_m.timing is None:
         raise FusionPlannerError(f"{mspec.label}: timing eager failed ({eager_m.error})")
     eager = eager_m.timing
     compiled = timed["torch.compile"].timing if cfg.compile_baseline else None
     torch._dynamo.reset()
-    measured: list[Candidate] = []
-    t0 = time.perf_counter()
-    for c in to_measure(cands, cfg):
+
+    def measure(c: Candidate) -> Candidate:
         plan = candidate_plan(objective, c, device=device, dtype=dt)
         job = PlanJob(
             captured,
@@ -371,6 +386,7 @@ def tune_bucket(
             bucket_spec=spec,
         )
         m = runner.measure_plan(job)
+        m = slowest(m) if ranks else m
         c = dataclasses.replace(
             c,
             measured=m.timing,
@@ -387,11 +403,36 @@ def tune_bucket(
             )
         else:  # a candidate that fails is dropped, never stored
             progress(f"  {c.strategy:<9} failed: {c.error[:200]}")
-        measured.append(c)
+        return c
+
+    t0 = time.perf_counter()
+    measured = [measure(c) for c in to_measure(cands, cfg)]
+
+    def fastest() -> Candidate | None:
+        ok = (c for c in measured if c.measured)
+        return min(ok, key=lambda c: c.measured.median_s, default=None)
+
+    best, tp_note = fastest(), ""
+    if tp is not None and best is not None and ranks:  # the decision measured as served
+        with_tp = measure(
+            dataclasses.replace(best, strategy=f"{best.strategy}+tp", tensor_parallel=tp)
+        )
+        measured.append(with_tp)
+        best = fastest()
+        if with_tp.measured is None:
+            tp_note = describe(tp, "failed", with_tp.error)
+        else:
+            kept = best is not None and best.tensor_parallel is not None
+            tp_note = describe(tp, "stored" if kept else "slower")
+    elif tp is not None and best is not None:  # recorded from its prediction only
+        best, tp_note = dataclasses.replace(best, tensor_parallel=tp), describe(tp, "predicted")
+    if tp_note:
+        progress(f"  {tp_note}")
     realize_s = time.perf_counter() - t0
     _online_update(cost_model, graph, measured, progress)
-    best = min((c for c in measured if c.measured), key=lambda c: c.measured.median_s, default=None)
-    if best is not None and cfg.prefer_eager and slower_than(best.measured, eager):
+    # (not for a tensor-parallel rank program: its ranks must store the same plan, and
+    # its decision was measured or recorded above)
+    if best is not None and tp is None and cfg.prefer_eager and slower_than(best.measured, eager):
         progress(
             f"  eager ({units.seconds(eager.median_s)}) is faster than every candidate (best: "
             f"{best.strategy}, {units.seconds(best.measured.median_s)}): storing the unfused "
@@ -409,12 +450,14 @@ def tune_bucket(
             eager_s=eager.median_s,
             device_fingerprint=device_fingerprint(dev),
         )
+        if best.tensor_parallel is not None:  # what the notes say of the decision
+            plan = dataclasses.replace(plan, notes="; ".join(n for n in (plan.notes, tp_note) if n))
         if cache is not None:
             stored = _store(cache, plan, spec, bucket, mspec.label, progress)
         else:
             stored = "not stored (no cache)"
     return BucketResult(
-        bucket, params, plan, tuple(measured), eager, compiled, search_s, realize_s, stored
+        bucket, params, plan, tuple(measured), eager, compiled, search_s, realize_s, stored, tp_note
     )
 
 
@@ -458,6 +501,7 @@ def _online_update(
         for c in measured
         if c.measured is not None
         and not c.copies
+        and c.tensor_parallel is None  # the rewritten rank program, not the partition
         and (c.labels is None or c.labels == realizations_of(graph, c.partition.masks))
     ]
     if update is None or not obs:

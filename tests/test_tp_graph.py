@@ -18,6 +18,7 @@ import zoo
 from planner.distributed import parallel_models as pm
 from planner.distributed.tp_graph import (
     GraphCosts,
+    SiteDecisions,
     find_tp_sites,
     predict_graph,
     row_parallel_chunks,
@@ -26,8 +27,11 @@ from planner.distributed.tp_graph import (
 from planner.distributed.tp_plan import TPDecision
 from planner.ir.capture import export_model
 from profiling.commbench import run_ranks
+from search import tp_search
 from search.tp_search import search_tp_graph
 from tests.tp_ranks import B, D, S
+
+US = 1e-6
 
 
 def _nvlink_like(nbytes: int) -> float:
@@ -70,8 +74,54 @@ def test_zoo_tp_block_capture_has_two_sites_with_their_epilogues() -> None:
         "tp_epilogue_1",
     ]
     plan = search_tp_graph(captured, _nvlink_like)
-    assert len(plan.table) == 6 and plan.best.total_s == min(p.total_s for p in plan.table)
+    alike = plan.table[:6]  # the decisions for both sites alike, then a per-site best
+    assert all(isinstance(p.decision, TPDecision) for p in alike)
+    assert plan.best.total_s == min(p.total_s for p in plan.table) <= min(p.total_s for p in alike)
+    assert plan.searched == 6 * 6  # both sites have epilogues: every combination priced
     assert plan.costs.segment_ops[0] > 0 and plan.costs.epilogue_ops == (3, 2)
+
+
+def test_programs_rewritten_for_training_give_the_models_gradients_on_gloo() -> None:
+    """The chunked backward (tp_program(..., backward=True)) against the models' own
+    autograd - Megatron's f and g in the zoo block, DTensor's in the LLaMA-style block -
+    for the input and every parameter shard, on 2 gloo ranks (tests/tp_ranks.py)."""
+    res = run_ranks(2, "tests.tp_ranks:trained_programs", (), timeout_s=120)
+    for model in ("tp-block", "llama"):
+        assert set(res[model]) == {"k=1", "k=2 fused", "k=2 fused | k=1"}
+        assert max(res[model].values()) < 1e-5, res[model]
+    assert res["column_chunks"] == [2, 2, 2, 1, 1]  # Q/K/V at site 0, gate/up at site 1
+    assert "forward only" in res["forward_only"]
+
+
+def _two_sites() -> GraphCosts:
+    """Site 0 small (its all-reduce 3 + 2 us), site 1 large (8 us of GEMM, 3 + 12 us of
+    all-reduce at k = 1): chunking pays at site 1 only."""
+    return GraphCosts(
+        segment_s=(0.0, 0.0, 0.0),
+        segment_ops=(0, 0, 0),
+        gemm_s={(0, 1): 4 * US, (0, 2): 2 * US, (1, 1): 8 * US, (1, 2): 4 * US},
+        epilogue_s={(i, f): 0.0 for i in (0, 1) for f in (False, True)},
+        epilogue_ops=(0, 0),
+        all_reduce_bytes=(2000, 12000),
+        eager_op_host_s=0.0,
+        compiled_call_host_s=0.0,
+        collective_call_host_s=0.0,
+    )
+
+
+@pytest.mark.parametrize("exhaustive", [256, 1])
+def test_the_search_decides_each_site_on_its_own(monkeypatch, exhaustive) -> None:
+    monkeypatch.setattr(tp_search, "EXHAUSTIVE_COMBINATIONS", exhaustive)
+    ar = lambda nbytes: 3 * US + nbytes / 1000 * US  # noqa: E731
+    # site 0: k=1 4 + 5 = 9 us; k=2 slices 0-2, 2-4, all-reduces 2-6, 6-10: 10 us
+    # site 1: k=1 8 + 15 = 23 us; k=2 slices 0-4, 4-8, all-reduces 4-13, 13-22: 22 us
+    best, table, _ = tp_search.search_decisions(_two_sites(), ar)
+    assert best.decision == SiteDecisions((TPDecision(1), TPDecision(2)))
+    assert best.decision.label == "k=1 | k=2"
+    assert best.total_s == pytest.approx(31 * US)  # 9 + 22; for both sites alike 32
+    alike = {p.decision.label: p.total_s for p in table if isinstance(p.decision, TPDecision)}
+    assert alike["k=1"] == pytest.approx(32 * US) and alike["k=2"] == pytest.approx(32 * US)
+    assert table[-1] is best and len(table) == 5
 
 
 def test_a_graph_without_a_column_row_pair_has_no_sites() -> None:
@@ -107,7 +157,8 @@ def test_tp_graph_benchmark_smoke_on_gloo(tmp_path) -> None:
     assert main(["--backend", "gloo", "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
     (row,) = [json.loads(x) for x in (tmp_path / "tp_graph.jsonl").read_text().splitlines()]
     assert row["ok"], row.get("error")
-    assert len(row["sites"]) == 2 and len(row["checks"]) == 7  # the DTensor model + 6
+    # the DTensor model, the 6 decisions for both sites alike and one per site if chosen
+    assert len(row["sites"]) == 2 and len(row["checks"]) == 7 + (" | " in row["chosen"])
     assert max(row["checks"].values()) < 1e-5
     assert max(row["gradients"].values()) < 1e-5
     assert f"| {row['chosen']} |" in (tmp_path / "tp_graph.md").read_text()
@@ -120,7 +171,7 @@ def test_search_prices_the_decisions_of_a_dtensor_program_captured_on_a_fake_gro
     captured = export_model(model, (torch.randn(B, S, D),))
     plan = search_tp_graph(captured, _nvlink_like)
     assert [len(s.column) for s in plan.sites] == [3, 2]
-    assert len(plan.table) == 6
+    assert len(plan.table) in (6, 7) and plan.searched == 6 * 6
     # each site's all-reduce is the whole (B, S, D) partial sum; the GEMM slices shrink
     assert plan.costs.all_reduce_bytes == (B * S * D * 4,) * 2
     assert plan.costs.gemm_s[(0, 2)] < plan.costs.gemm_s[(0, 1)]

@@ -17,7 +17,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import zoo
 from cli.main import main
 from planner.distributed import parallel_models as pm
-from planner.distributed.tp_graph import GraphCosts, find_tp_sites, predict_backward
+from planner.distributed.tp_graph import (
+    ColumnBackward,
+    GraphCosts,
+    SiteDecisions,
+    find_tp_sites,
+    predict_backward,
+)
 from planner.distributed.tp_plan import TPDecision
 from planner.errors import PlanError
 from planner.fusion.partition import Partition
@@ -54,6 +60,22 @@ def test_the_decision_round_trips_through_json_and_the_cache(plan, tmp_path) -> 
         cache.store_exact(tp, [[4, 16]])
         got = cache.lookup(tp.structure_key, [[4, 16]], device_fp="cpu-testdevice")
         assert got.plan is not None and got.plan.tensor_parallel == choice
+
+
+def test_a_decision_per_site_round_trips_and_a_single_one_means_every_site(plan) -> None:
+    sites = ("linear_3", "linear_5")
+    mixed = dataclasses.replace(plan, tensor_parallel=TPChoice((2, 1), (True, False), sites))
+    data = json.loads(json.dumps(mixed.to_json()))
+    assert data["tensor_parallel"]["chunks"] == [2, 1]
+    assert data["tensor_parallel"]["fuse_epilogue"] == [True, False]
+    assert Plan.from_json(data) == mixed and mixed.tensor_parallel.label == "k=2 fused | k=1"
+    # a record written before per-site decisions: one decision for all its sites
+    old = {"chunks": 2, "fuse_epilogue": True, "sites": list(sites), "predicted_s": 1e-4}
+    loaded = Plan.from_json({**plan.to_json(), "tensor_parallel": old}).tensor_parallel
+    assert loaded.chunks == (2, 2) and loaded.fuse_epilogue == (True, True)
+    assert loaded.label == "k=2 fused" and loaded.to_json()["chunks"] == 2  # written so again
+    with pytest.raises(PlanError, match="one per site"):
+        TPChoice((2, 1, 1), True, sites)
 
 
 def test_a_record_without_the_decision_loads_and_is_written_as_before(plan) -> None:
@@ -124,6 +146,22 @@ def test_backward_prices_the_column_input_gradients_and_no_row_collective() -> N
     assert predict_backward(two, TPDecision(1), ar).total_s == pytest.approx(32 * US)
 
 
+def test_the_backward_rewritten_for_training_overlaps_the_input_gradients() -> None:
+    ar = lambda nbytes: 1 * US + nbytes / 1000 * US  # noqa: E731
+    col = ColumnBackward({1: 1 * US, 2: 0.5 * US}, 1 * US, 3000, 1 * US)
+    c = _costs(segment_s=(3 * US, 1 * US), segment_ops=(3, 1), column_backward=((col, col),))
+    # ops after 2, epilogue 4, dX dW 8, the segment's other op 2x1: 16 us; then per column
+    # GEMM (the second first) dX 1 with its all-reduce (4 us) after it, then dW 1:
+    # dX 16-17, all-reduce 17-21, dW 17-18; dX 18-19, all-reduce 21-25, dW 19-20
+    one = predict_backward(c, TPDecision(1), ar, planned=True)
+    assert one.total_s == pytest.approx(25 * US) and one.t_comp_s == pytest.approx(20 * US)
+    assert one.t_comm_s == pytest.approx(8 * US)  # unplanned: 28 us, both exposed
+    # k=2: slices of 0.5 us, all-reduces of 1500 bytes (2.5 us) in sequence from 16.5 us:
+    # four of them end at 26.5 us (the link's alpha paid twice more than it hides)
+    two = predict_backward(c, SiteDecisions((TPDecision(2, True),)), ar, planned=True)
+    assert two.total_s == pytest.approx(26.5 * US) and two.t_comm_s == pytest.approx(10 * US)
+
+
 class _Collectives(TorchDispatchMode):
     """The all-reduces dispatched while active, by their input's bytes."""
 
@@ -158,9 +196,16 @@ def test_the_priced_backward_collectives_are_those_torch_issues() -> None:
 
 def test_a_recorded_decision_is_applied_and_verified_on_gloo_ranks() -> None:
     res = run_ranks(2, "tests.tp_ranks:realized_plans", (), timeout_s=120)
-    for label in ("k=2 fused=True", "k=2 fused=False"):
+    # site by site: chunks per row-parallel GEMM, the fused epilogues' units
+    expected = {
+        "k=2 fused": ([2, 2], ["tp_epilogue_0", "tp_epilogue_1"]),
+        "k=2": ([2, 2], []),
+        "k=2 fused | k=1": ([2, 1], ["tp_epilogue_0"]),
+    }
+    for label, (chunks, epilogues) in expected.items():
         r = res[label]
         assert r["applied"] and not r["warnings"], r
+        assert r["chunks"] == chunks and r["epilogues"] == epilogues, r
         assert r["chunked"] == 2 and r["collectives_left"] == 0, r
         assert r["err"] < 1e-5 and r["ref_err"] < 1e-5, r
     wrong = res["wrong"]  # rank 0's program matched; rank 1's did not: both fall back

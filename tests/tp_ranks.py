@@ -13,7 +13,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from planner.distributed import parallel_models as pm
-from planner.distributed.tp_graph import find_tp_sites, graph_decisions, tp_program
+from planner.distributed.tp_autograd import column_parallel_gemm
+from planner.distributed.tp_graph import (
+    find_tp_sites,
+    graph_decisions,
+    row_parallel_chunks,
+    tp_program,
+)
 from planner.ir.capture import export_model
 
 B, S, D, H = 2, 8, 32, 4
@@ -162,15 +168,20 @@ def realized_plans(rank: int, world: int) -> dict:
     base = _unfused_plan(captured.graph, predicted_s=0.0)
     unplanned = gm(x)[0]
     out = {}
-    for chunks, fuse in ((2, True), (2, False)):
+    # the same decision at both sites, and a decision per site (attention's output
+    # projection in 2 chunks with its epilogue fused, the MLP's down projection alone)
+    for chunks, fuse in ((2, True), (2, False), ((2, 1), (True, False))):
         plan = dataclasses.replace(base, tensor_parallel=TPChoice(chunks, fuse, sites))
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             realized = realize(captured, plan)
             got = realized(x)[0]
-        calls = [str(n.target) for n in realized.program.graph.nodes]
-        out[f"k={chunks} fused={fuse}"] = {
+        nodes = realized.program.graph.nodes
+        calls = [str(n.target) for n in nodes]
+        out[plan.tensor_parallel.label] = {
             "applied": realized.applied,
+            "chunks": [n.args[1] for n in nodes if n.target is row_parallel_chunks],
+            "epilogues": [c for c in calls if c.startswith("tp_epilogue")],
             "chunked": sum("row_parallel_chunks" in c for c in calls),
             "collectives_left": sum("all_reduce" in c and "chunks" not in c for c in calls),
             "err": float((got - unplanned).abs().max()),
@@ -246,3 +257,119 @@ def served_plan(rank: int, world: int, cache_dir: str) -> dict:
         "exact": backend.stats.exact,
         "warnings": [str(m.message) for m in w if "fusion-planner" in str(m.message)],
     }
+
+
+def tuned_on_ranks(rank: int, world: int, cache_dir: str) -> dict:
+    """`tune` of the zoo block (functional collectives) run by every rank, each with its own
+    plan cache: the decision searched, the plan with it measured on the ranks as served,
+    the measured best stored; what each rank stored, gathered."""
+    from learned_cost.analytical import AnalyticalModel
+    from planner.hardware import get_spec
+    from planner.plans.cache import PlanCache
+    from search.tune import TuneConfig, tune
+    from zoo.modelspec import resolve
+
+    cfg = TuneConfig(
+        spec=resolve("zoo:tp-block", f"B={B},D={D},H={H},TP={world}"),
+        dynamic=f"S={S}..{S}",
+        strategy="priority",
+        top_k=1,
+        compile_baseline=False,
+        timer={"warmup": 1, "min_reps": 3, "max_reps": 6, "max_seconds": 1.0},
+    )
+    with PlanCache(f"{cache_dir}/rank{rank}.db") as cache:
+        (r,) = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, progress=lambda m: None)
+        plan = r.plan
+        key = plan.structure_key if plan is not None else ""
+        hit = cache.lookup(key, [[B, S, D]]) if plan is not None else None
+    mine = {
+        "stored_tp": plan.tensor_parallel.label if plan and plan.tensor_parallel else None,
+        "measured_s": plan.measured_s if plan else None,
+    }
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    return {
+        "plan": plan.to_json() if plan else None,
+        "cached_tp": hit.plan.tensor_parallel.label
+        if hit and hit.plan and hit.plan.tensor_parallel
+        else None,
+        "candidates": [
+            {
+                "strategy": c.strategy,
+                "tp": c.tensor_parallel.label if c.tensor_parallel else None,
+                "measured_s": c.measured.median_s if c.measured else None,
+                "error": c.error,
+            }
+            for c in r.candidates
+        ],
+        "note": r.tensor_parallel,
+        "ranks": every,
+    }
+
+
+def _grad_errors(model, program, x: torch.Tensor, decisions: dict) -> dict:
+    """max |grad - grad of `model`| / max |grad of `model`| over the input and every
+    parameter, for `program` rewritten for training with each of `decisions`."""
+
+    def grads(fn, params: dict) -> dict:
+        for p in params.values():
+            p.grad = None
+        xr = x.clone().requires_grad_()
+        y = fn(xr)
+        y = y[0] if isinstance(y, tuple) else y
+        y = y.to_local() if hasattr(y, "to_local") else y
+        (y * torch.linspace(-1.0, 1.0, y.numel()).view(y.shape)).sum().backward()
+        out = {"input": xr.grad}
+        for n, p in params.items():
+            g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            out[n] = g
+        return out
+
+    want = grads(model, dict(model.named_parameters()))
+    sites = find_tp_sites(program)
+    errs = {}
+    for label, d in decisions.items():
+        planned = tp_program(program, d, sites, backward=True)
+        got = grads(planned, dict(program.named_parameters()))
+        assert set(got) == set(want), (sorted(got), sorted(want))
+        errs[label] = max(
+            float((got[n] - want[n]).abs().max()) / max(1e-12, float(want[n].abs().max()))
+            for n in want
+        )
+    return errs
+
+
+def trained_programs(rank: int, world: int) -> dict:
+    """Gradients of captured programs rewritten for training (chunked backward) against the
+    models' own: the zoo block (Megatron's f and g) and a DTensor LLaMA-style block."""
+    from planner.distributed.tp_graph import SiteDecisions
+    from planner.distributed.tp_plan import TPDecision
+
+    torch.manual_seed(0)
+    x = torch.randn(B, S, D)
+    decisions = {
+        "k=1": TPDecision(1),
+        "k=2 fused": TPDecision(2, True),
+        "k=2 fused | k=1": SiteDecisions((TPDecision(2, True), TPDecision(1))),
+    }
+    block = pm.TPBlock(D, H, world, dist.group.WORLD)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.2)
+        gm = export_model(block, (x,)).program.module()
+    out = {"tp-block": _grad_errors(block, gm, x, decisions)}
+    mesh = init_device_mesh("cpu", (world,))
+    llama = parallelize_module(pm.LlamaStyleBlock(D, H, 2 * D), mesh, pm.llama_tp_plan())
+    with torch.no_grad():
+        gm = export_model(llama, (x,)).program.module()
+    out["llama"] = _grad_errors(llama, gm, x, decisions)
+    trained = tp_program(gm, decisions["k=2 fused | k=1"], find_tp_sites(gm), backward=True)
+    out["column_chunks"] = [
+        n.args[1] for n in trained.graph.nodes if n.target is column_parallel_gemm
+    ]
+    try:
+        tp_program(gm, TPDecision(2), find_tp_sites(gm))(x.clone().requires_grad_())
+        out["forward_only"] = "no error"
+    except Exception as e:  # rewritten for the forward only: a gradient is refused
+        out["forward_only"] = str(e)
+    return out

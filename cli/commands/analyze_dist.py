@@ -190,6 +190,13 @@ def tp_report(
         f"{back.t_comm_s * 1e6:>11.2f} {back.exposed_comm_s * 1e6:>11.2f}  (training: "
         "not chunked, the same for every decision)"
     )
+    chunked = plan.planned_backward
+    if chunked is not None:
+        lines.append(
+            f"{'backward rw':<12} {chunked.total_s * 1e6:>11.2f} {chunked.t_comp_s * 1e6:>11.2f} "
+            f"{chunked.t_comm_s * 1e6:>11.2f} {chunked.exposed_comm_s * 1e6:>11.2f}  (the "
+            "program rewritten for training with the chosen decision: input gradients chunked)"
+        )
     payload = {
         "sites": [s.gemm for s in sites],
         "link": link.name,
@@ -198,6 +205,9 @@ def tp_report(
         "table": [p.row() for p in plan.table],
         "forward": plan.best.row(),
         "backward": {k: v for k, v in back.row().items() if k.endswith("_s")},
+        "backward_rewritten": (
+            {k: v for k, v in chunked.row().items() if k.endswith("_s")} if chunked else None
+        ),
         "record": plan.choice(),
     }
     return payload, "\n".join(lines)

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+import torch.distributed as dist
+
 from cli import fmt
 from cli.common import (
     Resolved,
@@ -22,10 +24,21 @@ from planner.plans.cache import PlanCache
 from planner.realize.check import short_reason
 from search.cost_models import cost_model_for
 from search.tune import BucketResult, TuneConfig, bucket_spec, tune
+from search.tune_tp import init_ranks
 from zoo.modelspec import dtype_name, parse_dtype, resolve
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.dist_backend:
+        return _run(args)
+    init_ranks(args.dist_backend)  # before anything is built: the model's group is the job's
+    try:
+        return _run(args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.report:  # said before the search and measurements, not after them
         require_dot()
         check_writable(args.report)
@@ -135,12 +148,14 @@ def _row(r: BucketResult, dims: Any) -> dict[str, Any]:
                 "measured": fmt.timing_dict(c.measured),
                 "error": c.error,
                 "fallbacks": {str(g): why for g, why in c.fallbacks.items()},
+                "tensor_parallel": c.tensor_parallel.label if c.tensor_parallel else None,
             }
             for c in r.candidates
         ],
         "search_s": r.search_s,
         "realize_s": r.realize_s,
         "stored": r.stored,
+        "tensor_parallel": r.tensor_parallel,
     }
 
 
@@ -171,6 +186,8 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
             lines.append(f"{'':<4}group {g} runs eagerly: {short_reason(why, 100)}")
         if r.stored.startswith("NOT stored"):
             lines.append(f"  {r.stored}")
+        if r.tensor_parallel:  # a rank program's decision: measured, or said it was not
+            lines.append(f"  {r.tensor_parallel}")
     lines.append("times: median ±half the interquartile range")
     if flagged:
         lines.append(fmt.UNSTABLE_NOTE)

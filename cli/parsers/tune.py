@@ -112,6 +112,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(by default the unfused plan is stored then: the backend runs the model's own graph)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--dist-backend",
+        choices=("gloo", "nccl"),
+        default=None,
+        help="run as one rank of a job torchrun started (every rank the same command, each "
+        "with its own --cache): the model's collectives run on the ranks, and a "
+        "tensor-parallel decision is measured there instead of recorded from its prediction",
+    )
     add_format_arg(p)
     p.add_argument(
         "--report",

@@ -13,7 +13,9 @@ the reduced sum (residual add, bias, RMSNorm or LayerNorm), taken only while the
 convex (an op that also needs a value computed after the all-reduce outside the set is
 left out).
 
-One `TPDecision` applies to every site of the program. `tp_program` realizes it on the
+A decision is a `TPDecision` for every site of the program, or `SiteDecisions`, one
+`TPDecision` per site (sites differ in size: an attention's output projection and an
+MLP's down projection). `tp_program` realizes it on the
 program's `GraphModule` (`ExportedProgram.module()`): each site's GEMM + reshapes +
 all-reduce + wait become one call of `row_parallel_chunks` (the GEMM over `chunks` token
 slices into one buffer, each slice all-reduced with `async_op=True` as soon as its GEMM is
@@ -31,9 +33,13 @@ its gradient passes the forward all-reduce unchanged: dX = g W and dW = g^T X ne
 collective. Megatron's f (`parallel_models.copy_to_tp`) all-reduces once per distinct
 input tensor (Q/K/V share one); DTensor's `ColwiseParallel` converts each column GEMM's
 input separately and so all-reduces once per column GEMM (`TPSite.column_grad_bytes`).
-The backward is not chunked; `backward_tasks` prices it as the autograd engine runs it,
+`backward_tasks` prices the unplanned program's backward as the autograd engine runs it,
 one chain in reverse order whose input-gradient all-reduces the next step waits for,
-the other kernels at `dp.BACKWARD_FACTOR` times their forward.
+the other kernels at `dp.BACKWARD_FACTOR` times their forward. `tp_program(...,
+backward=True)` rewrites the program for training (planner.distributed.tp_autograd): each
+column GEMM all-reduces its own input's gradient in the site's chunks, each slice issued
+as soon as its dX slice is computed, overlapping the next slices and dW
+(`backward_tasks(..., planned=decision)` prices that).
 """
 
 from __future__ import annotations
@@ -46,18 +52,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.fx as fx
 
 from planner.distributed.dp import BACKWARD_FACTOR
 from planner.distributed.overlap import COMM, COMPUTE, Task, schedule
+from planner.distributed.tp_autograd import (
+    GEMM_OPERANDS,
+    column_parallel_gemm,
+    row_parallel_chunks,
+)
 from planner.distributed.tp_plan import HOST, Prediction, TPDecision
 from planner.errors import ModelSpecError
 from planner.ir import taxonomy
 from planner.ir.graph import Category
 
-# GEMM op -> (index of the activation operand, index of the weight operand)
-GEMM_OPERANDS: dict[str, tuple[int, int]] = {"mm": (0, 1), "addmm": (1, 2), "linear": (0, 1)}
 # reshapes that keep the token-major layout of a GEMM's output (last dimension unchanged)
 RESHAPES = ("view", "_unsafe_view", "reshape")
 # ops a weight is read through before a GEMM (the transpose of `x @ W.t()`, a reshape)
@@ -224,15 +232,65 @@ def find_tp_sites(gm: fx.GraphModule) -> list[TPSite]:
     return sites
 
 
+@dataclass(frozen=True)
+class SiteDecisions:
+    """One decision per site, in program order (site i: `per_site[i]`)."""
+
+    per_site: tuple[TPDecision, ...]
+
+    @property
+    def label(self) -> str:
+        """As `TPDecision.label` where every site has the same decision, else each site's
+        in order ("k=2 fused | k=1"; planner.plans.plan.TPChoice.label alike)."""
+        if len(set(self.per_site)) == 1:
+            return self.per_site[0].label
+        return " | ".join(d.label for d in self.per_site)
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        return tuple(d.chunks for d in self.per_site)
+
+    @property
+    def fuse_epilogue(self) -> tuple[bool, ...]:
+        return tuple(d.fuse_epilogue for d in self.per_site)
+
+
+Decision = TPDecision | SiteDecisions
+
+
+def per_site(decision: Decision, n_sites: int) -> tuple[TPDecision, ...]:
+    """Each of `n_sites` sites' decision: a `TPDecision` is every site's."""
+    if isinstance(decision, TPDecision):
+        return (decision,) * n_sites
+    if len(decision.per_site) != n_sites:
+        raise ModelSpecError(
+            f"{len(decision.per_site)} per-site decisions for {n_sites} sites: give one per site"
+        )
+    return decision.per_site
+
+
 def graph_decisions(
     sites: list[TPSite], chunk_choices: tuple[int, ...] = (1, 2, 4)
 ) -> list[TPDecision]:
-    """Every decision whose chunks split every site's rows evenly."""
+    """Every decision for all sites alike whose chunks split every site's rows evenly."""
     ks = [k for k in chunk_choices if all(s.rows % k == 0 for s in sites)]
     return [TPDecision(k, fuse) for k in ks for fuse in (False, True)]
 
 
 # ---- pricing ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ColumnBackward:
+    """One column-parallel GEMM's backward in the program rewritten for training
+    (`tp_program(..., backward=True)`): one of k slices of dX (`dx_s[k]`), dW (`dw_s`),
+    the bytes of its input's gradient (all-reduced), its forward's seconds (part of its
+    site's segment)."""
+
+    dx_s: dict[int, float]
+    dw_s: float
+    grad_bytes: int
+    forward_s: float
+
+
 @dataclass(frozen=True)
 class GraphCosts:
     """GPU seconds of a program's parts at one shape, and the host's issue seconds.
@@ -254,17 +312,20 @@ class GraphCosts:
     # the backward: site i's dX + dW GEMMs (unchunked), its input-gradient all-reduces
     backward_gemm_s: tuple[float, ...] = ()
     column_grad_bytes: tuple[tuple[int, ...], ...] = ()
+    # per site, its column GEMMs' backward in the program rewritten for training
+    column_backward: tuple[tuple[ColumnBackward, ...], ...] = ()
 
 
 def graph_tasks(
     c: GraphCosts,
-    d: TPDecision,
+    decision: Decision,
     all_reduce_s: Callable[[int], float],
     collectives: bool = True,
 ) -> list[Task]:
     """The rewritten program as host / compute / communication tasks; without
     `collectives` the all-reduces are left out (T_comp)."""
     tasks: list[Task] = []
+    ds = per_site(decision, len(c.all_reduce_bytes))
 
     def add(name: str, stream: str, dur: float, deps: tuple[int, ...], host_s: float) -> int:
         tasks.append(Task(f"issue {name}", HOST, host_s))
@@ -277,6 +338,7 @@ def graph_tasks(
             seg = c.segment_ops[i] * c.eager_op_host_s
             prev = (add(f"ops before {i}", COMPUTE, c.segment_s[i], prev, seg),)
         ars: list[int] = []
+        d = ds[i]
         for j in range(d.chunks):
             g = add(f"gemm {i}[{j}]", COMPUTE, c.gemm_s[(i, d.chunks)], prev, c.eager_op_host_s)
             if collectives:
@@ -296,15 +358,27 @@ def graph_tasks(
 
 
 def backward_tasks(
-    c: GraphCosts, all_reduce_s: Callable[[int], float], collectives: bool = True
+    c: GraphCosts,
+    all_reduce_s: Callable[[int], float],
+    collectives: bool = True,
+    planned: Decision | None = None,
 ) -> list[Task]:
     """The program's backward as tasks (module docstring, "Backward"), in reverse program
     order: the kernels after the last site, then per site the epilogue's backward, the
     row-parallel GEMM's dX and dW (no collective), the kernels before the site (its
     column GEMMs among them) and the all-reduces of the column GEMMs' input gradients,
-    which the next task waits for. Without `collectives` those are left out."""
+    which the next task waits for. Without `collectives` those are left out.
+
+    `planned`: the backward of the program `tp_program(..., planned, backward=True)`
+    rewrites for training instead: per site, the kernels before it other than its column
+    GEMMs, then each column GEMM (last first) as its dX in the site's chunks, each slice's
+    all-reduce issued after it (overlapping the next slice and dW), then its dW; the next
+    site's backward waits for the all-reduces."""
     if len(c.backward_gemm_s) != len(c.all_reduce_bytes):
         raise ModelSpecError("these costs have no backward: price them with graph_costs")
+    if planned is not None and len(c.column_backward) != len(c.all_reduce_bytes):
+        raise ModelSpecError("these costs have no column backward: price them with graph_costs")
+    ds = per_site(planned, len(c.all_reduce_bytes)) if planned is not None else ()
     tasks: list[Task] = []
 
     def add(name: str, stream: str, dur: float, deps: tuple[int, ...], host_s: float) -> int:
@@ -322,6 +396,11 @@ def backward_tasks(
             dur, ops = f * c.epilogue_s[(i, False)], f * c.epilogue_ops[i]
             prev = (add(f"epilogue {i} (bwd)", COMPUTE, dur, prev, ops * host),)
         prev = (add(f"gemm {i} dX dW", COMPUTE, c.backward_gemm_s[i], prev, 2 * host),)
+        if ds:
+            prev = _planned_column_backward(
+                c, i, ds[i].chunks, prev, add, collectives, all_reduce_s
+            )
+            continue
         if c.segment_ops[i]:
             dur, ops = f * c.segment_s[i], f * c.segment_ops[i]
             prev = (add(f"ops before {i} (bwd)", COMPUTE, dur, prev, ops * host),)
@@ -340,18 +419,50 @@ def backward_tasks(
     return tasks
 
 
+def _planned_column_backward(
+    c: GraphCosts,
+    i: int,
+    chunks: int,
+    prev: tuple[int, ...],
+    add: Callable[..., int],
+    collectives: bool,
+    all_reduce_s: Callable[[int], float],
+) -> tuple[int, ...]:
+    """Site i's kernels before it and its column GEMMs' chunked backward (backward_tasks)."""
+    f, host = BACKWARD_FACTOR, c.eager_op_host_s
+    cols = c.column_backward[i]
+    rest_s = max(0.0, c.segment_s[i] - sum(col.forward_s for col in cols))
+    rest_ops = max(0, c.segment_ops[i] - len(cols))
+    if rest_ops:
+        prev = (add(f"ops before {i} (bwd)", COMPUTE, f * rest_s, prev, f * rest_ops * host),)
+    ars: list[int] = []
+    for j, col in reversed(list(enumerate(cols))):
+        k = chunks if chunks in col.dx_s else 1
+        for m in range(k):
+            dx = add(f"column {i}.{j} dX[{m}]", COMPUTE, col.dx_s[k], prev, host)
+            if collectives:
+                t = all_reduce_s(col.grad_bytes // k)
+                ars.append(add(f"all_reduce d input {i}.{j}[{m}]", COMM, t, (dx,),
+                               c.collective_call_host_s))  # fmt: skip
+            prev = (dx,)
+        prev = (add(f"column {i}.{j} dW", COMPUTE, col.dw_s, prev, host),)
+    return (*prev, *ars)
+
+
 def predict_backward(
-    c: GraphCosts, d: TPDecision, all_reduce_s: Callable[[int], float]
+    c: GraphCosts, d: Decision, all_reduce_s: Callable[[int], float], planned: bool = False
 ) -> Prediction:
-    """The backward's prediction (the same for every decision: it is not chunked; `d`
-    names the forward decision it goes with)."""
-    full = schedule(backward_tasks(c, all_reduce_s))
-    comp = schedule(backward_tasks(c, all_reduce_s, collectives=False))
+    """The backward's prediction: the unplanned program's (the same for every decision;
+    `d` names the forward decision it goes with), or with `planned` the backward of the
+    program rewritten for training with `d` (its column GEMMs' input gradients chunked)."""
+    p = d if planned else None
+    full = schedule(backward_tasks(c, all_reduce_s, planned=p))
+    comp = schedule(backward_tasks(c, all_reduce_s, collectives=False, planned=p))
     exposed = max(0.0, full.makespan_s - comp.makespan_s)
     return Prediction(d, full.makespan_s, comp.makespan_s, full.t_comm_s, exposed, full)
 
 
-def predict_graph(c: GraphCosts, d: TPDecision, all_reduce_s: Callable[[int], float]) -> Prediction:
+def predict_graph(c: GraphCosts, d: Decision, all_reduce_s: Callable[[int], float]) -> Prediction:
     full = schedule(graph_tasks(c, d, all_reduce_s))
     comp = schedule(graph_tasks(c, d, all_reduce_s, collectives=False))
     exposed = max(0.0, full.makespan_s - comp.makespan_s)
@@ -359,52 +470,13 @@ def predict_graph(c: GraphCosts, d: TPDecision, all_reduce_s: Callable[[int], fl
 
 
 # ---- realization ----------------------------------------------------------------------
-def _group(group_name: str) -> dist.ProcessGroup:
-    try:
-        return dist.distributed_c10d._resolve_process_group(group_name)
-    except Exception as e:  # a private torch helper; absent or unknown: say what to do
-        raise ModelSpecError(
-            f"process group {group_name!r} of a captured all-reduce is not known in this "
-            "process: run the planned program on the ranks that captured it"
-        ) from e
-
-
-def row_parallel_chunks(kind: str, chunks: int, group_name: str, *args: torch.Tensor):
-    """The GEMM `kind` over `chunks` token slices into one buffer, each slice all-reduced
-    (sum) asynchronously as soon as it is issued; returns the reduced GEMM output."""
-    act_i, w_i = GEMM_OPERANDS[kind]
-    a, w = args[act_i], args[w_i]
-    wt = w.t() if kind == "linear" else w
-    bias = args[0] if kind == "addmm" else (args[2] if kind == "linear" and len(args) > 2 else None)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in args if t is not None):
-        raise ModelSpecError(
-            "a captured program's planned tensor-parallel GEMM runs forward only: call it "
-            "under torch.no_grad() (training uses tp_plan.PlannedTPBlock)"
-        )
-    a2 = a.reshape(-1, a.shape[-1])
-    rows = a2.shape[0]
-    if chunks < 1 or rows % chunks:
-        raise ModelSpecError(f"{rows} tokens do not split into {chunks} chunks")
-    out = torch.empty(rows, wt.shape[1], dtype=a.dtype, device=a.device)
-    group, step, works = _group(group_name), rows // chunks, []
-    for i in range(chunks):
-        sl = slice(i * step, (i + 1) * step)
-        if bias is None:
-            torch.mm(a2[sl], wt, out=out[sl])
-        else:
-            torch.addmm(bias, a2[sl], wt, out=out[sl])
-        works.append(dist.all_reduce(out[sl], group=group, async_op=True))
-    for work in works:
-        work.wait()
-    return out.view(*a.shape[:-1], wt.shape[1]) if kind == "linear" else out
-
-
-def _chunk_site(gm: fx.GraphModule, site: TPSite, chunks: int) -> None:
+def _chunk_site(gm: fx.GraphModule, site: TPSite, chunks: int, trainable: bool) -> None:
     nodes = {n.name: n for n in gm.graph.nodes}
     gemm, wait = nodes[site.gemm], nodes[site.wait]
     with gm.graph.inserting_before(wait):
         args = (site.kind, chunks, site.group_name, *gemm.args)
-        new = gm.graph.call_function(row_parallel_chunks, args)
+        kwargs = {"trainable": True} if trainable else {}
+        new = gm.graph.call_function(row_parallel_chunks, args, kwargs)
         new.meta = dict(gemm.meta)
         last = new
         for name in site.reshapes:  # the same reshapes, now of the reduced sum
@@ -413,6 +485,30 @@ def _chunk_site(gm: fx.GraphModule, site: TPSite, chunks: int) -> None:
     wait.replace_all_uses_with(last)
     for name in (site.wait, site.all_reduce, *reversed(site.reshapes), site.gemm):
         gm.graph.erase_node(nodes[name])
+
+
+def _column_site(gm: fx.GraphModule, site: TPSite, chunks: int) -> None:
+    """Site's column-parallel GEMMs as `column_parallel_gemm`: their input's gradient
+    all-reduced over `chunks` slices (1 where their tokens do not split so)."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for name in site.column:
+        node = nodes[name]
+        kind = _op(node)
+        if node.kwargs:
+            raise ModelSpecError(
+                f"column-parallel GEMM {name} has keyword arguments {dict(node.kwargs)}: its "
+                "backward is not rewritten for them"
+            )
+        val = node.meta.get("val")
+        rows = int(val.numel() // val.shape[-1]) if isinstance(val, torch.Tensor) else 0
+        k = chunks if rows and rows % chunks == 0 else 1
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(
+                column_parallel_gemm, (kind, k, site.group_name, *node.args)
+            )
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
 
 
 def _fuse_epilogue(gm: fx.GraphModule, site: TPSite, index: int, compile_epilogue: bool) -> None:
@@ -471,24 +567,38 @@ def _stable_sort(graph: fx.Graph) -> None:
 
 def tp_program(
     gm: fx.GraphModule,
-    decision: TPDecision,
+    decision: Decision,
     sites: list[TPSite] | None = None,
     compile_epilogue: bool = False,
+    backward: bool = False,
 ) -> fx.GraphModule:
     """A copy of `gm` (sharing its parameters and buffers) with `decision` applied at
-    every site (module docstring); `gm` is left as it is. A program without sites comes
-    back unchanged."""
+    its sites (a `TPDecision` at every site, `SiteDecisions` site by site; module
+    docstring); `gm` is left as it is. A program without sites comes back unchanged.
+
+    With `backward` the copy also trains (planner.distributed.tp_autograd): each site's
+    column-parallel GEMMs all-reduce their input's gradient over the site's chunks,
+    overlapped with their weight gradients; the row-parallel GEMM's backward needs no
+    collective. A program with collectives other than its sites' cannot be rewritten so."""
     shared = {id(t): t for t in itertools.chain(gm.parameters(), gm.buffers())}
     with warnings.catch_warnings():  # torch's pytree specs warn when copied
         warnings.simplefilter("ignore", FutureWarning)
         out = copy.deepcopy(gm, memo=shared)  # the graph copied, the weights shared
     sites = find_tp_sites(out) if sites is None else sites
-    for site in sites:
-        _chunk_site(out, site, decision.chunks)
-    if decision.fuse_epilogue:
-        for i, site in enumerate(sites):
-            if site.epilogue:
-                _fuse_epilogue(out, site, i, compile_epilogue)
+    ds = per_site(decision, len(sites))
+    for site, d in zip(sites, ds):
+        _chunk_site(out, site, d.chunks, backward)
+        if backward:
+            _column_site(out, site, d.chunks)
+    left = [n.name for n in out.graph.nodes if _category(n) is Category.COLLECTIVE]
+    if backward and left:
+        raise ModelSpecError(
+            f"the program has collectives outside its column -> row sites ({left[:4]}): "
+            "their gradients are not known to the rewrite; train it without planning"
+        )
+    for i, (site, d) in enumerate(zip(sites, ds)):
+        if d.fuse_epilogue and site.epilogue:
+            _fuse_epilogue(out, site, i, compile_epilogue)
     _stable_sort(out.graph)
     out.graph.lint()
     out.recompile()

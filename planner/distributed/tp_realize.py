@@ -5,7 +5,7 @@ against the unplanned program on every rank.
 (planner.distributed.tp_graph), checks that they are the sites the plan recorded
 (`Plan.tensor_parallel`), rewrites a copy of the program with `tp_graph.tp_program` (each
 site's GEMM over `chunks` token slices with an asynchronous all-reduce per slice, the
-epilogue as one unit when `fuse_epilogue`) and runs both programs on the capture's example
+epilogue as one unit when `fuse_epilogue`; both per site) and runs both programs on the capture's example
 inputs (or `inputs`): every output of the planned program must equal the unplanned
 program's within `TOLERANCE` of the output's largest value. The ranks then agree on the
 outcome (a MIN all-reduce of a flag over the sites' process group) before any of them
@@ -26,7 +26,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from planner.distributed.tp_graph import TPSite, _group, find_tp_sites, tp_program
+from planner.distributed.tp_autograd import group_of
+from planner.distributed.tp_graph import Decision, SiteDecisions, TPSite, find_tp_sites, tp_program
 from planner.distributed.tp_plan import TPDecision
 from planner.errors import PlanError
 from planner.ir.capture import Captured
@@ -47,7 +48,7 @@ class RealizedTP(nn.Module):
 
     static_shapes = True  # the sites' token counts are the capture's
 
-    def __init__(self, program: nn.Module, applied: bool, reason: str, decision: TPDecision):
+    def __init__(self, program: nn.Module, applied: bool, reason: str, decision: Decision):
         super().__init__()
         self.program, self.applied, self.reason, self.decision = program, applied, reason, decision
 
@@ -81,8 +82,11 @@ def _tolerance(outputs: Any) -> float:
 
 def _agree(ok: bool, sites: list[TPSite]) -> bool:
     """Whether every rank of the sites' group says `ok`."""
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=_group(sites[0].group_name))
+    group = group_of(sites[0].group_name)
+    on_gpu = dist.get_backend(group) == "nccl"  # NCCL reduces GPU tensors only
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
 
 
@@ -102,7 +106,8 @@ def realize_tp(
     choice = plan.tensor_parallel
     if choice is None:
         raise PlanError("the plan records no tensor-parallel decision")
-    decision = TPDecision(choice.chunks, choice.fuse_epilogue)
+    ds = tuple(TPDecision(k, f) for k, f in zip(choice.chunks, choice.fuse_epilogue))
+    decision: Decision = ds[0] if choice.uniform else SiteDecisions(ds)
     gm = captured.program.module()
     args = tuple(captured.example_inputs if inputs is None else inputs)
 
@@ -121,8 +126,9 @@ def realize_tp(
         return unplanned(
             f"the plan's sites {list(choice.sites)} are not the program's {list(found)}"
         )
-    if any(s.rows % decision.chunks for s in sites):
-        return unplanned(f"a site's tokens do not split into {decision.chunks} chunks")
+    for s, d in zip(sites, ds):
+        if s.rows % d.chunks:
+            return unplanned(f"site {s.gemm}'s {s.rows} tokens do not split into {d.chunks} chunks")
     if compile_epilogue is None:
         compile_epilogue = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     reason = ""

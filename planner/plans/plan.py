@@ -43,30 +43,57 @@ class GroupPlan:
 @dataclass(frozen=True)
 class TPChoice:
     """The tensor-parallel decision a plan records for a rank program's column -> row
-    sites (planner.distributed.tp_graph): the row-parallel GEMM runs over `chunks` token
-    slices, each slice all-reduced asynchronously, and with `fuse_epilogue` the ops after
-    the all-reduce run as one unit. One decision for every site in `sites` (the row-parallel
-    GEMMs' node names, in program order); `predicted_s` is the forward's predicted total,
-    `predicted_backward_s` the backward's (unchunked: the same for every decision), None
-    where it was not priced."""
+    sites (planner.distributed.tp_graph), one per site: site i's row-parallel GEMM runs
+    over `chunks[i]` token slices, each slice all-reduced asynchronously, and with
+    `fuse_epilogue[i]` the ops after its all-reduce run as one unit. `sites` are the
+    row-parallel GEMMs' node names, in program order. A single value (an int, a bool: what
+    records written before per-site decisions hold) means the same for every site, and a
+    decision that is the same for every site is written that way. `predicted_s` is the
+    forward's predicted total, `predicted_backward_s` the backward's (unchunked: the same
+    for every decision), None where it was not priced."""
 
-    chunks: int
-    fuse_epilogue: bool
+    chunks: tuple[int, ...]
+    fuse_epilogue: tuple[bool, ...]
     sites: tuple[str, ...]
     predicted_s: float = 0.0
     predicted_backward_s: float | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 1:
-            raise PlanError(f"a tensor-parallel decision needs chunks >= 1, got {self.chunks!r}")
-        if not isinstance(self.fuse_epilogue, bool):
-            raise PlanError(f"fuse_epilogue must be true or false, got {self.fuse_epilogue!r}")
-        if not self.sites or not all(isinstance(s, str) and s for s in self.sites):
+        if not isinstance(self.sites, tuple | list) or not self.sites:
             raise PlanError(f"a tensor-parallel decision names its sites, got {self.sites!r}")
+        if not all(isinstance(s, str) and s for s in self.sites):
+            raise PlanError(f"a tensor-parallel decision names its sites, got {self.sites!r}")
+        object.__setattr__(self, "sites", tuple(self.sites))
+        n = len(self.sites)
+        chunks = _per_site(self.chunks, n, "chunks")
+        fused = _per_site(self.fuse_epilogue, n, "fuse_epilogue")
+        if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in chunks):
+            raise PlanError(f"a tensor-parallel decision needs chunks >= 1, got {self.chunks!r}")
+        if not all(isinstance(f, bool) for f in fused):
+            raise PlanError(f"fuse_epilogue must be true or false, got {self.fuse_epilogue!r}")
+        object.__setattr__(self, "chunks", chunks)
+        object.__setattr__(self, "fuse_epilogue", fused)
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every site has the same decision."""
+        return len(set(zip(self.chunks, self.fuse_epilogue))) == 1
 
     @property
     def label(self) -> str:
-        return f"k={self.chunks}{' fused' if self.fuse_epilogue else ''}"
+        """ "k=2 fused" for a decision every site shares, else each site's, in order
+        ("k=2 fused | k=1")."""
+        one = [f"k={k}{' fused' if f else ''}" for k, f in zip(self.chunks, self.fuse_epilogue)]
+        return one[0] if self.uniform else " | ".join(one)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sites"] = list(self.sites)
+        if self.uniform:  # as records without per-site decisions: old readers read it
+            d["chunks"], d["fuse_epilogue"] = self.chunks[0], self.fuse_epilogue[0]
+        else:
+            d["chunks"], d["fuse_epilogue"] = list(self.chunks), list(self.fuse_epilogue)
+        return d
 
     @classmethod
     def from_json(cls, data: Any) -> TPChoice:
@@ -74,15 +101,25 @@ class TPChoice:
             raise PlanError(f"tensor_parallel must be an object, got {type(data).__name__}")
         try:
             back = data.get("predicted_backward_s")
+            chunks, fused = data["chunks"], data["fuse_epilogue"]
             return cls(
-                data["chunks"],
-                data["fuse_epilogue"],
+                tuple(chunks) if isinstance(chunks, list) else chunks,
+                tuple(fused) if isinstance(fused, list) else fused,
                 tuple(data["sites"]),
                 float(data.get("predicted_s", 0.0)),
                 None if back is None else float(back),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"the plan's tensor_parallel record is malformed: {e}") from e
+
+
+def _per_site(value: Any, n: int, name: str) -> tuple[Any, ...]:
+    """`value` for each of `n` sites: a single value for every site, or one per site."""
+    if isinstance(value, tuple | list):
+        if len(value) != n:
+            raise PlanError(f"{name} gives {len(value)} values for {n} sites: give one per site")
+        return tuple(value)
+    return (value,) * n
 
 
 def versions() -> dict[str, str]:
@@ -230,10 +267,10 @@ class Plan:
         for g in d["groups"]:  # a group without copies is written as before recompute
             if not g["recompute"]:
                 del g["recompute"]
-        if d["tensor_parallel"] is None:  # written as before the field existed
+        if self.tensor_parallel is None:  # written as before the field existed
             del d["tensor_parallel"]
         else:
-            d["tensor_parallel"]["sites"] = list(d["tensor_parallel"]["sites"])
+            d["tensor_parallel"] = self.tensor_parallel.to_json()
         d["schema"] = SCHEMA_VERSION
         return d
 
