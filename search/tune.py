@@ -512,6 +512,22 @@ def _online_update(
     progress(f"  cost model updated online: {report}")
 
 
+def graph_varies(results: list[BucketResult], dims: str) -> str:
+    """A note when the buckets' plans were made on different graphs (the model's graph
+    depends on the tuned sizes: a Python loop over the sequence, a size-dependent branch),
+    else "". Such a plan serves only the sizes whose graph is its own."""
+    keys = {r.plan.structure_key for r in results if r.plan is not None}
+    if len(keys) < 2:
+        return ""
+    return (
+        f"note: this model's graph changes with {dims}: the {len(results)} buckets captured "
+        f"{len(keys)} different graphs (a loop over a dimension, or a branch on a size, in "
+        "forward), so each plan serves only sizes whose graph is its bucket's own; other "
+        "sizes run default plans and are queued: tune them with `tune --from-queue`, or "
+        "tune exactly the sizes served (--buckets edges:...)"
+    )
+
+
 def tune(
     cfg: TuneConfig,
     cost_model: CostModel,

@@ -126,3 +126,17 @@ def test_tune_updates_the_learned_model_online_and_saves_it(tmp_path):
     assert online["n_observations"] == 2  # one measured plan per bucket
     assert online["bias"] != 0.0
     assert load_corrected(str(out), "cpu").online.state() == online
+
+
+def test_tune_says_when_the_buckets_plans_were_made_on_different_graphs():
+    from types import SimpleNamespace as NS
+
+    from search.tune import graph_varies
+
+    def result(key):
+        return NS(plan=NS(structure_key=key))
+
+    assert graph_varies([result("a"), result("a"), NS(plan=None)], "S") == ""
+    note = graph_varies([result("a"), result("b"), result("a")], "S")
+    assert "graph changes with S" in note and "2 different graphs" in note
+    assert "--from-queue" in note

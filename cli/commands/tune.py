@@ -23,7 +23,7 @@ from planner.hardware import get_spec, local_device_name
 from planner.plans.cache import PlanCache
 from planner.realize.check import short_reason
 from search.cost_models import cost_model_for
-from search.tune import BucketResult, TuneConfig, bucket_spec, tune
+from search.tune import BucketResult, TuneConfig, bucket_spec, graph_varies, tune
 from search.tune_tp import init_ranks
 from zoo.modelspec import dtype_name, parse_dtype, resolve
 
@@ -74,6 +74,8 @@ def _run(args: argparse.Namespace) -> int:
             cost_model.save(args.cost_model_out)
         label = _label(spec, args.dynamic)
         dims = bucket_spec(cfg).dims
+        names = [part.split("=")[0].strip() for part in args.dynamic.split(",") if "=" in part]
+        varies = graph_varies(results, ", ".join(names) or args.dynamic)
         emit(
             args,
             {
@@ -82,8 +84,9 @@ def _run(args: argparse.Namespace) -> int:
                 "dtype": str(dtype),
                 "cache": cache.url,
                 "buckets": [_row(r, dims) for r in results],
+                "graph_varies": varies,
             },
-            _table(label, device, cache.url, results, dims),
+            "\n".join(filter(None, [_table(label, device, cache.url, results, dims), varies])),
         )
         if args.report:
             job = job_from_tune(
