@@ -379,6 +379,7 @@ class _PlannedGraph:
     def __init__(self, backend: FusionPlannerBackend, gm: fx.GraphModule, lifted: LiftedGraph):
         self.backend, self.gm, self.lifted = backend, gm, lifted
         self._dyn = tuple((lifted.user_positions[i], a) for i, a in lifted.dynamic)
+        self._consts = bool(lifted.constants)
         self._memo: dict[tuple[int, ...], Callable[[tuple[Any, ...]], Any]] = {}
         self._realized: dict[str, Callable[[tuple[Any, ...]], Any]] = {}
         self._bucket_plans: dict[str, Plan] = {}  # plans realized symbolically, per bucket key
@@ -390,6 +391,8 @@ class _PlannedGraph:
         self._broken = False
 
     def __call__(self, *args: Any) -> Any:
+        if self._consts and not self.lifted.fits(args):  # another value of an int argument
+            return self.gm.forward(*args)
         sizes = tuple([args[p].shape[a] for p, a in self._dyn])
         fn = self._memo.get(sizes)
         if fn is None:
@@ -400,6 +403,8 @@ class _PlannedGraph:
         """`__call__` in grad mode: the plan's forward, gradients from recomputing dynamo's
         graph with autograd (planner.runtime.grad). A bucket that runs dynamo's graph
         anyway runs it under autograd directly."""
+        if self._consts and not self.lifted.fits(args):
+            return self.gm.forward(*args)
         sizes = tuple([args[p].shape[a] for p, a in self._dyn])
         fn = self._memo.get(sizes)
         if fn is None:

@@ -22,6 +22,7 @@ backend then runs dynamo's graph as it is.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,12 +44,20 @@ class LiftedGraph:
 
     `user_positions[i]`: the index, among dynamo's call arguments, of user input i.
     `dynamic`: (user input, axis) pairs that dynamo left symbolic (they may vary).
+    `constants`: (argument index, value) of int arguments baked into the module (an int
+    argument of forward that is no size of a user tensor, e.g. Hugging Face's
+    `logits_to_keep`); a call with another value must run dynamo's graph instead.
     """
 
     module: fx.GraphModule
     user_positions: tuple[int, ...]
     dynamic: tuple[tuple[int, int], ...]
     user_names: tuple[str, ...]
+    constants: tuple[tuple[int, int], ...] = ()
+
+    def fits(self, args: Sequence[Any]) -> bool:
+        """Whether a call's int arguments have the values baked into the module."""
+        return all(args[p] == v for p, v in self.constants)
 
 
 def _source_chain(node: fx.Node) -> list[Any]:
@@ -88,8 +97,9 @@ def _is_state(node: fx.Node, example: Any) -> bool:
     Decided on dynamo's source for the placeholder, not on its name: Hugging Face models
     wrap `forward` in decorators, so `self` reaches dynamo as `L['args'][0]` and a
     parameter's source reads `L['args'][0]._modules[...]`, while the user's tensor is
-    `L['args'][1]`. A tensor reached some other way (an attribute of a user object) is
-    neither: it raises LiftError, since baking it in as state would serve stale values.
+    `L['args'][1]`. A tensor an argument holds (an attribute of a user object, such as
+    a KV cache's tensors) is an input: dynamo passes its current value on every call.
+    Anything else raises LiftError, since baking it in as state would serve stale values.
     """
     if isinstance(example, torch.nn.Parameter):
         return True
@@ -102,6 +112,11 @@ def _is_state(node: fx.Node, example: Any) -> bool:
     if name.startswith(("L['self']", "G[", "___")) or "._buffers[" in name:
         return True
     if all(isinstance(s, _ARGUMENT_SOURCES) for s in chain):
+        return False
+    if isinstance(chain[-1], dsource.LocalSource):
+        # a tensor held by an argument object (a Hugging Face KV cache's
+        # `L['kwargs']['past_key_values'].layers[0].keys`): dynamo passes its current value
+        # on every call, so it is an input like the argument itself
         return False
     raise LiftError(
         f"input {node.name} reaches dynamo's graph as {name}, neither an argument of "
@@ -125,11 +140,11 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
     g = fx.Graph()
     env: dict[fx.Node, Any] = {}
     user: list[tuple[int, fx.Node, Any]] = []  # (argument index, new placeholder, fake value)
-    symbols: list[tuple[fx.Node, Any]] = []
+    symbols: list[tuple[int, fx.Node, Any, Any]] = []
     for pos, (node, real) in enumerate(zip(placeholders, example_inputs)):
         fake = node.meta.get("example_value", real)
         if isinstance(fake, torch.SymInt) or isinstance(real, int | torch.SymInt):
-            symbols.append((node, fake))
+            symbols.append((pos, node, fake, real))
             continue
         if not isinstance(real, torch.Tensor):
             raise LiftError(f"input {node.name} is a {type(real).__name__}, not a tensor or size")
@@ -153,7 +168,8 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
             env[node].meta = dict(node.meta)
             user.append((pos, env[node], fake))
     dynamic: set[tuple[int, int]] = set()
-    for node, fake in symbols:
+    constants: list[tuple[int, int]] = []
+    for pos, node, fake, real in symbols:
         if not node.users:  # e.g. the stride of a size-1 dimension: nothing reads it
             continue
         expr = _sym_expr(fake)
@@ -177,11 +193,15 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
                 env[node] = g.call_function(op, (user[hit[0]][1], hit[1]))
                 break
         else:
-            raise LiftError(
-                f"size input {node.name} ({expr}) is neither a dimension nor a stride of any "
-                "user tensor (an int argument to forward?): the runtime plans tensor shapes "
-                "only"
-            )
+            value = real if isinstance(real, int) else getattr(getattr(real, "node", 0), "hint", 0)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise LiftError(
+                    f"size input {node.name} ({expr}) is neither a dimension nor a stride of "
+                    "any user tensor, and its value is unknown: the runtime plans tensor "
+                    "shapes only"
+                )
+            env[node] = value  # an int argument of forward: baked in, checked per call
+            constants.append((pos, value))
     for ui, (_, _, uf) in enumerate(user):
         for axis, size in enumerate(getattr(uf, "shape", ())):
             if _sym_expr(size) is not None and not _sym_expr(size).is_number:
@@ -209,6 +229,7 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
         tuple(pos for pos, _, _ in user),
         tuple(sorted(dynamic)),
         tuple(p.name for _, p, _ in user),
+        tuple(constants),
     )
 
 

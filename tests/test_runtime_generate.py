@@ -1,0 +1,61 @@
+"""Hugging Face `generate` through the backend, as users decode: the prefill graph takes an
+int argument (`logits_to_keep`) and the decode graph takes the KV cache's tensors, held by
+a cache object passed as an argument. Both are planned, and the tokens are eager's."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from planner.runtime.backend import fusion_planner_backend
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_generate_through_the_backend_plans_prefill_and_decode(name):
+    from benchmarks.models import gpt2, llama
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, (ids,) = {"gpt2": gpt2, "llama": llama}[name].tiny(1, 8)
+    model.eval()
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    backend = fusion_planner_backend()
+    model.forward = torch.compile(model.forward, backend=backend, dynamic=True)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        got = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    torch._dynamo.reset()
+    s = backend.stats
+    assert torch.equal(got, want)
+    assert s.graphs == 2 and s.realized >= 2 and not s.fallbacks, s
+
+
+class _TakesAnInt(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x, keep: int):
+        return torch.relu(self.proj(x))[:, -keep:]
+
+
+def test_an_int_argument_is_baked_in_and_another_value_runs_dynamos_graph():
+    torch._dynamo.reset()
+    module = _TakesAnInt().eval()
+    backend = fusion_planner_backend()
+    compiled = torch.compile(module, backend=backend, dynamic=True)
+    x = torch.randn(2, 5, 8)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        for keep in (1, 1, 3, 2):
+            torch.testing.assert_close(compiled(x, keep), module(x, keep))
+    torch._dynamo.reset()
+    s = backend.stats
+    # one graph for every value: dynamo left `keep` symbolic, the plan baked in 1 and
+    # the other values ran dynamo's graph
+    assert s.graphs == 1 and not s.fallbacks and s.realized >= 1, s
