@@ -1,0 +1,206 @@
+"""Hugging Face `generate` as users decode: the planner backend against eager and torch.compile.
+
+    PYTHONPATH=. python benchmarks/generate.py --out benchmarks/results/generate_h100      # GPU
+    PYTHONPATH=. python benchmarks/generate.py --quick --out /tmp/generate                 # CPU
+
+Per model of the real-model suite that generates (`gpt2`, `llama`: 4 layers at their real
+width, bf16 on CUDA; tiny float32 configs with `--quick`): greedy decoding of
+`--new-tokens` tokens after a prompt of `--prompt` tokens, batch `--batch`, with
+`model.forward` compiled as a user would (`torch.compile(model.forward, backend=...,
+dynamic=True)`), for each contender:
+
+- eager; `torch.compile` (default, dynamic); `mode="reduce-overhead"` (dynamic); the
+  fusion-planner backend with default plans (an empty cache: the prefill and decode graphs
+  are planned by the rule, as a user gets before tuning).
+
+Each contender first generates once (its compile time, reported), then the contenders
+generate in interleaved rounds (rotated order), and a contender's time is the median over
+rounds of one `generate` call (CUDA synchronized; perf_counter), with its spread (IQR over
+median). Tokens are compared with eager's (greedy decoding: they must be equal, or the
+row says how many differ). One JSON line per (model, contender) in OUT.jsonl, and OUT.md
+is the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.models import gpt2, llama  # noqa: E402
+from planner.runtime.backend import fusion_planner_backend  # noqa: E402
+
+MODELS = {"gpt2": gpt2, "llama": llama}
+CONTENDERS = ("eager", "compile", "reduce-overhead", "planner")
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def _build(name: str, quick: bool, batch: int, prompt: int, device: str, dtype: Any) -> Any:
+    mod = MODELS[name]
+    model, (ids,) = mod.tiny(batch, prompt) if quick else mod.factory(batch, prompt)
+    return model.to(device=device, dtype=dtype).eval(), ids.to(device)
+
+
+def _contender(kind: str, model: Any, db: str) -> Any:
+    eager_forward = model.forward
+    if kind == "compile":
+        model.forward = torch.compile(eager_forward, dynamic=True)
+    elif kind == "reduce-overhead":
+        model.forward = torch.compile(eager_forward, mode="reduce-overhead", dynamic=True)
+    elif kind == "planner":
+        backend = fusion_planner_backend(db)
+        model.forward = torch.compile(eager_forward, backend=backend, dynamic=True)
+        return backend
+    return None
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    cuda = torch.cuda.is_available() and not args.quick
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    rows: list[dict[str, Any]] = []
+    for name in args.models.split(","):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        models, backends, compile_s, tokens = {}, {}, {}, {}
+        for kind in CONTENDERS:
+            torch.manual_seed(0)
+            m, ids = _build(name, args.quick, args.batch, args.prompt, device, dtype)
+            with tempfile.TemporaryDirectory() as tmp:
+                backends[kind] = _contender(kind, m, str(Path(tmp) / "plans.sqlite"))
+                models[kind] = m
+
+                def gen(m: Any = m, ids: Any = ids) -> Any:
+                    return m.generate(
+                        ids,
+                        max_new_tokens=args.new_tokens,
+                        min_new_tokens=args.new_tokens,
+                        do_sample=False,
+                        pad_token_id=0,
+                    )
+
+                _sync(cuda)
+                t0 = time.perf_counter()
+                with torch.no_grad(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    tokens[kind] = gen()
+                _sync(cuda)
+                compile_s[kind] = time.perf_counter() - t0
+                models[kind] = gen
+        times: dict[str, list[float]] = {k: [] for k in CONTENDERS}
+        order = list(CONTENDERS)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(args.warmup):
+                for k in order:
+                    models[k]()
+            for r in range(args.rounds):
+                for k in order[r % len(order) :] + order[: r % len(order)]:
+                    _sync(cuda)
+                    t0 = time.perf_counter()
+                    models[k]()
+                    _sync(cuda)
+                    times[k].append(time.perf_counter() - t0)
+        for k in CONTENDERS:
+            xs = sorted(times[k])
+            med = statistics.median(xs)
+            q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [med, med, med]
+            differ = int((tokens[k] != tokens["eager"]).sum())
+            row = {
+                "model": name,
+                "contender": k,
+                "device": torch.cuda.get_device_name() if cuda else "cpu",
+                "dtype": str(dtype).replace("torch.", ""),
+                "torch": torch.__version__,
+                "batch": args.batch,
+                "prompt": args.prompt,
+                "new_tokens": args.new_tokens,
+                "median_s": med,
+                "spread": (q[2] - q[0]) / med if med else None,
+                "rounds": len(xs),
+                "first_call_s": compile_s[k],
+                "tokens_differ": differ,
+            }
+            be = backends.get(k)
+            if be is not None:
+                s = be.stats
+                row["runtime_stats"] = {
+                    "graphs": s.graphs,
+                    "realized": s.realized,
+                    "default": s.default,
+                    "fallbacks": list(s.fallbacks)[:5],
+                }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def render(rows: list[dict[str, Any]], command: str) -> str:
+    lines = [
+        "# `generate` through the backend",
+        "",
+        f"Generated by `{command}` (benchmarks/generate.py); do not edit by hand.",
+        "",
+        "ms per `generate` call (median over interleaved rounds, ±spread = IQR/median); "
+        "vs eager: lower is faster; first call includes compiles.",
+        "",
+        "| model | contender | ms | spread | vs eager | first call s | tokens differ |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    eager = {r["model"]: r["median_s"] for r in rows if r["contender"] == "eager"}
+    for r in rows:
+        ratio = r["median_s"] / eager[r["model"]] if eager.get(r["model"]) else float("nan")
+        lines.append(
+            f"| {r['model']} | {r['contender']} | {r['median_s'] * 1e3:,.1f} | "
+            f"{(r['spread'] or 0) * 100:.0f}% | {ratio:.2f}x | {r['first_call_s']:.1f} | "
+            f"{r['tokens_differ']} |"
+        )
+    if rows:
+        r = rows[0]
+        lines += [
+            "",
+            f"{r['device']}, {r['dtype']}, torch {r['torch']}: batch {r['batch']}, prompt "
+            f"{r['prompt']} tokens, {r['new_tokens']} new tokens, greedy.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="OUT.jsonl and OUT.md are written")
+    p.add_argument("--quick", action="store_true", help="tiny float32 models on the CPU")
+    p.add_argument("--models", default="gpt2,llama")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=3, help="untimed rounds (compiles, static plans)")
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    command = "python benchmarks/generate.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    rows = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out.with_suffix(".md").write_text(render(rows, command))
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
