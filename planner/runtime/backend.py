@@ -213,6 +213,7 @@ class RuntimeStats:
     grad_graphs: int = 0  # graphs served in grad mode (plan forward, eager recomputed backward)
     static: int = 0  # recurring shapes given a static specialization of their bucket's plan
     static_failed: list[str] = field(default_factory=list)  # why a specialization was not made
+    static_skipped: int = 0  # recurring shapes left unspecialized, the static budget spent
     declined: list[str] = field(default_factory=list)  # grad-mode graphs given to Inductor: why
 
 
@@ -602,7 +603,12 @@ class _PlannedGraph:
         keeps being served by its bucket's realization until the specialization is ready."""
         backend, stats = self.backend, self.backend.stats
         if not backend.take_static_budget():
-            stats.static_failed.append(f"{rec.sizes}: static budget spent")
+            stats.static_skipped += 1
+            if stats.static_skipped == 1:  # once: a decode loop meets a new shape per token
+                stats.static_failed.append(
+                    f"{rec.sizes}: static budget spent (later recurring shapes are counted in "
+                    "static_skipped)"
+                )
             _warn_once(
                 "static-budget",
                 f"fusion-planner static budget ({backend.static_budget}) spent: further "
