@@ -59,3 +59,25 @@ def test_an_int_argument_is_baked_in_and_another_value_runs_dynamos_graph():
     # one graph for every value: dynamo left `keep` symbolic, the plan baked in 1 and
     # the other values ran dynamo's graph
     assert s.graphs == 1 and not s.fallbacks and s.realized >= 1, s
+
+
+def test_generate_with_a_static_cache_updated_in_place_gives_eagers_tokens():
+    """A static KV cache is written in place; a plan computes outputs only, so such a graph
+    runs as dynamo's graph, with the reason, and the tokens stay eager's."""
+    from benchmarks.models import llama
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, (ids,) = llama.tiny(1, 8)
+    model.eval()
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    backend = fusion_planner_backend()
+    model.forward = torch.compile(model.forward, backend=backend, dynamic=True)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        got = model.generate(ids, **kw)
+    torch._dynamo.reset()
+    assert torch.equal(got, want)
+    assert any("in place" in f for f in backend.stats.fallbacks), backend.stats

@@ -137,6 +137,18 @@ def take_apart(captured: Captured, partition: Partition, copies: Copies = ()) ->
     kinds = [s.kind.name for s in program.graph_signature.output_specs]
     if len(kinds) != len(flat):
         raise PlanError("the program's outputs do not match its signature")
+    updated = [
+        str(s.target)
+        for s in program.graph_signature.output_specs
+        if s.kind.name in ("USER_INPUT_MUTATION", "BUFFER_MUTATION")
+    ]
+    if updated:  # the plan computes outputs only: it would leave these tensors as they were
+        more = ", ..." if len(updated) > 3 else ""
+        raise PlanError(
+            f"the program updates {len(updated)} tensor(s) in place ({', '.join(updated[:3])}"
+            f"{more}), as a static KV cache or BatchNorm in training mode does; a plan computes "
+            "outputs only and would leave them as they were, so the program runs as it is"
+        )
     outputs = tuple(v for v, k in zip(flat, kinds) if k == "USER_OUTPUT")
     by_name = {n.name: n for n in gm.graph.nodes}
     index = {m: g for g, m in enumerate(partition.masks)}
