@@ -214,23 +214,15 @@ class ServedExecutor:
                 checked=compiled,
             )
         captured, rp = made[-1]  # the static specialization, when one was made
-        if isinstance(rp, RealizedTP):  # the rank program rewritten: checked as a callable
-            return Prepared(
-                call=lambda: compiled(*inputs),
-                realized=None,
-                reference=captured.program.module(),
-                check_inputs=tuple(captured.example_inputs),
-                compile_s=compile_s,
-                close=close,
-                checked=rp,
-            )
+        tp = isinstance(rp, RealizedTP)  # the rank program rewritten: checked as a callable
         return Prepared(
             call=lambda: compiled(*inputs),
-            realized=rp,
+            realized=None if tp else rp,
             reference=captured.program.module(),
             check_inputs=tuple(captured.example_inputs),
             compile_s=compile_s,
             close=close,
+            checked=rp if tp else None,
         )
 
 
