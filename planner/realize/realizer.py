@@ -357,7 +357,7 @@ class RealizedPlan:
 
     def high_reference(self, inputs: Sequence[Any]) -> HighRun:
         """The user outputs of the exported program run in high precision on `inputs`
-        (planner.realize.check.run_in_high_precision);"""
+        (planner.realize.check.run_in_high_precision)."""
         high = run_in_high_precision(
             self._parts.gm, self._program_args(inputs), self._compute_dtype()
         )
