@@ -202,7 +202,21 @@ def compare(
 
 def render(result: Mapping[str, Any]) -> str:
     names = list(result["seeds"][0]["scores"])
-    lines = [
+    lines = []
+    if any(n.endswith("-v6") for n in names):
+        lines += [
+            "No suffix: the features of schema 5 (what the committed models read); `-hw`: "
+            "those and the descriptor-level features above; `-v6`: schema 6, schema 5 and "
+            "learned_cost.features.FEATURES_V6 (per-op traffic, launched kernels, every "
+            "anchor's tiles and waves, tile padding, reductions), built from the group's ops. "
+            + (
+                "Descriptors recomputed on today's capture of each row's graph."
+                if result.get("recaptured")
+                else "Descriptors as stored at collection."
+            ),
+            "",
+        ]
+    lines += [
         "| model | MAPE | tau (within graph) | MAPE, rows without a twin | tau within, no twin |",
         "|---|---|---|---|---|",
     ]
