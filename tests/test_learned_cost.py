@@ -126,9 +126,9 @@ def test_batched_attention_gemms_count_tiles_per_batch_entry_and_reductions(spec
     assert 10 ** x[FEATURE_NAMES.index("est_kernels")] - 1 == pytest.approx(2)  # GEMM + softmax
 
 
-def test_a_model_of_the_earlier_feature_schema_is_fed_its_own_columns(spec):
+def test_a_model_of_the_earlier_feature_schema_is_fed_its_own_columns(spec, tmp_path):
     """The committed models were trained on schema 5: they load, read its 59 features (the
-    first columns of today's), and cost groups as before."""
+    first columns of today's), cost groups, and save again (adapted, say) as schema 5."""
     names5 = tuple(n for n, _, _ in FEATURES_V5)
     assert FEATURE_NAMES[: len(names5)] == names5
     cm = load_corrected(REPO / "learned_cost" / "models" / "h100.json", "h100")
@@ -136,6 +136,9 @@ def test_a_model_of_the_earlier_feature_schema_is_fed_its_own_columns(spec):
     g = graph("zoo:mlp", "B=32,D=256,HID=512,L=2")
     (cost,) = cm.group_costs(g, [frozenset({next(n.index for n in g.nodes if n.op == "linear")})])
     assert math.isfinite(cost.latency_s) and cost.latency_s > 0
+    meta = save_model(cm.mlp, tmp_path / "v5.json", spec=spec)
+    assert (meta.feature_schema_version, len(meta.feature_names)) == (5, len(names5))
+    assert load_model(tmp_path / "v5.json")[0].feature_names_ == names5
 
 
 # ---- estimator contract ------------------------------------------------------------------------
