@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from learned_cost.data import rows_hash
-from learned_cost.features import Design, design_matrix
+from learned_cost.features import FEATURE_NAMES, Design, design_matrix
 from learned_cost.mlp import CorrectionMLP
 from learned_cost.online import OnlineBias
 from learned_cost.persist import ModelMeta, save_model
@@ -122,9 +122,12 @@ def adapt_mlp(source: CorrectionMLP, X: np.ndarray, y: np.ndarray, cfg: AdaptCon
     return Adapted(model, bias)
 
 
-def target_design(rows: Sequence[Mapping[str, Any]], spec: DeviceSpec) -> Design:
-    """Features and targets of target rows on `spec`'s figures (rows grouped by graph)."""
-    return design_matrix(rows, lambda _name: spec, group_by="graph_key")
+def target_design(
+    rows: Sequence[Mapping[str, Any]], spec: DeviceSpec, names: Sequence[str] = FEATURE_NAMES
+) -> Design:
+    """Features `names` (the source model's) and targets of target rows on `spec`'s
+    figures (rows grouped by graph)."""
+    return design_matrix(rows, lambda _name: spec, group_by="graph_key", names=names)
 
 
 def adapt_saved(
@@ -141,7 +144,7 @@ def adapt_saved(
     """Adapt `source` to the group rows `rows` of device `spec` and save it at `out`
     (.json + .npz), a model for that device; returns its metadata and a summary (rows
     used, bias, in-sample MAPE before and after: a fit, not a held-out score)."""
-    d = target_design(rows, spec)
+    d = target_design(rows, spec, source.feature_names_ or FEATURE_NAMES)
     if len(d) < 1:
         raise CostModelError(
             f"no usable group rows of device {spec.name!r} to adapt with; collect some with "

@@ -36,7 +36,12 @@ import numpy as np
 
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.data import descriptor_of
-from learned_cost.features import analytical_parts, feature_vector, normalize_dtype
+from learned_cost.features import (
+    FEATURE_NAMES,
+    analytical_parts,
+    feature_vector,
+    normalize_dtype,
+)
 from learned_cost.mlp import CorrectionMLP
 from learned_cost.online import Observation, OnlineBias, UpdateReport
 from learned_cost.persist import ModelMeta, load_model, save_model, spec_from_figures
@@ -114,6 +119,12 @@ class CorrectedModel:
         self._lock = threading.RLock()
         self._dtypes: dict[str, str] = {}  # graph.key -> compute dtype (scanning costs ~20 us)
         self._footprints: dict[str, float] = {}  # graph.key -> plan_context.graph_footprint
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The features the network reads: its schema's (a model saved under an earlier
+        feature schema reads that schema's, the first columns of today's)."""
+        return tuple(getattr(self.mlp, "feature_names_", None) or FEATURE_NAMES)
 
     def __repr__(self) -> str:
         return f"CorrectedModel({self.spec.name}, {self.model_id}, bias={self.online.bias:+.3f})"
@@ -201,6 +212,7 @@ class CorrectedModel:
                     dtype=dtype,
                     spec=self.feature_spec,
                     realization=labels[i] if labels else self.realization_of(graph, groups[i]),
+                    names=self.feature_names,
                 )
                 for i in work
             ]
@@ -298,6 +310,7 @@ class CorrectedModel:
                     spec=self.feature_spec,
                     realization=str(r.get("realization") or "inductor"),
                     parts=parts,
+                    names=self.feature_names,
                 )
             )
             # the target is relative to the roofline the model corrects (this machine's)

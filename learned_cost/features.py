@@ -6,8 +6,11 @@ The learned model predicts log(measured / analytical) from the features below, s
 analytical roofline carries the scale and the model learns only what the roofline misses.
 
 Every feature is an entry of `FEATURES`: (name, function of a `FeatureContext`, why).
-Changing the table changes `SCHEMA_HASH`, and a saved model with another hash is refused
-(persist.py), so a model is never fed features it was not trained on.
+Changing the table changes `SCHEMA_HASH`. Features are only ever appended, so the features
+of an earlier schema are the first columns of today's: `SCHEMAS` maps the hash of each
+schema a saved model may carry to its names, a model is fed exactly the features it was
+trained on (`feature_vector(..., names=...)`), and a model of a schema this code does not
+know is refused (persist.py).
 
 The analytical parts are recomputed here from the descriptor and a device spec, with the
 same formulas as `learned_cost.analytical.AnalyticalModel` (tests check they agree on real
@@ -28,7 +31,8 @@ import numpy as np
 from planner.hardware import DeviceSpec
 from planner.ir.graph import Category
 
-FEATURE_SCHEMA_VERSION = 5  # 3: TF32 convolutions; 4: GEMM waves; 5: anchor N, alignment
+FEATURE_SCHEMA_VERSION = 6  # 3: TF32 convolutions; 4: GEMM waves; 5: anchor N, alignment;
+# 6: what the hardware sees (per-op traffic, kernels, tiles and waves, reductions)
 _TINY = 1e-12  # floor for logs of seconds, FLOPs and bytes: log10(0) would be -inf
 
 # Ops that cost more than one FMA per element (exp/erf/tanh inside): they dominate
@@ -181,7 +185,8 @@ _CATEGORY_FEATURES: tuple[Feature, ...] = tuple(
     for cat in Category
 )
 
-FEATURES: tuple[Feature, ...] = (
+# The features of schema 5, the first columns of every later schema.
+FEATURES_V5: tuple[Feature, ...] = (
     *_CATEGORY_FEATURES,
     ("n_ops", lambda c: _lg1p(c.num("n_ops")), "group size: more ops, more code per kernel"),
     ("n_work_ops", lambda c: _lg1p(c.num("n_work_ops")), "ops that are not free views"),
@@ -363,12 +368,153 @@ FEATURES: tuple[Feature, ...] = (
     ("dev_l2", lambda c: _lg1p(c.spec.l2_bytes), "device: L2 size: small groups run from cache"),
 )
 
+
+def _ops_bytes(c: FeatureContext) -> float:
+    return c.num("op_bytes_read") + c.num("op_bytes_written")
+
+
+def est_kernels(c: FeatureContext) -> float:
+    """Kernels the group launches, as its realization runs it: eager, one per op that is
+    not a view; compiled, one library call per GEMM or convolution anchor (a fused
+    attention or concatenated GEMM: one for all of them), one generated kernel for the
+    other ops, one more per further shape of reduction input."""
+    work, anchors = c.num("n_work_ops"), c.num("n_compute")
+    if c.realization.startswith("eager"):
+        return max(work, 1.0)
+    other = work - anchors
+    k = anchors + (1.0 if other > 0 else 0.0) + max(c.num("n_reduction_shapes") - 1.0, 0.0)
+    if c.realization.startswith(("sdpa", "concat_gemm")):
+        k -= max(anchors - 1.0, 0.0)
+    return max(k, 1.0)
+
+
+def _anchor_tiles(c: FeatureContext) -> list[float]:
+    """128x128 output tiles of each anchor on a GPU ([] on a CPU: no waves of tiles)."""
+    if c.spec.kind != "gpu":
+        return []
+    return [float(t) for t in str(c.desc.get("anchor_tiles") or "").split(",") if t.strip()]
+
+
+def _waves(tiles: list[float], sms: int) -> list[int]:
+    return [math.ceil(t / sms) for t in tiles if t > 0] if sms > 0 else []
+
+
+def _worst_wave_fill(c: FeatureContext) -> float:
+    """The lowest tiles / (waves x SMs) over the anchors (1 without one, and on a CPU)."""
+    sms = c.spec.sm_count
+    tiles = [t for t in _anchor_tiles(c) if t > 0]
+    return min((t / (math.ceil(t / sms) * sms) for t in tiles), default=1.0) if sms > 0 else 1.0
+
+
+def _gemm_m(c: FeatureContext) -> float:
+    """The largest anchor's M per GEMM (batched GEMMs: per batch entry)."""
+    return c.num("anchor_m") / max(c.num("anchor_batch"), 1.0)
+
+
+# Schema 6: what the hardware sees, from the group's ops and shapes and the device spec,
+# never from which model or family a group came from (docs/learned_cost.md).
+FEATURES_V6: tuple[Feature, ...] = (
+    (
+        "op_bytes",
+        lambda c: _lg1p(_ops_bytes(c)),
+        "traffic of the ops run one by one (log10 bytes): what an eager group moves",
+    ),
+    (
+        "op_over_boundary",
+        lambda c: _lg((_ops_bytes(c) + 1.0) / (_boundary_bytes(c) + 1.0)),
+        "that traffic over the boundary traffic the roofline counts (log10)",
+    ),
+    (
+        "t_memory_ops",
+        lambda c: _lg(_ops_bytes(c) / c.spec.bandwidth_Bps),
+        "the per-op traffic at the memory roof (log10 s)",
+    ),
+    (
+        "write_share",
+        lambda c: c.num("op_bytes_written") / _ops_bytes(c) if _ops_bytes(c) else 0.0,
+        "writes over reads and writes: a write costs a read-for-ownership and a flush",
+    ),
+    (
+        "bytes_per_kernel",
+        lambda c: _lg1p(_boundary_bytes(c) / est_kernels(c)),
+        "boundary bytes per launched kernel: a kernel moving little never reaches the roof",
+    ),
+    ("est_kernels", lambda c: _lg1p(est_kernels(c)), "kernels launched (log10 1+n)"),
+    (
+        "t_launch_est",
+        lambda c: _lg(est_kernels(c) * c.spec.launch_s),
+        "launch time of those kernels (log10 s)",
+    ),
+    (
+        "gemm_waves",
+        lambda c: _lg1p(sum(_waves(_anchor_tiles(c), c.spec.sm_count))),
+        "waves of output tiles over the SMs, summed over the anchors (each its own kernel)",
+    ),
+    (
+        "gemm_tiles_over_sms",
+        lambda c: _lg1p(sum(_anchor_tiles(c)) / max(c.spec.sm_count, 1)),
+        "output tiles of all anchors over the SM count (log10 1+x), batched GEMMs counted",
+    ),
+    (
+        "gemm_wave_eff_min",
+        _worst_wave_fill,
+        "the worst anchor's last-wave fill: tiles / (waves x SMs)",
+    ),
+    (
+        "gemm_pad_ratio",
+        lambda c: _lg(c.num("gemm_pad_ratio") or 1.0),
+        "work padded to 128x128x64 tiles over useful work (log10): what tile quantization costs",
+    ),
+    (
+        "anchor_log2_batch",
+        lambda c: math.log2(max(c.num("anchor_batch"), 1.0)),
+        "GEMMs in the largest anchor (a batched matmul: one per batch entry), log2",
+    ),
+    (
+        "anchor_log2_m",
+        lambda c: math.log2(max(_gemm_m(c), 1.0)),
+        "the largest anchor's M per GEMM, log2: a short M leaves tiles empty",
+    ),
+    (
+        "anchor_log2_k",
+        lambda c: math.log2(max(c.num("anchor_k"), 1.0)),
+        "the largest anchor's K, log2: a short K runs few main-loop steps per tile",
+    ),
+    (
+        "red_len",
+        lambda c: _lg1p(c.num("red_len_max")),
+        "the longest reduction (elements reduced into one, log10 1+n)",
+    ),
+    (
+        "red_rows_over_sms",
+        lambda c: _lg1p(c.num("red_rows_min") / max(c.spec.sm_count, 1)),
+        "the fewest independent reductions over the SM count: few rows leave SMs idle",
+    ),
+    (
+        "red_noncontig",
+        lambda c: c.num("red_noncontig"),
+        "1 where a reduction runs across the contiguous dim (a batch norm): strided reads",
+    ),
+)
+
+FEATURES: tuple[Feature, ...] = (*FEATURES_V5, *FEATURES_V6)
 FEATURE_NAMES: tuple[str, ...] = tuple(name for name, _, _ in FEATURES)
+_FEATURE_FN = {name: fn for name, fn, _ in FEATURES}
 # The raw analytical parts (log10 seconds), which the roofline-bounded MLP reads back.
 PART_FEATURES = ("t_compute", "t_memory", "t_launch")
-SCHEMA_HASH = hashlib.sha256(
-    json.dumps([FEATURE_SCHEMA_VERSION, FEATURE_NAMES]).encode()
-).hexdigest()[:12]
+
+
+def _schema_hash(version: int, names: Sequence[str]) -> str:
+    return hashlib.sha256(json.dumps([version, list(names)]).encode()).hexdigest()[:12]
+
+
+SCHEMA_HASH = _schema_hash(FEATURE_SCHEMA_VERSION, FEATURE_NAMES)
+# hash -> (version, names) of every schema a saved model may carry: today's, and schema 5
+# (the models trained before schema 6 keep loading and are fed their own columns).
+SCHEMAS: dict[str, tuple[int, tuple[str, ...]]] = {
+    SCHEMA_HASH: (FEATURE_SCHEMA_VERSION, FEATURE_NAMES),
+    _schema_hash(5, [n for n, _, _ in FEATURES_V5]): (5, tuple(n for n, _, _ in FEATURES_V5)),
+}
 
 
 def feature_vector(
@@ -378,11 +524,13 @@ def feature_vector(
     spec: DeviceSpec,
     realization: str = "inductor",
     parts: AnalyticalParts | None = None,
+    names: Sequence[str] = FEATURE_NAMES,
 ) -> np.ndarray:
-    """The features of one group as a float64 vector in `FEATURE_NAMES` order."""
+    """The features `names` (default: every feature, `FEATURE_NAMES` order; a saved
+    model's own `feature_names` for a model of an earlier schema) of one group."""
     parts = parts or analytical_parts(desc, spec, dtype)
     ctx = FeatureContext(desc, dtype, realization, spec, parts)
-    return np.array([fn(ctx) for _, fn, _ in FEATURES], dtype=np.float64)
+    return np.array([_FEATURE_FN[n](ctx) for n in names], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -413,9 +561,11 @@ def design_matrix(
     spec_for: Callable[[str], DeviceSpec],
     *,
     group_by: str = "family",
+    names: Sequence[str] = FEATURE_NAMES,
 ) -> Design:
-    """Features of dataset rows (desc_* columns), with the analytical parts recomputed
-    on `spec_for(row["device"])` so the target is relative to the roofline in use now."""
+    """Features `names` of dataset rows (desc_* columns), with the analytical parts
+    recomputed on `spec_for(row["device"])` so the target is relative to the roofline in
+    use now."""
     xs, an, ms, gs = [], [], [], []
     for r in rows:
         desc = {k[5:]: v for k, v in r.items() if k.startswith("desc_")}
@@ -429,11 +579,12 @@ def design_matrix(
                 spec=spec,
                 realization=str(r.get("realization") or "inductor"),
                 parts=parts,
+                names=names,
             )
         )
         an.append(parts.latency_s)
         m = r.get("measured_median_s")
         ms.append(float(m) if isinstance(m, int | float) else float("nan"))
         gs.append(str(r.get(group_by)))
-    X = np.vstack(xs) if xs else np.zeros((0, len(FEATURE_NAMES)))
+    X = np.vstack(xs) if xs else np.zeros((0, len(names)))
     return Design(X, np.array(an, dtype=np.float64), np.array(ms), np.array(gs, dtype=object))

@@ -599,7 +599,7 @@ class CorrectionMLP:
         model.scaler_mean_ = np.asarray(arrays["scaler_mean"], dtype=np.float64)
         model.scaler_scale_ = np.asarray(arrays["scaler_scale"], dtype=np.float64)
         model.y_min_, model.y_max_ = (float(v) for v in arrays["y_range"])
-        model.feature_names_ = FEATURE_NAMES
+        model.feature_names_ = FEATURE_NAMES if n_in == len(FEATURE_NAMES) else None
         model.n_features_in_ = n_in
         if model.twins:
             if "twins.keys" not in arrays:

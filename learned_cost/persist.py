@@ -24,7 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from learned_cost.features import DTYPES, FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SCHEMA_HASH
+from learned_cost.features import (
+    DTYPES,
+    FEATURE_NAMES,
+    FEATURE_SCHEMA_VERSION,
+    SCHEMA_HASH,
+    SCHEMAS,
+)
 from learned_cost.mlp import CorrectionMLP
 from learned_cost.plan_context import GRAPH_FEATURES
 from planner.errors import CostModelError, DeviceSpecError
@@ -146,17 +152,21 @@ def save_model(
     command: str = "",
 ) -> ModelMeta:
     """Write `<path>.json` + `<path>.npz`; returns the metadata (with its model_id). Only a
-    model fitted on the FEATURE_NAMES columns is saved: the planner feeds it those."""
+    model fitted on the columns of a known feature schema is saved (today's FEATURE_NAMES,
+    or an earlier schema's for a model adapted from one): the planner feeds it those."""
     arrays = model.state_arrays()
-    if model.n_features_in_ != len(FEATURE_NAMES):
+    names = tuple(getattr(model, "feature_names_", None) or FEATURE_NAMES)
+    schema = next((h for h, (_, n) in SCHEMAS.items() if n == names), None)
+    if schema is None or model.n_features_in_ != len(names):
         raise CostModelError(
             f"save_model: the model was fitted on {model.n_features_in_} columns, not the "
             f"{len(FEATURE_NAMES)} of learned_cost.features.FEATURE_NAMES the planner feeds it"
         )
+    version = SCHEMAS[schema][0]
     params = model.get_params()
     params["hidden"] = list(params["hidden"])
     figures = spec_figures(spec)
-    core = _digest_core(params, SCHEMA_HASH, figures, plan_context or {})
+    core = _digest_core(params, schema, figures, plan_context or {})
     meta = ModelMeta(
         model_id=f"mlp-{model.form}-{_arrays_digest(arrays, core)}",
         form=model.form,
@@ -165,6 +175,9 @@ def save_model(
         device_kind=spec.kind,
         device_fingerprints=tuple(sorted(set(device_fingerprints))),
         spec_figures=figures,
+        feature_schema_version=version,
+        feature_schema_hash=schema,
+        feature_names=names,
         data_hash=data_hash,
         data_files=tuple(data_files),
         n_rows=n_rows,
@@ -209,10 +222,11 @@ def read_meta(path: str | Path) -> ModelMeta:
 def check_compatible(meta: ModelMeta, device: str | None = None) -> list[str]:
     """Reasons the saved model must not be used here (empty: it may)."""
     reasons = []
-    if meta.feature_schema_hash != SCHEMA_HASH:
+    if meta.feature_schema_hash not in SCHEMAS:
         reasons.append(
             f"feature schema {meta.feature_schema_hash} (v{meta.feature_schema_version}) "
-            f"differs from this code's {SCHEMA_HASH} (v{FEATURE_SCHEMA_VERSION})"
+            f"is none this code knows (today's: {SCHEMA_HASH}, v{FEATURE_SCHEMA_VERSION}; "
+            f"it also reads v{', v'.join(str(v) for v, _ in list(SCHEMAS.values())[1:])})"
         )
     if device is not None and device.lower() != meta.device:
         reasons.append(f"trained for device {meta.device!r}, asked for {device!r}")
@@ -241,6 +255,13 @@ def load_model(path: str | Path, *, device: str | None = None) -> tuple[Correcti
     except (OSError, ValueError) as e:
         raise CostModelError(f"weights {npz_path} are missing or unreadable ({e})") from e
     model = CorrectionMLP.from_state(meta.params, arrays)
+    names = SCHEMAS[meta.feature_schema_hash][1]
+    if model.n_features_in_ != len(names):
+        raise CostModelError(
+            f"weights in {npz_path} read {model.n_features_in_} features, but feature schema "
+            f"{meta.feature_schema_hash} has {len(names)}: the files were changed or mixed up"
+        )
+    model.feature_names_ = names  # the planner feeds it these (features.feature_vector)
     arrays = model.state_arrays()
     digests = [
         _arrays_digest(

@@ -69,10 +69,11 @@ def with_graph_features(X: np.ndarray, footprint: float) -> np.ndarray:
     """Group features (rows of X, learned_cost.features order) with GRAPH_FEATURES
     appended for a graph of footprint `footprint` (graph_footprint)."""
     X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2 or X.shape[1] != len(FEATURE_NAMES):
+    if X.ndim != 2 or X.shape[1] <= _WORKING_SET:
         raise ValueError(
             f"group features of shape {X.shape}: want (n, {len(FEATURE_NAMES)}) "
-            "(learned_cost.features.FEATURE_NAMES)"
+            "(learned_cost.features.FEATURE_NAMES; a model of an earlier schema: its own, "
+            "the first columns of those)"
         )
     if not math.isfinite(footprint):
         raise ValueError(f"graph footprint must be finite, got {footprint}")

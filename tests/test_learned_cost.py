@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ from learned_cost.corrected import (
     CpuTransferWarning,
     load_corrected,
 )
-from learned_cost.features import FEATURE_NAMES, design_matrix, feature_vector
+from learned_cost.features import FEATURE_NAMES, FEATURES_V5, design_matrix, feature_vector
 from learned_cost.mlp import CorrectionMLP
 from learned_cost.online import Observation, OnlineBias
 from learned_cost.persist import load_model, paths_for, read_meta, save_model
@@ -39,6 +40,7 @@ from planner.features import group_descriptor
 from planner.hardware import MeasuredPeaks, device_fingerprint, get_spec
 from planner.ir.graph import Category
 
+REPO = Path(__file__).resolve().parents[1]
 FAST = {"steps": 400, "n_members": 1}  # one network: the ensemble has its own tests
 
 
@@ -104,6 +106,39 @@ def test_the_largest_anchor_is_described_as_a_gemm(spec, model, shape, mnk):
     assert x[FEATURE_NAMES.index("anchor_n_fill")] == pytest.approx(min(mnk[1], 128) / 128)
     misaligned = mnk[1] % 8 != 0 or mnk[2] % 8 != 0
     assert x[FEATURE_NAMES.index("anchor_misaligned")] == float(misaligned)
+
+
+def test_batched_attention_gemms_count_tiles_per_batch_entry_and_reductions(spec):
+    """Q @ K^T of a (B, H, S, D) block runs B*H GEMMs of S x S: its 128x128 tiles are
+    counted per batch entry; the softmax reduces the last dim, S long, in B*H*S rows; an
+    eager group launches one kernel per op that is not a view."""
+    g = graph("zoo:gpt2-block", "B=2,S=128,D=256,H=4", "bfloat16")
+    qk = next(n for n in g.nodes if n.op in ("matmul", "bmm") and n.category.value == "compute")
+    sm = next(n for n in g.nodes if n.category is Category.SOFTMAX)
+    desc = group_descriptor(g, frozenset({qk.index, sm.index}))
+    assert desc["anchor_tiles"] == str(2 * 4 * 1 * 1) and desc["anchor_batch"] == 2 * 4
+    assert (desc["red_len_max"], desc["red_rows_min"]) == (128, 2 * 4 * 128)
+    x = feature_vector(desc, dtype="bfloat16", spec=spec)
+    assert 10 ** x[FEATURE_NAMES.index("gemm_tiles_over_sms")] - 1 == pytest.approx(8 / 132)
+    assert x[FEATURE_NAMES.index("gemm_wave_eff_min")] == pytest.approx(8 / 132)
+    eager = feature_vector(desc, dtype="bfloat16", spec=spec, realization="eager")
+    assert 10 ** eager[FEATURE_NAMES.index("est_kernels")] - 1 == pytest.approx(2)
+    assert 10 ** x[FEATURE_NAMES.index("est_kernels")] - 1 == pytest.approx(2)  # GEMM + softmax
+
+
+def test_a_model_of_the_earlier_feature_schema_is_fed_its_own_columns(spec, tmp_path):
+    """The committed models were trained on schema 5: they load, read its 59 features (the
+    first columns of today's), cost groups, and save again (adapted, say) as schema 5."""
+    names5 = tuple(n for n, _, _ in FEATURES_V5)
+    assert FEATURE_NAMES[: len(names5)] == names5
+    cm = load_corrected(REPO / "learned_cost" / "models" / "h100.json", "h100")
+    assert isinstance(cm, CorrectedModel) and cm.feature_names == names5
+    g = graph("zoo:mlp", "B=32,D=256,HID=512,L=2")
+    (cost,) = cm.group_costs(g, [frozenset({next(n.index for n in g.nodes if n.op == "linear")})])
+    assert math.isfinite(cost.latency_s) and cost.latency_s > 0
+    meta = save_model(cm.mlp, tmp_path / "v5.json", spec=spec)
+    assert (meta.feature_schema_version, len(meta.feature_names)) == (5, len(names5))
+    assert load_model(tmp_path / "v5.json")[0].feature_names_ == names5
 
 
 # ---- estimator contract ------------------------------------------------------------------------

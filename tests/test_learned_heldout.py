@@ -213,7 +213,10 @@ def test_hardware_feature_study_compares_the_mlp_on_the_same_folds(rows):
     )
     names = set(res["seeds"][0]["scores"])
     assert names == {
-        f"{b}{h}{t}" for b in ("gbt", "mlp-free") for h in ("", "-hw") for t in ("", "+twins")
+        f"{b}{h}{t}"
+        for b in ("gbt", "mlp-free")
+        for h in ("", "-hw", "-v6")
+        for t in ("", "+twins")
     }
     only_gbt = compare(rows, spec, seeds=(0,), n_splits=3, gbt_params={"n_estimators": 5})
     # the trees are fitted on the same folds with the same seed either way

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from learned_cost.adapt import METHODS, AdaptConfig, adapt_mlp, without_twins
-from learned_cost.features import design_matrix
+from learned_cost.features import FEATURE_NAMES, design_matrix
 from learned_cost.mlp import CorrectionMLP
 from learned_cost.persist import ModelMeta, spec_from_figures
 from learned_cost.study.baselines import GBTCorrection
@@ -156,9 +156,10 @@ def run_curve(
     """The study over `rows` (usable group rows of the target device `spec`); a JSON-ready
     record (render_curve). `on_progress(record)` after each fold seed."""
     rows = with_split_keys(rows)
-    d = design_matrix(rows, lambda _n: spec, group_by="graph_group")
+    names = source.feature_names_ or FEATURE_NAMES  # the source model's schema
+    d = design_matrix(rows, lambda _n: spec, group_by="graph_group", names=names)
     source_spec = spec_from_figures(source_meta.spec_figures)
-    ds = design_matrix(rows, lambda _n: source_spec, group_by="graph_group")
+    ds = design_matrix(rows, lambda _n: source_spec, group_by="graph_group", names=names)
     graphs = np.array([str(r.get("graph_key")) for r in rows], dtype=object)
     plain = without_twins(source)
     seen = seen_graphs(rows, source_meta.data_files)

@@ -106,7 +106,7 @@ def score_external(
         None if trained is None else sorted(a for a in archs if a in trained)
     )
     if rows:
-        d = design_matrix(rows, lambda _n: spec, group_by="family")
+        d = design_matrix(rows, lambda _n: spec, group_by="family", names=cm.feature_names)
         ids = np.array([f"{r.get('graph_key')}|{r.get('dtype')}" for r in rows], dtype=object)
         preds = {
             "analytical": d.analytical_s,

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from learned_cost.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SCHEMA_HASH
 from learned_cost.study.evaluate import (
     MODELS,
     TWINS,
@@ -351,6 +352,11 @@ def run_study(
         "architectures": architectures(rows),
         "n_graph_groups": len({r["graph_group"] for r in rows}),
         "n_graphs": len({(r.get("graph_key"), r.get("dtype")) for r in rows}),
+        "feature_schema": {
+            "version": FEATURE_SCHEMA_VERSION,
+            "hash": SCHEMA_HASH,
+            "n_features": len(FEATURE_NAMES),
+        },
         "splits": {},
     }
     for split in cfg.splits:

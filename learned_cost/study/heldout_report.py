@@ -40,6 +40,18 @@ WITH_TWINS = (
 BASELINES = ("analytical", "mean-bias", "ridge", "gbt", "gbt+twins")
 
 
+def _schema_line(study: Mapping[str, Any]) -> str:
+    """Which feature schema the study's models read (a study written before the record
+    named it read schema 5, the one before the hardware-level features)."""
+    s = study.get("feature_schema") or {}
+    if not s:
+        return "- features: schema 5 (learned_cost.features.FEATURES_V5; recorded before studies named it)"
+    return (
+        f"- features: schema {s.get('version')} (hash {s.get('hash')}, "
+        f"{s.get('n_features')} features, learned_cost.features)"
+    )
+
+
 def heldout_study(
     data: Sequence[str | Path],
     device: str,
@@ -204,6 +216,7 @@ def render_study(study: Mapping[str, Any], committed: str | None = None) -> str:
         f"MLP form chosen per outer fold by a {cfg.get('inner_splits')}-fold inner CV on its "
         f"training rows (**{NESTED}**); MLP settings {cfg.get('mlp_params') or 'defaults'}; "
         f"other models' overrides {cfg.get('baseline_params') or 'none'}",
+        _schema_line(study),
         *_reduced(study),
         f"- architectures (the model class each family's spec builds, "
         f"learned_cost.study.heldout.architecture_of): {len(arch)} from "

@@ -1,14 +1,26 @@
 """Hardware-level features beside the model's own, compared on the held-out study's folds.
 
-A study, not part of the saved models' feature schema: each feature below is computed from
-a group's descriptor and the device spec, appended to the features of
-learned_cost.features, and gradient-boosted trees and the MLP (free form: the one form that
-reads columns beyond FEATURE_NAMES) are fitted with and without them on the seeded
-architecture folds of learned_cost.study.heldout (the same folds, seed for seed, as
-`fusion-plan cost heldout`), each also with twins. Run:
+Three feature sets, each fitted by gradient-boosted trees and the MLP (free form: the one
+form that reads columns beyond a schema's own) on the seeded architecture folds of
+learned_cost.study.heldout (the same folds, seed for seed, as `fusion-plan cost heldout`),
+each also with twins:
+
+- the features of schema 5 (learned_cost.features.FEATURES_V5, what the committed models
+  read): no suffix;
+- those and the descriptor-level features below (`-hw`): each computed from a group's
+  descriptor and the device spec;
+- schema 6 (`-v6`): schema 5 and the features of learned_cost.features.FEATURES_V6, built
+  from the group's ops (per-op traffic, launched kernels, every anchor's tiles and waves,
+  reductions), what `cost train` and `cost heldout` fit now.
+
+With `--recapture`, the descriptors are recomputed on today's capture of each row's graph
+(as `cost heldout` and `cost train` do); without it they are the ones stored at
+collection, which lack the fields of later descriptor versions on older rows (the first
+run of this study: the anchor's M, N and K on 5588 of 9150 H100 rows). Run:
 
     python -m learned_cost.study.hw_features --data data/h100_profiles.parquet --device h100 \
-        --seeds 0,1,2 --gbt-trees 60 --mlp-steps 300 --out benchmarks/results/h100_hw_features.json
+        --seeds 0,1,2 --gbt-trees 60 --mlp-steps 300 --recapture \
+        --out benchmarks/results/h100_hw_features.json
 
 (`--mlp-steps 0` leaves the MLP out, as the first run of this study did.)
 """
@@ -28,11 +40,12 @@ from typing import Any
 import numpy as np
 
 from learned_cost.data import descriptor_of, group_rows, load_profiles
-from learned_cost.features import design_matrix
+from learned_cost.features import FEATURE_NAMES, FEATURES_V5, design_matrix
 from learned_cost.mlp import CorrectionMLP
 from learned_cost.study.baselines import GBTCorrection
 from learned_cost.study.evaluate import group_metrics
 from learned_cost.study.heldout import shuffled_group_folds, with_split_keys
+from learned_cost.study.plan_eval import GraphCache, current_descriptors
 from learned_cost.twins import TwinTable
 from planner.hardware import DeviceSpec, get_spec
 
@@ -142,30 +155,37 @@ def compare(
     mlp_params: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """gbt and gbt+twins (and, with `mlp_params`, mlp-free and mlp-free+twins with those
-    settings), with and without HW_FEATURES, on the architecture folds of each seed; twins
-    are looked up on the model's own features in every case (the same rows answer)."""
+    settings) on schema 5's features, with HW_FEATURES appended (-hw) and on schema 6's
+    (-v6), on the architecture folds of each seed; twins are looked up on schema 5's
+    features for the first two (the same rows answer), on schema 6's for -v6 (as a model
+    of that schema looks them up)."""
     rows = with_split_keys(rows)
-    d = design_matrix(rows, lambda _n: spec, group_by="architecture")
+    v5 = tuple(n for n, _, _ in FEATURES_V5)
+    d = design_matrix(rows, lambda _n: spec, group_by="architecture", names=v5)
+    X6 = design_matrix(rows, lambda _n: spec, group_by="architecture", names=FEATURE_NAMES).X
     H = hw_matrix(rows, spec)
     XH = np.hstack([d.X, H])
+    sets = (("", d.X), ("-hw", XH), ("-v6", X6))
     graphs = np.array([str(r.get("graph_key")) for r in rows], dtype=object)
     out: dict[str, Any] = {"n_rows": len(rows), "features": list(HW_NAMES), "seeds": []}
     for seed in seeds:
         bases = ("gbt", "mlp-free") if mlp_params is not None else ("gbt",)
-        names = [f"{b}{h}{t}" for b in bases for h in ("", "-hw") for t in ("", "+twins")]
+        names = [f"{b}{h}{t}" for b in bases for h, _ in sets for t in ("", "+twins")]
         logr = {n: np.zeros(len(d)) for n in names}
         has_twin = np.zeros(len(d), dtype=bool)
         for tr, te in shuffled_group_folds(seed)(d.groups, n_splits):
             table = TwinTable.fit(d.X[tr], d.y[tr])
+            table6 = TwinTable.fit(X6[tr], d.y[tr])
             has_twin[te] = table.lookup(d.X[te])[1]
-            for name, X in ((f"{b}{h}", M) for b in bases for h, M in (("", d.X), ("-hw", XH))):
+            for name, X in ((f"{b}{h}", M) for b in bases for h, M in sets):
                 if name.startswith("gbt"):
                     est = GBTCorrection(random_state=seed).set_params(**(gbt_params or {}))
                 else:
                     est = CorrectionMLP(form="free", random_state=seed, **(mlp_params or {}))
                 est.fit(X[tr], d.y[tr])
                 logr[name][te] = est.predict(X[te])
-                logr[f"{name}+twins"][te] = table.answer(d.X[te], logr[name][te])
+                t, Xt = (table6, X6) if name.endswith("-v6") else (table, d.X)
+                logr[f"{name}+twins"][te] = t.answer(Xt[te], logr[name][te])
         lone = ~has_twin
         rec = {"seed": seed, "twin_share": float(has_twin.mean()), "scores": {}}
         for name, r in logr.items():
@@ -182,7 +202,21 @@ def compare(
 
 def render(result: Mapping[str, Any]) -> str:
     names = list(result["seeds"][0]["scores"])
-    lines = [
+    lines = []
+    if any(n.endswith("-v6") for n in names):
+        lines += [
+            "No suffix: the features of schema 5 (what the committed models read); `-hw`: "
+            "those and the descriptor-level features above; `-v6`: schema 6, schema 5 and "
+            "learned_cost.features.FEATURES_V6 (per-op traffic, launched kernels, every "
+            "anchor's tiles and waves, tile padding, reductions), built from the group's ops. "
+            + (
+                "Descriptors recomputed on today's capture of each row's graph."
+                if result.get("recaptured")
+                else "Descriptors as stored at collection."
+            ),
+            "",
+        ]
+    lines += [
         "| model | MAPE | tau (within graph) | MAPE, rows without a twin | tau within, no twin |",
         "|---|---|---|---|---|",
     ]
@@ -217,11 +251,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also the free-form MLP with this many steps (hidden 128,128, no dropout, one "
         "member, as the committed held-out study); 0: gbt only",
     )
+    p.add_argument(
+        "--recapture",
+        action="store_true",
+        help="recompute each row's descriptor on today's capture of its graph (as `cost "
+        "heldout` does); default: the descriptors stored at collection",
+    )
     p.add_argument("--out", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     spec = get_spec(args.device)
     rows = group_rows(load_profiles(args.data), device=spec.name)
+    if args.recapture:
+        rows = current_descriptors(rows, GraphCache())
     params = {"n_estimators": args.gbt_trees} if args.gbt_trees else {}
     seeds = tuple(int(s) for s in args.seeds.split(","))
     mlp = (
@@ -233,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows, spec, seeds=seeds, n_splits=args.folds, gbt_params=params, mlp_params=mlp
     )
     result["mlp_params"] = mlp
+    result["recaptured"] = args.recapture
     result["command"] = shlex.join(["python", "-m", "learned_cost.study.hw_features", *argv])
     text = render(result)
     print(text)
