@@ -233,3 +233,18 @@ def test_when_eager_beats_every_plan_tune_stores_the_unfused_plan_and_it_serves_
     torch._dynamo.reset()
     s = backend.stats
     assert s.exact + s.bucket == 1 and s.realized == 0, s  # the cached plan: dynamo's graph
+
+
+def test_the_table_says_what_the_candidates_measured_when_eager_beat_them(tmp_path, capsys):
+    from cli.commands.tune import _table
+    from planner.plans.cache import PlanCache
+    from search.tune import TuneConfig, tune
+
+    spec = resolve("zoo:transformer-block", "B=1,D=32,H=2")
+    cfg = TuneConfig(
+        spec=spec, dynamic="S=8..8", strategy="priority", top_k=2, compile_baseline=False
+    )
+    with PlanCache(str(tmp_path / "plans.sqlite")) as cache:
+        results = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, runner=SlowPlansRunner())
+    text = _table("m", "cpu", "sqlite://", results, {})
+    assert "eager beat every candidate (priority 9.00 ms" in text, text

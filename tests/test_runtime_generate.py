@@ -81,3 +81,20 @@ def test_generate_with_a_static_cache_updated_in_place_gives_eagers_tokens():
     torch._dynamo.reset()
     assert torch.equal(got, want)
     assert any("in place" in f for f in backend.stats.fallbacks), backend.stats
+
+
+@pytest.mark.slow
+def test_the_generate_benchmark_runs_and_every_contender_gives_eagers_tokens(tmp_path):
+    import json
+
+    from benchmarks import generate
+
+    out = tmp_path / "generate"
+    args = ["--quick", "--models", "gpt2", "--prompt", "8", "--new-tokens", "4"]
+    assert generate.main([*args, "--rounds", "2", "--warmup", "1", "--out", str(out)]) == 0
+    rows = [json.loads(x) for x in out.with_suffix(".jsonl").read_text().splitlines()]
+    assert [r["contender"] for r in rows] == list(generate.CONTENDERS)
+    assert all(r["tokens_differ"] == 0 and r["median_s"] > 0 for r in rows)
+    planner = next(r for r in rows if r["contender"] == "planner")
+    assert planner["runtime_stats"]["realized"] >= 2 and not planner["runtime_stats"]["fallbacks"]
+    assert "| gpt2 | planner |" in out.with_suffix(".md").read_text()

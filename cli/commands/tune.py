@@ -187,6 +187,16 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
         )
         for g, why in best.fallbacks.items():  # one short reason per group
             lines.append(f"{'':<4}group {g} runs eagerly: {short_reason(why, 100)}")
+        if best.strategy == "eager":  # what the candidates measured, beaten by eager
+            lost = [
+                f"{c.strategy} {fmt.timing(c.measured)}"
+                for c in r.candidates
+                if c.measured is not None and c.strategy != "eager"
+            ]
+            lines.append(
+                f"{'':<4}eager beat every candidate ({', '.join(lost)}): the unfused plan is "
+                "stored (--keep-fused stores the fastest candidate)"
+            )
         if r.stored.startswith("NOT stored"):
             lines.append(f"  {r.stored}")
         if r.tensor_parallel:  # a rank program's decision: measured, or said it was not
