@@ -446,3 +446,16 @@ def test_backend_with_real_realization_matches_eager(cache):
     assert not tuned.static_shapes  # one realization serves the whole bucket
     fused = [r for g, r in zip(tuned.partition.groups, tuned.realizations) if len(g) == 4]
     assert fused and fused[0] != "eager", tuned.describe()
+
+
+def test_a_bucket_queues_a_bounded_number_of_new_shapes(cache, monkeypatch):
+    """A decode loop meets a new shape per token: the queue gets the first few of each
+    bucket, not a database write per call."""
+    monkeypatch.setattr(runtime, "_rule_based_partition", Partition.singletons)  # no compile
+    module = block()
+    be = fusion_planner_backend(cache)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    shapes = list(range(17, 31))  # 14 lengths of one pow2 bucket
+    run_shapes(compiled, module, shapes)
+    assert be.stats.default == len(shapes)
+    assert be.stats.queued == runtime.MISSES_PER_BUCKET == len(cache.tuning_queue()) < len(shapes)

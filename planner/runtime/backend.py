@@ -52,6 +52,9 @@ from planner.runtime.graph import LiftedGraph, lift_graph
 
 log = logging.getLogger(__name__)
 
+# New shapes of one bucket written to the tuning queue, per graph: a decode loop meets a new
+# shape per token, and each write is a database round trip on the serving path.
+MISSES_PER_BUCKET = 8
 MEMO_MAX = 1 << 16  # distinct dynamic-size tuples remembered per graph
 MAX_RUN_FAILURES = 3  # shapes a realization may fail on before its bucket runs eager
 # One realization at a time per process: Inductor's compile state is not made for two
@@ -384,6 +387,7 @@ class _PlannedGraph:
         self._memo: dict[tuple[int, ...], Callable[[tuple[Any, ...]], Any]] = {}
         self._realized: dict[str, Callable[[tuple[Any, ...]], Any]] = {}
         self._bucket_plans: dict[str, Plan] = {}  # plans realized symbolically, per bucket key
+        self._missed: dict[str, int] = {}  # new shapes met per bucket without a plan
         self._lock = threading.RLock()
         self._identity: tuple[str, str, BucketSpec] | None = None
         self._spec_settled = True  # False while the bucket spec could not be read
@@ -462,7 +466,15 @@ class _PlannedGraph:
             key, region = exact, None
         else:
             key, region = f"{result.source}:{bucket.key}", bucket
+        missed = self._missed.get(bucket.key if bucket else exact, 0)
         if result.source == DEFAULT and cache is not None and self.backend.record_misses:
+            self._missed[bucket.key if bucket else exact] = missed + 1
+        if (
+            result.source == DEFAULT
+            and cache is not None
+            and self.backend.record_misses
+            and missed < MISSES_PER_BUCKET
+        ):
             try:
                 cache.record_miss(
                     model_key, shapes, device_fp=dev, bucket=bucket, label=self._label()
