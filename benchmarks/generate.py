@@ -73,79 +73,86 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     cuda = torch.cuda.is_available() and not args.quick
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     rows: list[dict[str, Any]] = []
-    for name in args.models.split(","):
-        torch._dynamo.reset()
+    # the planner's (empty) cache lives as long as its backend is timed
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            rows += _run_model(args, name, cuda, device, dtype, str(Path(tmp) / f"{name}.sqlite"))
+    return rows
+
+
+def _run_model(
+    args: argparse.Namespace, name: str, cuda: bool, device: str, dtype: Any, db: str
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    torch._dynamo.reset()
+    generators, backends, compile_s, tokens = {}, {}, {}, {}
+    for kind in CONTENDERS:
         torch.manual_seed(0)
-        models, backends, compile_s, tokens = {}, {}, {}, {}
-        for kind in CONTENDERS:
-            torch.manual_seed(0)
-            m, ids = _build(name, args.quick, args.batch, args.prompt, device, dtype)
-            with tempfile.TemporaryDirectory() as tmp:
-                backends[kind] = _contender(kind, m, str(Path(tmp) / "plans.sqlite"))
-                models[kind] = m
+        m, ids = _build(name, args.quick, args.batch, args.prompt, device, dtype)
+        backends[kind] = _contender(kind, m, db)
 
-                def gen(m: Any = m, ids: Any = ids) -> Any:
-                    return m.generate(
-                        ids,
-                        max_new_tokens=args.new_tokens,
-                        min_new_tokens=args.new_tokens,
-                        do_sample=False,
-                        pad_token_id=0,
-                    )
+        def gen(m: Any = m, ids: Any = ids) -> Any:
+            return m.generate(
+                ids,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
 
-                _sync(cuda)
-                t0 = time.perf_counter()
-                with torch.no_grad(), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    tokens[kind] = gen()
-                _sync(cuda)
-                compile_s[kind] = time.perf_counter() - t0
-                models[kind] = gen
-        times: dict[str, list[float]] = {k: [] for k in CONTENDERS}
-        order = list(CONTENDERS)
+        _sync(cuda)
+        t0 = time.perf_counter()
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for _ in range(args.warmup):
-                for k in order:
-                    models[k]()
-            for r in range(args.rounds):
-                for k in order[r % len(order) :] + order[: r % len(order)]:
-                    _sync(cuda)
-                    t0 = time.perf_counter()
-                    models[k]()
-                    _sync(cuda)
-                    times[k].append(time.perf_counter() - t0)
-        for k in CONTENDERS:
-            xs = sorted(times[k])
-            med = statistics.median(xs)
-            q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [med, med, med]
-            differ = int((tokens[k] != tokens["eager"]).sum())
-            row = {
-                "model": name,
-                "contender": k,
-                "device": torch.cuda.get_device_name() if cuda else "cpu",
-                "dtype": str(dtype).replace("torch.", ""),
-                "torch": torch.__version__,
-                "batch": args.batch,
-                "prompt": args.prompt,
-                "new_tokens": args.new_tokens,
-                "median_s": med,
-                "spread": (q[2] - q[0]) / med if med else None,
-                "rounds": len(xs),
-                "first_call_s": compile_s[k],
-                "tokens_differ": differ,
+            tokens[kind] = gen()
+        _sync(cuda)
+        compile_s[kind] = time.perf_counter() - t0
+        generators[kind] = gen
+    times: dict[str, list[float]] = {k: [] for k in CONTENDERS}
+    order = list(CONTENDERS)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(args.warmup):
+            for k in order:
+                generators[k]()
+        for r in range(args.rounds):
+            for k in order[r % len(order) :] + order[: r % len(order)]:
+                _sync(cuda)
+                t0 = time.perf_counter()
+                generators[k]()
+                _sync(cuda)
+                times[k].append(time.perf_counter() - t0)
+    for k in CONTENDERS:
+        xs = sorted(times[k])
+        med = statistics.median(xs)
+        q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [med, med, med]
+        differ = int((tokens[k] != tokens["eager"]).sum())
+        row = {
+            "model": name,
+            "contender": k,
+            "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "dtype": str(dtype).replace("torch.", ""),
+            "torch": torch.__version__,
+            "batch": args.batch,
+            "prompt": args.prompt,
+            "new_tokens": args.new_tokens,
+            "median_s": med,
+            "spread": (q[2] - q[0]) / med if med else None,
+            "rounds": len(xs),
+            "first_call_s": compile_s[k],
+            "tokens_differ": differ,
+        }
+        be = backends.get(k)
+        if be is not None:
+            s = be.stats
+            row["runtime_stats"] = {
+                "graphs": s.graphs,
+                "realized": s.realized,
+                "default": s.default,
+                "fallbacks": list(s.fallbacks)[:5],
             }
-            be = backends.get(k)
-            if be is not None:
-                s = be.stats
-                row["runtime_stats"] = {
-                    "graphs": s.graphs,
-                    "realized": s.realized,
-                    "default": s.default,
-                    "fallbacks": list(s.fallbacks)[:5],
-                }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
