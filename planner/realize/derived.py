@@ -68,9 +68,6 @@ class DerivedState:
         copies = {k: v for u in units for k, v in u.extra_state.items()}
         return cls(state, copies, {k: r for u in units for k, r in u.derived.items()})
 
-    def __len__(self) -> int:
-        return len(self._items)
-
     def _versions(self) -> list[int]:
         return list(map(_VERSION, self._sources))
 

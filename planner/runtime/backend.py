@@ -466,22 +466,18 @@ class _PlannedGraph:
             key, region = exact, None
         else:
             key, region = f"{result.source}:{bucket.key}", bucket
-        missed = self._missed.get(bucket.key if bucket else exact, 0)
         if result.source == DEFAULT and cache is not None and self.backend.record_misses:
-            self._missed[bucket.key if bucket else exact] = missed + 1
-        if (
-            result.source == DEFAULT
-            and cache is not None
-            and self.backend.record_misses
-            and missed < MISSES_PER_BUCKET
-        ):
-            try:
-                cache.record_miss(
-                    model_key, shapes, device_fp=dev, bucket=bucket, label=self._label()
-                )
-                stats.queued += 1
-            except Exception as e:  # the queue is a courtesy; never fail the call
-                _warn_once("queue", f"could not record a miss in the tuning queue: {e}")
+            where = bucket.key if bucket else exact
+            missed = self._missed.get(where, 0)
+            self._missed[where] = missed + 1
+            if missed < MISSES_PER_BUCKET:
+                try:
+                    cache.record_miss(
+                        model_key, shapes, device_fp=dev, bucket=bucket, label=self._label()
+                    )
+                    stats.queued += 1
+                except Exception as e:  # the queue is a courtesy; never fail the call
+                    _warn_once("queue", f"could not record a miss in the tuning queue: {e}")
         setattr(stats, result.source, getattr(stats, result.source) + 1)
         fn = self._realized.get(key)
         if fn is not None:
