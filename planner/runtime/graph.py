@@ -193,7 +193,11 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
                 env[node] = g.call_function(op, (user[hit[0]][1], hit[1]))
                 break
         else:
-            value = real if isinstance(real, int) else getattr(getattr(real, "node", 0), "hint", 0)
+            value = (
+                real
+                if isinstance(real, int)
+                else getattr(getattr(real, "node", None), "hint", None)
+            )
             if not isinstance(value, int) or isinstance(value, bool):
                 raise LiftError(
                     f"size input {node.name} ({expr}) is neither a dimension nor a stride of "
