@@ -19,6 +19,8 @@ its own.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -89,6 +91,15 @@ def _weight_grads(kind: str, args: tuple, a2: torch.Tensor, g2: torch.Tensor, gr
         grads[b] = g2.sum_to_size(args[b].shape)
 
 
+def _backward_operands(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+    """A GEMM's saved operands for its backward: (args, kind, activation index, weight
+    index, activation, gradient and activation as matrices)."""
+    args, kind = ctx.saved_tensors, ctx.kind
+    act_i, w_i = GEMM_OPERANDS[kind]
+    a = args[act_i]
+    return args, kind, act_i, w_i, a, g.reshape(-1, g.shape[-1]), a.reshape(-1, a.shape[-1])
+
+
 class _RowParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kind: str, chunks: int, group_name: str, *args: torch.Tensor):
@@ -98,10 +109,7 @@ class _RowParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        args, kind = ctx.saved_tensors, ctx.kind
-        act_i, w_i = GEMM_OPERANDS[kind]
-        a = args[act_i]
-        g2, a2 = g.reshape(-1, g.shape[-1]), a.reshape(-1, a.shape[-1])
+        args, kind, act_i, w_i, a, g2, a2 = _backward_operands(ctx, g)
         grads: list = [None] * len(args)
         if a.requires_grad:
             grads[act_i] = (g2 @ _matrix(kind, args[w_i]).t()).view(a.shape)
@@ -118,10 +126,7 @@ class _ColumnParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        args, kind = ctx.saved_tensors, ctx.kind
-        act_i, w_i = GEMM_OPERANDS[kind]
-        a = args[act_i]
-        g2, a2 = g.reshape(-1, g.shape[-1]), a.reshape(-1, a.shape[-1])
+        args, kind, act_i, w_i, a, g2, a2 = _backward_operands(ctx, g)
         grads: list = [None] * len(args)
         works = []
         if a.requires_grad:  # the input's gradient, slice by slice, each reduced at once
