@@ -9,9 +9,14 @@ width, bf16 on CUDA; tiny float32 configs with `--quick`): greedy decoding of
 `model.forward` compiled as a user would (`torch.compile(model.forward, backend=...,
 dynamic=True)`), for each contender:
 
-- eager; `torch.compile` (default, dynamic); `mode="reduce-overhead"` (dynamic); the
+- eager; `torch.compile` (default, dynamic); `mode="reduce-overhead"` (dynamic, the
+  library's default dynamic cache); `mode="reduce-overhead"` with the static cache
+  (`cache_implementation="static"`, the library's recipe for CUDA graphs); the
   fusion-planner backend with default plans (an empty cache: the prefill and decode graphs
   are planned by the rule, as a user gets before tuning).
+
+A contender that fails (its compile or any call raises) gets a row with the error and no
+time, and the others go on.
 
 Each contender first generates once (its compile time, reported), then the contenders
 generate in interleaved rounds (rotated order), and a contender's time is the median over
@@ -42,7 +47,7 @@ from benchmarks.models import gpt2, llama  # noqa: E402
 from planner.runtime.backend import fusion_planner_backend  # noqa: E402
 
 MODELS = {"gpt2": gpt2, "llama": llama}
-CONTENDERS = ("eager", "compile", "reduce-overhead", "planner")
+CONTENDERS = ("eager", "compile", "reduce-overhead", "reduce-overhead+static", "planner")
 
 
 def _sync(cuda: bool) -> None:
@@ -60,13 +65,19 @@ def _contender(kind: str, model: Any, db: str) -> Any:
     eager_forward = model.forward
     if kind == "compile":
         model.forward = torch.compile(eager_forward, dynamic=True)
-    elif kind == "reduce-overhead":
+    elif kind.startswith("reduce-overhead"):
         model.forward = torch.compile(eager_forward, mode="reduce-overhead", dynamic=True)
     elif kind == "planner":
         backend = fusion_planner_backend(db)
         model.forward = torch.compile(eager_forward, backend=backend, dynamic=True)
         return backend
     return None
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of an exception, with its type, for a failed contender's row."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:300]}"
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -86,43 +97,59 @@ def _run_model(
     rows: list[dict[str, Any]] = []
     torch._dynamo.reset()
     generators, backends, compile_s, tokens = {}, {}, {}, {}
+    failed: dict[str, str] = {}
     for kind in CONTENDERS:
         torch.manual_seed(0)
         m, ids = _build(name, args.quick, args.batch, args.prompt, device, dtype)
         backends[kind] = _contender(kind, m, db)
+        extra = {"cache_implementation": "static"} if kind.endswith("+static") else {}
 
-        def gen(m: Any = m, ids: Any = ids) -> Any:
+        def gen(m: Any = m, ids: Any = ids, extra: dict[str, Any] = extra) -> Any:
             return m.generate(
                 ids,
                 max_new_tokens=args.new_tokens,
                 min_new_tokens=args.new_tokens,
                 do_sample=False,
                 pad_token_id=0,
+                **extra,
             )
 
         _sync(cuda)
         t0 = time.perf_counter()
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tokens[kind] = gen()
-        _sync(cuda)
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tokens[kind] = gen()
+            _sync(cuda)
+        except Exception as e:  # a contender that cannot generate is reported, not timed
+            failed[kind] = _reason(e)
+            continue
         compile_s[kind] = time.perf_counter() - t0
         generators[kind] = gen
     times: dict[str, list[float]] = {k: [] for k in CONTENDERS}
-    order = list(CONTENDERS)
+    order = [k for k in CONTENDERS if k in generators]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for _ in range(args.warmup):
-            for k in order:
-                generators[k]()
-        for r in range(args.rounds):
+        for r in range(args.warmup + args.rounds):
             for k in order[r % len(order) :] + order[: r % len(order)]:
+                if k in failed:
+                    continue
                 _sync(cuda)
                 t0 = time.perf_counter()
-                generators[k]()
-                _sync(cuda)
-                times[k].append(time.perf_counter() - t0)
+                try:
+                    generators[k]()
+                    _sync(cuda)
+                except Exception as e:
+                    failed[k] = _reason(e)
+                    continue
+                if r >= args.warmup:
+                    times[k].append(time.perf_counter() - t0)
     for k in CONTENDERS:
+        if k in failed:
+            row = {"model": name, "contender": k, "error": failed[k]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            continue
         xs = sorted(times[k])
         med = statistics.median(xs)
         q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [med, med, med]
@@ -168,16 +195,20 @@ def render(rows: list[dict[str, Any]], command: str) -> str:
         "| model | contender | ms | spread | vs eager | first call s | tokens differ |",
         "|---|---|---|---|---|---|---|",
     ]
-    eager = {r["model"]: r["median_s"] for r in rows if r["contender"] == "eager"}
+    eager = {r["model"]: r.get("median_s") for r in rows if r["contender"] == "eager"}
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['contender']} | failed: {r['error']} | | | | |")
+            continue
         ratio = r["median_s"] / eager[r["model"]] if eager.get(r["model"]) else float("nan")
         lines.append(
             f"| {r['model']} | {r['contender']} | {r['median_s'] * 1e3:,.1f} | "
             f"{(r['spread'] or 0) * 100:.0f}% | {ratio:.2f}x | {r['first_call_s']:.1f} | "
             f"{r['tokens_differ']} |"
         )
-    if rows:
-        r = rows[0]
+    timed = [r for r in rows if "error" not in r]
+    if timed:
+        r = timed[0]
         lines += [
             "",
             f"{r['device']}, {r['dtype']}, torch {r['torch']}: batch {r['batch']}, prompt "
