@@ -22,7 +22,11 @@ Each contender first generates once (its compile time, reported), then the conte
 generate in interleaved rounds (rotated order), and a contender's time is the median over
 rounds of one `generate` call (CUDA synchronized; perf_counter), with its spread (IQR over
 median). Tokens are compared with eager's (greedy decoding: they must be equal, or the
-row says how many differ). One JSON line per (model, contender) in OUT.jsonl, and OUT.md
+row says how many differ, and where they first part: a random-weight model in bf16 has
+near-ties between its top logits, and an ulp of difference there picks the other token and
+every later token with it. So the row gives the first differing step and eager's own margin
+there (eager's logit of eager's token minus eager's logit of the contender's token; 0 is an
+exact tie). One JSON line per (model, contender) in OUT.jsonl, and OUT.md
 is the table.
 """
 
@@ -74,6 +78,22 @@ def _contender(kind: str, model: Any, db: str) -> Any:
     return None
 
 
+def _divergence(ref: Any, out: Any, ids_len: int) -> tuple[int, int | None, float | None]:
+    """Tokens of `out` that differ from `ref` (both `generate` results with scores), the first
+    differing new-token step, and ref's own logit margin there: ref's score of its token minus
+    ref's score of out's token, for the first sequence of the batch that differs there."""
+    a, b = ref.sequences[:, ids_len:], out.sequences[:, ids_len:]
+    n = min(a.shape[1], b.shape[1])
+    diff = a[:, :n] != b[:, :n]
+    count = int(diff.sum()) + abs(a.shape[1] - b.shape[1]) * a.shape[0]
+    if not bool(diff.any()):
+        return count, None, None
+    step = int(diff.any(dim=0).nonzero()[0])
+    row = int(diff[:, step].nonzero()[0])
+    scores = ref.scores[step][row].float()
+    return count, step, float(scores[a[row, step]] - scores[b[row, step]])
+
+
 def _reason(e: BaseException) -> str:
     """The first line of an exception, with its type, for a failed contender's row."""
     first = (str(e).strip().splitlines() or [""])[0]
@@ -104,7 +124,7 @@ def _run_model(
         backends[kind] = _contender(kind, m, db)
         extra = {"cache_implementation": "static"} if kind.endswith("+static") else {}
 
-        def gen(m: Any = m, ids: Any = ids, extra: dict[str, Any] = extra) -> Any:
+        def gen(m: Any = m, ids: Any = ids, extra: dict[str, Any] = extra, **more: Any) -> Any:
             return m.generate(
                 ids,
                 max_new_tokens=args.new_tokens,
@@ -112,6 +132,7 @@ def _run_model(
                 do_sample=False,
                 pad_token_id=0,
                 **extra,
+                **more,
             )
 
         _sync(cuda)
@@ -119,7 +140,7 @@ def _run_model(
         try:
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                tokens[kind] = gen()
+                tokens[kind] = gen(output_scores=True, return_dict_in_generate=True)
             _sync(cuda)
         except Exception as e:  # a contender that cannot generate is reported, not timed
             failed[kind] = _reason(e)
@@ -153,7 +174,7 @@ def _run_model(
         xs = sorted(times[k])
         med = statistics.median(xs)
         q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [med, med, med]
-        differ = int((tokens[k] != tokens["eager"]).sum())
+        differ, first, margin = _divergence(tokens["eager"], tokens[k], ids_len=args.prompt)
         row = {
             "model": name,
             "contender": k,
@@ -168,6 +189,8 @@ def _run_model(
             "rounds": len(xs),
             "first_call_s": compile_s[k],
             "tokens_differ": differ,
+            "first_differ_step": first,
+            "eager_margin_there": margin,
         }
         be = backends.get(k)
         if be is not None:
@@ -183,6 +206,15 @@ def _run_model(
     return rows
 
 
+def _differ_cell(r: dict[str, Any]) -> str:
+    if not r["tokens_differ"]:
+        return "0"
+    return (
+        f"{r['tokens_differ']} (step {r['first_differ_step']}; "
+        f"margin {r['eager_margin_there']:.3g})"
+    )
+
+
 def render(rows: list[dict[str, Any]], command: str) -> str:
     lines = [
         "# `generate` through the backend",
@@ -192,7 +224,8 @@ def render(rows: list[dict[str, Any]], command: str) -> str:
         "ms per `generate` call (median over interleaved rounds, ±spread = IQR/median); "
         "vs eager: lower is faster; first call includes compiles.",
         "",
-        "| model | contender | ms | spread | vs eager | first call s | tokens differ |",
+        "| model | contender | ms | spread | vs eager | first call s | tokens differ "
+        "(first at step; eager's margin there) |",
         "|---|---|---|---|---|---|---|",
     ]
     eager = {r["model"]: r.get("median_s") for r in rows if r["contender"] == "eager"}
@@ -204,7 +237,7 @@ def render(rows: list[dict[str, Any]], command: str) -> str:
         lines.append(
             f"| {r['model']} | {r['contender']} | {r['median_s'] * 1e3:,.1f} | "
             f"{(r['spread'] or 0) * 100:.0f}% | {ratio:.2f}x | {r['first_call_s']:.1f} | "
-            f"{r['tokens_differ']} |"
+            f"{_differ_cell(r)} |"
         )
     timed = [r for r in rows if "error" not in r]
     if timed:
