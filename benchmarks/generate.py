@@ -116,6 +116,11 @@ def _run_model(
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     torch._dynamo.reset()
+    # five compiled contenders of one `forward` (prefill and decode graphs each): keep dynamo
+    # from giving up on recompiles and running the later contenders eagerly unannounced
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
     generators, backends, compile_s, tokens = {}, {}, {}, {}
     failed: dict[str, str] = {}
     for kind in CONTENDERS:
@@ -146,6 +151,9 @@ def _run_model(
             failed[kind] = _reason(e)
             continue
         compile_s[kind] = time.perf_counter() - t0
+        if kind == "planner" and not backends[kind].stats.graphs:
+            failed[kind] = "the backend was never called (dynamo ran forward eagerly)"
+            continue
         generators[kind] = gen
     times: dict[str, list[float]] = {k: [] for k in CONTENDERS}
     order = [k for k in CONTENDERS if k in generators]
@@ -200,6 +208,9 @@ def _run_model(
                 "realized": s.realized,
                 "default": s.default,
                 "fallbacks": list(s.fallbacks)[:5],
+                "per_shape": list(s.per_shape)[:5],
+                "over_budget": s.over_budget,
+                "static": s.static,
             }
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -239,6 +250,20 @@ def render(rows: list[dict[str, Any]], command: str) -> str:
             f"{(r['spread'] or 0) * 100:.0f}% | {ratio:.2f}x | {r['first_call_s']:.1f} | "
             f"{_differ_cell(r)} |"
         )
+    for r in rows:
+        st = r.get("runtime_stats")
+        if not st:
+            continue
+        line = (
+            f"- {r['model']}, {r['contender']}: {st['graphs']} graph(s), {st['realized']} "
+            f"realization(s), {st['default']} new shape(s) on the default plan"
+        )
+        line += f", {st.get('static', 0)} static specialization(s)"
+        if st.get("over_budget"):
+            line += f", {st['over_budget']} bucket(s) past the compile budget ran dynamo's graph"
+        line += "".join(f"; realized per shape: {x}" for x in st.get("per_shape", [])[:2])
+        line += "".join(f"; fell back: {x}" for x in st.get("fallbacks", [])[:2])
+        lines += ["", line] if not lines[-1].startswith("- ") else [line]
     timed = [r for r in rows if "error" not in r]
     if timed:
         r = timed[0]

@@ -391,6 +391,8 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
                 "fallbacks": list(s.fallbacks),
                 "static": s.static,
                 "static_failed": list(s.static_failed),
+                "per_shape": list(s.per_shape),
+                "over_budget": s.over_budget,
             }
             row["realized_plans"] = [
                 {
@@ -559,6 +561,9 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         if st.get("static"):
             notes.append(f"static specializations: {st['static']}")
         notes += [f"no static specialization: {f[:160]}" for f in st.get("static_failed", [])[:1]]
+        notes += [f"realized per shape: {f[:160]}" for f in st.get("per_shape", [])[:1]]
+        if st.get("over_budget"):
+            notes.append(f"compile budget spent: {st['over_budget']} bucket(s) ran dynamo's graph")
         reasons = sorted({x for p in plans for x in p.get("fallback_reasons", [])})
         notes += [f"group fallback: {x[:160]}" for x in reasons[:2]]
         lines.append(

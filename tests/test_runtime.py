@@ -318,6 +318,28 @@ def test_compile_budget_bounds_realizations_and_the_rest_runs_eager(cache):
     assert be.stats.over_budget == 3  # buckets 33-64, 65-128, 129-256
 
 
+def test_a_bucket_that_does_not_export_over_its_range_is_realized_per_shape_and_said(cache):
+    """A bucket whose export over its range fails (a model that guards on the length there)
+    realizes each shape alone; it is tried once per bucket, and the user is told why."""
+    module = block()
+    count = Counting()
+    tries = []
+
+    def refusing(module, inputs, dims):
+        tries.append(dims)
+        raise RuntimeError("Constraints violated (d0_1)! guard on the length\nmore detail")
+
+    be = fusion_planner_backend(cache, realizer=count.realizer, exporter=refusing)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    with pytest.warns(PlannerRuntimeWarning, match="realized alone.*Constraints violated"):
+        run_shapes(compiled, module, [40, 33, 50, 40])
+    assert len(tries) == 1  # the bucket's other shapes do not export again
+    assert be.stats.realized == 3 == len(count.partitions)  # 40, 33 and 50, each alone
+    assert be.stats.per_shape == [
+        "[2-2,33-64,32]: RuntimeError: Constraints violated (d0_1)! guard on the length"
+    ]
+
+
 def test_failures_fall_back_to_dynamos_graph_with_a_warning(cache):
     module = block()
 

@@ -218,6 +218,9 @@ class RuntimeStats:
     static_failed: list[str] = field(default_factory=list)  # why a specialization was not made
     static_skipped: int = 0  # recurring shapes left unspecialized, the static budget spent
     declined: list[str] = field(default_factory=list)  # grad-mode graphs given to Inductor: why
+    # buckets that could not be exported over their range, so each of their shapes is
+    # realized alone (a compile per shape, against the budget): the bucket and why
+    per_shape: list[str] = field(default_factory=list)
 
 
 class FusionPlannerBackend:
@@ -388,6 +391,7 @@ class _PlannedGraph:
         self._realized: dict[str, Callable[[tuple[Any, ...]], Any]] = {}
         self._bucket_plans: dict[str, Plan] = {}  # plans realized symbolically, per bucket key
         self._missed: dict[str, int] = {}  # new shapes met per bucket without a plan
+        self._per_shape: set[str] = set()  # bucket keys whose export over the range failed
         self._lock = threading.RLock()
         self._identity: tuple[str, str, BucketSpec] | None = None
         self._spec_settled = True  # False while the bucket spec could not be read
@@ -563,13 +567,20 @@ class _PlannedGraph:
         whole_bucket = False
         try:
             captured = None
-            if bucket is not None:
+            if bucket is not None and bucket.key not in self._per_shape:
                 try:
                     captured = self.backend.exporter(self.lifted.module, user, bucket.ranges())
                     whole_bucket = True
                 except Exception as e:  # no dynamic export: this shape alone, statically
-                    log.info(
-                        "dynamic export over %s failed (%s): realizing one shape", bucket.key, e
+                    self._per_shape.add(bucket.key)  # its other shapes do not try again
+                    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                    reason = f"{bucket.key}: {type(e).__name__}: {first}"
+                    self.backend.stats.per_shape.append(reason)
+                    _warn_once(
+                        f"per-shape:{self.lifted.module.__class__.__name__}",
+                        "fusion-planner could not export a bucket over its range, so each of "
+                        f"its shapes is realized alone, a compile each within compile_budget "
+                        f"({reason}; RuntimeStats.per_shape lists every such bucket)",
                     )
             if captured is None:
                 captured = self._static(user)
