@@ -100,6 +100,16 @@ RAW_ROWS = (
 )
 
 
+def _real_models_html(name: str) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import real_models
+
+        rows = real_models.read_jsonl(RESULTS / f"{name}.jsonl")
+        return real_models.html_view(rows, rows[-1].get("command", "") if rows else "")
+
+    return render
+
+
 def _real_models(name: str) -> Callable[[], str]:
     def render() -> str:
         from benchmarks import real_models
@@ -373,6 +383,12 @@ GENERATED: tuple[Generated, ...] = (
     Generated(
         "benchmarks/results/real_models_bucket_h100.md",
         _real_models("real_models_bucket_h100"),
+        "python benchmarks/real_models.py --from-jsonl "
+        "benchmarks/results/real_models_bucket_h100.jsonl",
+    ),
+    Generated(
+        "benchmarks/results/real_models_bucket_h100.html",
+        _real_models_html("real_models_bucket_h100"),
         "python benchmarks/real_models.py --from-jsonl "
         "benchmarks/results/real_models_bucket_h100.jsonl",
     ),

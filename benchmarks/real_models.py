@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import html
 import json
 import math
 import os
@@ -649,6 +650,75 @@ def _say(msg: str) -> None:
     print(f"[real_models] {msg}", file=sys.stderr, flush=True)
 
 
+CHART_NAMES = {
+    "planner": "plan",
+    "eager": "eager",
+    "compile": "torch.compile",
+    "reduce-overhead": "reduce-overhead",
+    "max-autotune": "max-autotune",
+    "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+}
+
+
+def html_view(rows: list[dict[str, Any]], command: str) -> str:
+    """The table's cells as one self-contained page: per cell, a band of bars (median µs per
+    call of every contender, `@other` shapes as their own band), each band on its own scale,
+    with the planner's ratio to the best alternative beside the cell's name."""
+    from cli.report_charts import BucketTimes, Spread, timing_chart
+    from cli.report_html import page
+
+    latest = {(r["cell"], r.get("dtype"), r.get("tiny")): r for r in rows}
+    bands, ratios = [], []
+    for r in latest.values():
+        t = r.get("timing", {})
+        for suffix in ("", OTHER):
+            times = {
+                CHART_NAMES[n]: Spread(t[n + suffix]["median_s"])
+                for n in MODES
+                if n + suffix in t and t[n + suffix].get("median_s")
+            }
+            if not times:
+                continue
+            best = min((t[n + suffix]["median_s"] for n in ALTERNATIVES if n + suffix in t),
+                       default=None)  # fmt: skip
+            mine = t.get("planner" + suffix, {}).get("median_s")
+            shape = r.get("other_shape") if suffix else r.get("shape")
+            label = r["cell"].split(":")[0] + ":" + "x".join(f"{k}{v}" for k, v in shape.items())
+            if mine and best:
+                label += f" ({mine / best:.2f}x)"
+                if not suffix:
+                    ratios.append(mine / best)
+            bands.append(BucketTimes(label, times))
+    summary = ""
+    if ratios:
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        summary = (
+            f"Planner vs best alternative at the cells' own shapes: geometric mean {geo:.3f}x "
+            f"over {len(ratios)} cell(s), worst {max(ratios):.2f}x. "
+        )
+    devices = sorted({r.get("device", "") for r in latest.values()} - {""})
+    body = (
+        f"<p>{html.escape(summary)}Each band is one cell on its own scale from zero; the "
+        "ratio beside a cell's name is the planner's time over the fastest alternative's "
+        "(below 1: the planner is faster). The ± spread of each figure is in the Markdown "
+        "table beside this page.</p>"
+        + timing_chart(bands, width=1040, label_w=250)
+        + "<p>Made by these commands (each row is its cell's latest measurement; "
+        "<code>--tree</code> is the commit a command ran at):</p><ul>"
+        + "".join(
+            f"<li><code>{html.escape(c)}</code></li>"
+            for c in dict.fromkeys(r["command"] for r in latest.values() if r.get("command"))
+        )
+        + "</ul>"
+    )
+    return page(
+        "Real-model suite through the user's path",
+        f"{', '.join(devices) or command}: fusion-plan tune, then torch.compile with the "
+        "fusion-planner backend, against eager and torch.compile's modes in one process",
+        body,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -696,6 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_jsonl(src)
         command = rows[-1].get("command", "") if rows else ""
         src.with_suffix(".md").write_text(markdown(rows, command))
+        src.with_suffix(".html").write_text(html_view(rows, command))
         print(src.with_suffix(".md"))
         return 0
     gpu = args.device.startswith("cuda")
@@ -754,6 +825,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(row) + "\n")
     rows = read_jsonl(jsonl)
     stem.with_suffix(".md").write_text(markdown(rows, command))
+    stem.with_suffix(".html").write_text(html_view(rows, command))
     print(stem.with_suffix(".md"))
     return 0
 

@@ -49,14 +49,15 @@ def _e(text: object) -> str:
 
 
 # ---- plan vs eager vs compile ----------------------------------------------------------------
-def timing_chart(rows: Sequence[BucketTimes], width: int = 820) -> str:
+def timing_chart(rows: Sequence[BucketTimes], width: int = 820, label_w: int = 150) -> str:
     """One band per bucket, one bar per mode (median), a whisker over the spread; each
-    band on its own scale from zero, so the bars of one bucket compare at a glance."""
+    band on its own scale from zero, so the bars of one bucket compare at a glance.
+    `label_w`: pixels left of the bars for the bucket labels."""
     seen = list(dict.fromkeys(m for r in rows for m in r.times))
     modes = [m for m in MODE_COLORS if m in seen] + [m for m in seen if m not in MODE_COLORS]
     extra = iter(SERIES_COLORS[4:])  # other modes (e.g. torch.compile's reduce-overhead)
     colors = {m: MODE_COLORS.get(m) or next(extra, "#555555") for m in modes}
-    label_w, text_w, bar_h, gap, band_gap, top = 150, 210, 15, 4, 14, 30
+    text_w, bar_h, gap, band_gap, top = 210, 15, 4, 14, 30
     plot_w = width - label_w - text_w - 10
     band_h = len(modes) * (bar_h + gap) + band_gap
     height = top + len(rows) * band_h + 8
@@ -72,9 +73,11 @@ def timing_chart(rows: Sequence[BucketTimes], width: int = 820) -> str:
             f'<text x="{x + 16}" y="16">{_e(m)}</text>'
         )
         x += 26 + 7 * len(m)
+    ranges = any(t.has_range for r in rows for t in r.times.values())
     out.append(
         f'<text x="{width - 4}" y="16" text-anchor="end" fill="#666">'
-        "bar: median · whisker: spread of the repetitions</text>"
+        + ("bar: median · whisker: spread of the repetitions" if ranges else "bar: median")
+        + "</text>"
     )
     for k, row in enumerate(rows):
         y0 = top + k * band_h

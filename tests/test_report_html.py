@@ -252,3 +252,42 @@ def test_report_in_headless_chromium(tuned, tmp_path):
         finally:
             browser.close()
     assert shot.stat().st_size > 20_000  # a page with pictures, not a blank one
+
+
+def test_real_model_suite_page_in_headless_chromium(tmp_path):
+    """The committed real-model page: one bar per timed contender of every cell (and of its
+    other shape), each cell labelled with the planner's ratio, and nothing fetched."""
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks import real_models
+    from benchmarks.generated import ROOT
+
+    src = ROOT / "benchmarks" / "results" / "real_models_bucket_h100.jsonl"
+    rows = real_models.read_jsonl(src)
+    latest = {(r["cell"], r.get("dtype"), r.get("tiny")): r for r in rows}
+    timed = [
+        n for r in latest.values() for n, t in r.get("timing", {}).items()
+        if t.get("median_s") and n.removesuffix(real_models.OTHER) in real_models.MODES
+    ]  # fmt: skip
+    page_file = tmp_path / "suite.html"
+    page_file.write_text(real_models.html_view(rows, ""))
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            fetched: list[str] = []
+            page.on("request", lambda r: fetched.append(r.url))
+            page.goto(page_file.as_uri())
+            page.wait_for_load_state("load")
+            assert page.locator("g.bar").count() == len(timed)
+            labels = page.locator("text.bucket-label").all_text_contents()
+            cells = {r["cell"] for r in latest.values()}
+            assert {lab.split(" ")[0] for lab in labels} >= cells
+            assert all(lab.endswith("x)") for lab in labels)
+            box = page.locator("svg.timing-chart").bounding_box()
+            assert box is not None and box["width"] <= VIEWPORT["width"]
+        finally:
+            browser.close()
+    assert fetched == [page_file.as_uri()]
