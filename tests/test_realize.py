@@ -349,6 +349,34 @@ def test_dynamic_program_names_line_up_and_one_realization_serves_the_range(name
         r(torch.randn(2, 65, TINY["D"]))
 
 
+class _RelativeSlice(torch.nn.Module):
+    """Slices an S x S tensor to its own size through other tensors' sizes (as DeBERTa's
+    relative positions do): the static export drops those slices, a symbolic one keeps them."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        q = self.lin(x)
+        idx = torch.arange(q.size(1))
+        rel = idx[:, None] - idx[None, :]
+        rel = rel[: q.size(-2), : x.size(1)]
+        return q + rel.sum(-1, keepdim=True).float()
+
+
+def test_slices_that_are_identities_over_the_range_do_not_stop_a_dynamic_export():
+    module = _RelativeSlice().eval()
+    c = export_dynamic(module, (torch.randn(2, 12, 8),), {0: {1: (8, 16)}})
+    targets = [str(n.target) for n in c.program.graph_module.graph.nodes if n.op == "call_function"]
+    assert "aten.slice.Tensor" not in targets
+    r = realize(c, Partition.whole(c.graph), compiler=run_eagerly)
+    assert not r.static_shapes
+    for s in (8, 13, 16):
+        x = torch.randn(2, s, 8)
+        assert_close(r(x), eager_out(module, (x,)))
+
+
 @pytest.mark.slow
 def test_dynamic_realization_compiled_by_inductor_serves_the_range():
     module, inputs = zoo.get("gpt2-block").build(TINY)

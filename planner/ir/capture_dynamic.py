@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from planner.errors import CaptureError
 from planner.ir.capture import Captured, _as_args, _drop_identities, _quiet_torch, export_model
@@ -53,6 +55,46 @@ def _dynamic_shapes(args: tuple[Any, ...], dims: DimRanges, auto: bool) -> tuple
                 spec[axis] = torch.export.Dim(f"in{i}_d{axis}", min=lo2, max=int(hi))
         specs.append(spec or None)
     return tuple(specs)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two sizes (ints or SymInts) are equal for every value in the ranges."""
+    try:
+        return bool(statically_known_true(a == b))
+    except Exception:  # an expression the shape environment cannot decide
+        return False
+
+
+def _identity_view(node: fx.Node) -> bool:
+    """A `slice` whose result is its input over the whole range: same sizes, strides and
+    offset (e.g. `rel[:q.size(-2), :k.size(-2)]` of an S x S tensor). A static export drops
+    such a slice; with symbolic sizes it can stay."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
+        return False
+    src = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    out = node.meta.get("val")
+    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    pairs = [
+        *zip(src.shape, out.shape),
+        *zip(src.stride(), out.stride()),
+        (src.storage_offset(), out.storage_offset()),
+    ]
+    return src.dim() == out.dim() and all(_same(a, b) for a, b in pairs)
+
+
+def _drop_identity_views(program: torch.export.ExportedProgram) -> None:
+    """Remove the slices that are identities over the whole range (`_identity_view`), as
+    the static capture has none of them; program outputs stay."""
+    gm = program.graph_module
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    outputs = set(pytree.tree_leaves(out.args))
+    dropped = [n for n in gm.graph.nodes if n not in outputs and _identity_view(n)]
+    for node in dropped:
+        node.replace_all_uses_with(node.args[0])
+        gm.graph.erase_node(node)
+    if dropped:
+        gm.recompile()
 
 
 def _rename_like(program: torch.export.ExportedProgram, static: Captured) -> None:
@@ -169,6 +211,7 @@ def export_dynamic(
             f"({'; '.join(errors)}). Realize per shape (planner.ir.capture.export_model) instead."
         )
     _drop_identities(program)  # as export_model does, so the names line up with `static`
+    _drop_identity_views(program)
     _rename_like(program, static)
     _read_symbols(program)
     return Captured(static.graph, program, args)
