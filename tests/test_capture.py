@@ -121,6 +121,24 @@ def test_unknown_op_becomes_opaque_with_a_warning_naming_it():
     assert len(msgs) == 1 and "aten.linalg_inv" in msgs[0]
 
 
+def test_routing_ops_are_known_opaque_with_their_cost_and_no_warning():
+    """Sorting, top-k and counting (a mixture-of-experts router) run as library kernels: never
+    fused, their work counted, no warning."""
+
+    def route(x):
+        w, idx = torch.topk(x.softmax(-1), 2, dim=-1)
+        counts = torch.histc(idx.float(), bins=8, min=0, max=7)
+        return w.sort(-1).values, counts
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = capture(_Fn(route), (torch.randn(6, 8),))
+    assert not [w for w in caught if issubclass(w.category, UnknownOpWarning)]
+    for op in ("topk", "histc", "sort"):
+        (n,) = [n for n in g.nodes if n.op == op]
+        assert n.category is Category.OPAQUE and n.flops > 0
+
+
 def test_untraceable_model_raises_one_clear_error():
     def f(x):
         return x + 1 if x.sum() > 0 else x - 1

@@ -754,8 +754,8 @@ def graph_from_fx(
                     outputs.append(r.value[v])
     for target in sorted(r.unknown):
         warnings.warn(
-            f"op {target} is not in the fusion-planner taxonomy: captured as opaque (it will "
-            "never be fused). Add a rule for it in planner/ir/taxonomy.py.",
+            f"op {target} is not in fusion-planner's op table (planner/ir/taxonomy.py): it "
+            "runs as its own kernel, is never fused, and its cost is not estimated",
             UnknownOpWarning,
             stacklevel=3,
         )

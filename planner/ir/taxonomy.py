@@ -1,8 +1,9 @@
 """Op taxonomy as data: aten op -> category and FLOP rule.
 
 Every entry is (op names, category, FLOP rule, why). An op missing from the table is
-captured as `Category.OPAQUE` with a warning naming it: the planner never fuses it, and
-the user learns which op to add here.
+captured as `Category.OPAQUE` with a warning naming it: the planner never fuses it.
+Ops known to run as library kernels that are not fused (sorting, selection, counting) are
+listed as OPAQUE too, so they cost what they compute and raise no warning.
 
 FLOP conventions (documented here once, tested in tests/test_taxonomy.py):
 - matmul-like: exactly 2*M*N*K multiply-adds per output tile (plus M*N for a bias add);
@@ -203,6 +204,13 @@ RULES: tuple[OpRule, ...] = (
             "lift_fresh", "real", "view_as_real", "view_as_complex", "unfold"),
            Category.VIEW, zero, "changes metadata; reshape/contiguous become COPY in capture when "
                                 "the layout forces a copy"),
+    # --- selection and counting: library kernels the planner does not fuse (MoE routing)
+    OpRule(("sort", "argsort", "topk", "kthvalue", "median", "mode", "msort"),
+           Category.OPAQUE, per_in(1), "comparisons: one per input element counted (a sort "
+                                      "does about log2 n); never fused"),
+    OpRule(("histc", "bincount", "searchsorted", "bucketize", "unique", "_unique2",
+            "unique_consecutive", "nonzero"),
+           Category.OPAQUE, per_in(1), "one count or probe per input element; never fused"),
     # --- collectives (functional collectives as export shows them)
     OpRule(("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
             "broadcast", "wait_tensor"), Category.COLLECTIVE, zero,
