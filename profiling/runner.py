@@ -61,6 +61,11 @@ class ServeError(FusionPlannerError):
     """The serving path did not run the plan as given."""
 
 
+# On the ranks of a program with collectives: this rank's outcome of one step (its error,
+# None: it succeeded) -> the outcome every rank takes (search.tune_tp.agree_error).
+Agree = Callable[[MeasureError | None], MeasureError | None]
+
+
 @dataclass
 class Prepared:
     """A plan made runnable by an executor.
@@ -145,10 +150,14 @@ class ServedExecutor:
 
     name = "served"
 
-    def __init__(self, *, compile_budget: int = 1, dynamic: bool | None = True):
+    def __init__(
+        self, *, compile_budget: int = 1, dynamic: bool | None = True, agree: Agree | None = None
+    ):
         """`dynamic`: what `torch.compile` is given for a bucket's plan (the documented
-        `dynamic=True` by default); an exact shape's plan is compiled static."""
-        self.compile_budget, self.dynamic = compile_budget, dynamic
+        `dynamic=True` by default); an exact shape's plan is compiled static. `agree`: on
+        the ranks of a program with collectives, the ranks agree on every realization
+        before it runs (`_realize_agreed`)."""
+        self.compile_budget, self.dynamic, self.agree = compile_budget, dynamic, agree
 
     def prepare(self, job: PlanJob, device: torch.device) -> Prepared:
         if job.module is None:
@@ -180,7 +189,10 @@ class ServedExecutor:
             base = backend.realizer
 
             def recording(captured: Captured, plan: Plan, **options: Any) -> Any:
-                rp = base(captured, plan, **options)
+                if self.agree is None:
+                    rp = base(captured, plan, **options)
+                else:
+                    rp = _realize_agreed(base, captured, plan, options, self.agree)
                 made.append((captured, rp))
                 return rp
 
@@ -226,6 +238,34 @@ class ServedExecutor:
         )
 
 
+def _realize_agreed(
+    base: Callable[..., Any],
+    captured: Captured,
+    plan: Plan,
+    options: dict[str, Any],
+    agree: Agree,
+) -> Any:
+    """`base`'s realization of `plan` on one of several ranks, agreed before it runs:
+    realized unchecked (compiling issues no collective), the ranks agree that each of
+    them realized it, then it is checked (running the program: the same collectives on
+    every rank). A realization that failed on any rank raises ServeError on every rank,
+    so that every rank's backend runs dynamo's graph alike. A tensor-parallel decision is
+    realized whole: planner.distributed.tp_realize agrees on it itself."""
+    if plan.tensor_parallel is not None:
+        return base(captured, plan, **options)
+    realized, error = None, None
+    try:
+        realized = base(captured, plan, **options, verify=False)
+    except Exception as e:
+        error = MeasureError.of("realize", e)
+    error = agree(error)
+    if error is not None:
+        raise ServeError(str(error))
+    if isinstance(realized, RealizedPlan):
+        realized.verify(tuple(captured.example_inputs))
+    return realized
+
+
 def _as_plan(job: PlanJob, device: torch.device) -> Plan:
     if isinstance(job.plan, Plan):
         return job.plan
@@ -268,7 +308,11 @@ class DeviceRunner:
     `trials`: inputs each plan is checked on; `kernels_in_graph`: on GPU, time a plan's
     kernels alone as copies in one CUDA graph (and keep the whole call as `call_s`);
     `steady`: profiling.timer.measure_interleaved's settings for served plans (timed as
-    calls back to back, as serving runs them)."""
+    calls back to back, as serving runs them); `agree`: on the ranks of a program with
+    collectives, the ranks agree on the outcome of realizing and of checking a plan
+    before any of them goes on (every rank calls it, whatever happened here), so that a
+    step that failed on one rank fails on every rank instead of leaving the others
+    issuing collectives alone."""
 
     def __init__(
         self,
@@ -279,8 +323,10 @@ class DeviceRunner:
         trials: int = 3,
         kernels_in_graph: bool = False,
         steady: Mapping[str, Any] | None = None,
+        agree: Agree | None = None,
     ):
         self.executor: Executor = executor or ServedExecutor()
+        self.agree = agree
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.timer = dict(PLAN_TIMER if timer is None else timer)
         self.steady = dict(STEADY_TIMER if steady is None else steady)
@@ -318,16 +364,26 @@ class DeviceRunner:
     def measure_plan(self, job: PlanJob) -> Measurement:
         """Realize, check and time `job` with this runner's executor (planner.measurement)."""
         dtype = compute_dtype(job.captured)
+        prepared, error = None, None
         try:
             prepared = self.executor.prepare(job, self.device)
         except ServeError as e:
-            return self.failed(job.label, "serve", str(e), dtype)
+            error = MeasureError("serve", str(e))
         except Exception as e:
-            return self.failed(job.label, "realize", e, dtype)
+            error = MeasureError.of("realize", e)
         try:
+            error = self._agreed(error)
+            if error is not None:
+                return self.failed(job.label, error.kind, error.message, dtype)
+            assert prepared is not None
             return self._check_and_time(job.label, prepared, dtype)
         finally:
-            prepared.close()
+            if prepared is not None:
+                prepared.close()
+
+    def _agreed(self, error: MeasureError | None) -> MeasureError | None:
+        """The outcome of a step as every rank takes it (`agree`), else this process's."""
+        return error if self.agree is None else self.agree(error)
 
     def _check_and_time(self, label: str, p: Prepared, dtype: str) -> Measurement:
         rp = p.realized
@@ -338,13 +394,18 @@ class DeviceRunner:
                 "notes": tuple(g.note for g in rp.groups),
                 "cuda_graph": rp.cuda_graph,
             }
+        error = None
         try:
             check = verify_against_eager(p.subject, p.reference, p.check_inputs, trials=self.trials)
         except Exception as e:
-            return self.failed(label, "run", e, dtype, **about)
-        about |= {"check": str(check), "fallbacks": dict(check.fallbacks)}
-        if not check.ok:
-            return self.failed(label, "accuracy", str(check), dtype, **about)
+            error = MeasureError.of("run", e)
+        else:
+            about |= {"check": str(check), "fallbacks": dict(check.fallbacks)}
+            if not check.ok:
+                error = MeasureError("accuracy", str(check))
+        error = self._agreed(error)
+        if error is not None:
+            return self.failed(label, error.kind, error.message, dtype, **about)
         try:
             if self.executor.name == "served":
                 with torch.no_grad():

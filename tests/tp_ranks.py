@@ -307,6 +307,54 @@ def tuned_on_ranks(rank: int, world: int, cache_dir: str) -> dict:
     }
 
 
+def tuned_with_a_failure_on_one_rank(rank: int, world: int, cache_dir: str) -> dict:
+    """`tune` of the zoo block on every rank, where realizing the first candidate raises on
+    rank 1 only (the backend's realizer, as an Inductor compile that fails on one rank
+    would): what each rank measured and stored, gathered."""
+    from learned_cost.analytical import AnalyticalModel
+    from planner.hardware import get_spec
+    from planner.plans.cache import PlanCache
+    from planner.runtime import backend
+    from search.tune import TuneConfig, tune
+    from zoo.modelspec import resolve
+
+    realize = backend._default_realizer
+    calls = []
+
+    def failing_on_rank_1(captured, plan, **options):
+        calls.append(plan.strategy)
+        if rank == 1 and len(calls) == 1:
+            raise RuntimeError("injected: this rank cannot compile the first candidate")
+        return realize(captured, plan, **options)
+
+    backend._default_realizer = failing_on_rank_1
+    cfg = TuneConfig(
+        spec=resolve("zoo:tp-block", f"B={B},D={D},H={H},TP={world}"),
+        dynamic=f"S={S}..{S}",
+        strategy="priority",
+        top_k=1,
+        compile_baseline=False,
+        timer={"warmup": 1, "min_reps": 3, "max_reps": 6, "max_seconds": 1.0},
+    )
+    with PlanCache(f"{cache_dir}/rank{rank}.db") as cache:
+        (r,) = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, progress=lambda m: None)
+    mine = {
+        "plan": r.plan.to_json() if r.plan else None,
+        "stored": r.stored,
+        "candidates": [
+            {
+                "strategy": c.strategy,
+                "measured_s": c.measured.median_s if c.measured else None,
+                "error": c.error,
+            }
+            for c in r.candidates
+        ],
+    }
+    every = [None] * world
+    dist.all_gather_object(every, mine)  # the job's own ranks' records
+    return {"ranks": every}
+
+
 def _grad_errors(model, program, x: torch.Tensor, decisions: dict) -> dict:
     """max |grad - grad of `model`| / max |grad of `model`| over the input and every
     parameter, for `program` rewritten for training with each of `decisions`."""
