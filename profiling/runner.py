@@ -22,6 +22,7 @@ fresh random ones; groups responsible for a mismatch fall back alone (planner.re
 from __future__ import annotations
 
 import math
+import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +43,7 @@ from planner.plans.plan import Plan
 from planner.realize.realizer import GroupCompiler, RealizedPlan, realize
 from planner.runtime.backend import FusionPlannerBackend
 from profiling.timer import measure, measure_in_graph, measure_interleaved
-from profiling.verify import verify_against_eager
+from profiling.verify import Mismatch, verify_against_eager
 
 # Default timer settings for a whole plan: a stable median within a few seconds.
 PLAN_TIMER: dict[str, Any] = {"warmup": 3, "min_reps": 10, "max_reps": 100, "max_seconds": 5.0}
@@ -60,6 +61,9 @@ _DYNAMO_LIMITS = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 <
 class ServeError(FusionPlannerError):
     """The serving path did not run the plan as given."""
 
+
+# another rank's mismatch as `agree` reports it: "on rank N: output K: why"
+_ELSEWHERE = re.compile(r"(on rank \d+): output (\d+): (.*)", re.S)
 
 # On the ranks of a program with collectives: this rank's outcome of one step (its error,
 # None: it succeeded) -> the outcome every rank takes (search.tune_tp.agree_error).
@@ -385,6 +389,17 @@ class DeviceRunner:
         """The outcome of a step as every rank takes it (`agree`), else this process's."""
         return error if self.agree is None else self.agree(error)
 
+    def _agreed_trial(self, bad: Mismatch | None) -> Mismatch | None:
+        """A check's trial outcome as every rank takes it: this rank's mismatch, or the
+        one another rank saw (its output, the reason prefixed with "on rank N")."""
+        error = self._agreed(None if bad is None else MeasureError("accuracy", str(bad)))
+        if error is None or bad is not None:
+            return bad
+        seen = _ELSEWHERE.fullmatch(error.message)
+        return (
+            Mismatch(int(seen[2]), f"{seen[1]}: {seen[3]}") if seen else Mismatch(0, error.message)
+        )
+
     def _check_and_time(self, label: str, p: Prepared, dtype: str) -> Measurement:
         rp = p.realized
         about: dict[str, Any] = {"compile_s": p.compile_s}
@@ -396,7 +411,13 @@ class DeviceRunner:
             }
         error = None
         try:
-            check = verify_against_eager(p.subject, p.reference, p.check_inputs, trials=self.trials)
+            check = verify_against_eager(
+                p.subject,
+                p.reference,
+                p.check_inputs,
+                trials=self.trials,
+                agree=None if self.agree is None else self._agreed_trial,
+            )
         except Exception as e:
             error = MeasureError.of("run", e)
         else:

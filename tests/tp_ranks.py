@@ -145,6 +145,14 @@ def _wrong_rewrite(gm, decision, sites, compile_epilogue):
     return run
 
 
+def _rewrite_failing_on_rank_1(gm, decision, sites, compile_epilogue):
+    """The planned program, except that rewriting raises on rank 1: a rank that runs
+    neither program, which no other rank may run alone."""
+    if dist.get_rank() == 1:
+        raise RuntimeError("injected: this rank cannot rewrite the program")
+    return tp_program(gm, decision, sites, compile_epilogue)
+
+
 @torch.no_grad()
 def realized_plans(rank: int, world: int) -> dict:
     """A Plan recording a TP decision realized on a DTensor program through the realizer:
@@ -199,6 +207,10 @@ def realized_plans(rank: int, world: int) -> dict:
         "err": float((got - unplanned).abs().max()),
         "warnings": [str(m.message) for m in w],
     }
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        realized = realize_tp(captured, plan, rewrite=_rewrite_failing_on_rank_1)
+    out["unwritten"] = {"applied": realized.applied, "reason": realized.reason}
     stale = dataclasses.replace(base, tensor_parallel=TPChoice(2, False, ("no_such_gemm",)))
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
