@@ -250,24 +250,30 @@ def _realize_agreed(
     agree: Agree,
 ) -> Any:
     """`base`'s realization of `plan` on one of several ranks, agreed before it runs:
-    realized unchecked (compiling issues no collective), the ranks agree that each of
-    them realized it, then it is checked (running the program: the same collectives on
-    every rank). A realization that failed on any rank raises ServeError on every rank,
-    so that every rank's backend runs dynamo's graph alike. A tensor-parallel decision is
-    realized whole: planner.distributed.tp_realize agrees on it itself."""
+    once it is compiled (which issues no collective) and before its check runs it (which
+    issues the program's collectives), the ranks agree that each of them compiled it
+    (planner.realize.realizer.realize's `before_run`); a rank whose realization raised
+    before that point says so instead. A realization that failed on any rank raises
+    ServeError on every rank, so that every rank's backend runs dynamo's graph alike. A
+    tensor-parallel decision is realized whole: planner.distributed.tp_realize agrees on
+    it itself."""
     if plan.tensor_parallel is not None:
         return base(captured, plan, **options)
-    realized, error = None, None
+    agreed: list[bool] = []
+
+    def before_run() -> None:
+        agreed.append(True)
+        error = agree(None)
+        if error is not None:
+            raise ServeError(str(error))
+
     try:
-        realized = base(captured, plan, **options, verify=False)
+        return base(captured, plan, **options, before_run=before_run)
     except Exception as e:
-        error = MeasureError.of("realize", e)
-    error = agree(error)
-    if error is not None:
-        raise ServeError(str(error))
-    if isinstance(realized, RealizedPlan):
-        realized.verify(tuple(captured.example_inputs))
-    return realized
+        if agreed:  # raised after the agreement: as it came (every rank, or this one's run)
+            raise
+        error = agree(MeasureError.of("realize", e))
+        raise ServeError(str(error)) from e
 
 
 def _as_plan(job: PlanJob, device: torch.device) -> Plan:

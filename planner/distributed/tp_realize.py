@@ -11,7 +11,8 @@ program's within `TOLERANCE` of the output's largest value. The ranks agree on t
 rewrite before either program runs, and on the outcome before any of them returns (each
 a MIN all-reduce of a flag over the sites' process group), so all ranks run the same
 programs and issue the same collectives: a mismatch or a failure on any rank makes every
-rank run the unplanned program, with a warning that says why. The planned program runs forward only (tp_graph.row_parallel_chunks).
+rank run the unplanned program, with a warning that says why. The planned program runs
+forward only (tp_graph.row_parallel_chunks).
 """
 
 from __future__ import annotations
