@@ -22,6 +22,7 @@ fresh random ones; groups responsible for a mismatch fall back alone (planner.re
 from __future__ import annotations
 
 import math
+import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +43,7 @@ from planner.plans.plan import Plan
 from planner.realize.realizer import GroupCompiler, RealizedPlan, realize
 from planner.runtime.backend import FusionPlannerBackend
 from profiling.timer import measure, measure_in_graph, measure_interleaved
-from profiling.verify import verify_against_eager
+from profiling.verify import Mismatch, verify_against_eager
 
 # Default timer settings for a whole plan: a stable median within a few seconds.
 PLAN_TIMER: dict[str, Any] = {"warmup": 3, "min_reps": 10, "max_reps": 100, "max_seconds": 5.0}
@@ -59,6 +60,14 @@ _DYNAMO_LIMITS = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 <
 
 class ServeError(FusionPlannerError):
     """The serving path did not run the plan as given."""
+
+
+# another rank's mismatch as `agree` reports it: "on rank N: output K: why"
+_ELSEWHERE = re.compile(r"(on rank \d+): output (\d+): (.*)", re.S)
+
+# On the ranks of a program with collectives: this rank's outcome of one step (its error,
+# None: it succeeded) -> the outcome every rank takes (search.tune_tp.agree_error).
+Agree = Callable[[MeasureError | None], MeasureError | None]
 
 
 @dataclass
@@ -145,10 +154,14 @@ class ServedExecutor:
 
     name = "served"
 
-    def __init__(self, *, compile_budget: int = 1, dynamic: bool | None = True):
+    def __init__(
+        self, *, compile_budget: int = 1, dynamic: bool | None = True, agree: Agree | None = None
+    ):
         """`dynamic`: what `torch.compile` is given for a bucket's plan (the documented
-        `dynamic=True` by default); an exact shape's plan is compiled static."""
-        self.compile_budget, self.dynamic = compile_budget, dynamic
+        `dynamic=True` by default); an exact shape's plan is compiled static. `agree`: on
+        the ranks of a program with collectives, the ranks agree on every realization
+        before it runs (`_realize_agreed`)."""
+        self.compile_budget, self.dynamic, self.agree = compile_budget, dynamic, agree
 
     def prepare(self, job: PlanJob, device: torch.device) -> Prepared:
         if job.module is None:
@@ -180,7 +193,10 @@ class ServedExecutor:
             base = backend.realizer
 
             def recording(captured: Captured, plan: Plan, **options: Any) -> Any:
-                rp = base(captured, plan, **options)
+                if self.agree is None:
+                    rp = base(captured, plan, **options)
+                else:
+                    rp = _realize_agreed(base, captured, plan, options, self.agree)
                 made.append((captured, rp))
                 return rp
 
@@ -226,6 +242,40 @@ class ServedExecutor:
         )
 
 
+def _realize_agreed(
+    base: Callable[..., Any],
+    captured: Captured,
+    plan: Plan,
+    options: dict[str, Any],
+    agree: Agree,
+) -> Any:
+    """`base`'s realization of `plan` on one of several ranks, agreed before it runs:
+    once it is compiled (which issues no collective) and before its check runs it (which
+    issues the program's collectives), the ranks agree that each of them compiled it
+    (planner.realize.realizer.realize's `before_run`); a rank whose realization raised
+    before that point says so instead. A realization that failed on any rank raises
+    ServeError on every rank, so that every rank's backend runs dynamo's graph alike. A
+    tensor-parallel decision is realized whole: planner.distributed.tp_realize agrees on
+    it itself."""
+    if plan.tensor_parallel is not None:
+        return base(captured, plan, **options)
+    agreed: list[bool] = []
+
+    def before_run() -> None:
+        agreed.append(True)
+        error = agree(None)
+        if error is not None:
+            raise ServeError(str(error))
+
+    try:
+        return base(captured, plan, **options, before_run=before_run)
+    except Exception as e:
+        if agreed:  # raised after the agreement: as it came (every rank, or this one's run)
+            raise
+        error = agree(MeasureError.of("realize", e))
+        raise ServeError(str(error)) from e
+
+
 def _as_plan(job: PlanJob, device: torch.device) -> Plan:
     if isinstance(job.plan, Plan):
         return job.plan
@@ -268,7 +318,11 @@ class DeviceRunner:
     `trials`: inputs each plan is checked on; `kernels_in_graph`: on GPU, time a plan's
     kernels alone as copies in one CUDA graph (and keep the whole call as `call_s`);
     `steady`: profiling.timer.measure_interleaved's settings for served plans (timed as
-    calls back to back, as serving runs them)."""
+    calls back to back, as serving runs them); `agree`: on the ranks of a program with
+    collectives, the ranks agree on the outcome of realizing and of checking a plan
+    before any of them goes on (every rank calls it, whatever happened here), so that a
+    step that failed on one rank fails on every rank instead of leaving the others
+    issuing collectives alone."""
 
     def __init__(
         self,
@@ -279,8 +333,10 @@ class DeviceRunner:
         trials: int = 3,
         kernels_in_graph: bool = False,
         steady: Mapping[str, Any] | None = None,
+        agree: Agree | None = None,
     ):
         self.executor: Executor = executor or ServedExecutor()
+        self.agree = agree
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.timer = dict(PLAN_TIMER if timer is None else timer)
         self.steady = dict(STEADY_TIMER if steady is None else steady)
@@ -318,16 +374,37 @@ class DeviceRunner:
     def measure_plan(self, job: PlanJob) -> Measurement:
         """Realize, check and time `job` with this runner's executor (planner.measurement)."""
         dtype = compute_dtype(job.captured)
+        prepared, error = None, None
         try:
             prepared = self.executor.prepare(job, self.device)
         except ServeError as e:
-            return self.failed(job.label, "serve", str(e), dtype)
+            error = MeasureError("serve", str(e))
         except Exception as e:
-            return self.failed(job.label, "realize", e, dtype)
+            error = MeasureError.of("realize", e)
         try:
+            error = self._agreed(error)
+            if error is not None:
+                return self.failed(job.label, error.kind, error.message, dtype)
+            assert prepared is not None
             return self._check_and_time(job.label, prepared, dtype)
         finally:
-            prepared.close()
+            if prepared is not None:
+                prepared.close()
+
+    def _agreed(self, error: MeasureError | None) -> MeasureError | None:
+        """The outcome of a step as every rank takes it (`agree`), else this process's."""
+        return error if self.agree is None else self.agree(error)
+
+    def _agreed_trial(self, bad: Mismatch | None) -> Mismatch | None:
+        """A check's trial outcome as every rank takes it: this rank's mismatch, or the
+        one another rank saw (its output, the reason prefixed with "on rank N")."""
+        error = self._agreed(None if bad is None else MeasureError("accuracy", str(bad)))
+        if error is None or bad is not None:
+            return bad
+        seen = _ELSEWHERE.fullmatch(error.message)
+        return (
+            Mismatch(int(seen[2]), f"{seen[1]}: {seen[3]}") if seen else Mismatch(0, error.message)
+        )
 
     def _check_and_time(self, label: str, p: Prepared, dtype: str) -> Measurement:
         rp = p.realized
@@ -338,13 +415,24 @@ class DeviceRunner:
                 "notes": tuple(g.note for g in rp.groups),
                 "cuda_graph": rp.cuda_graph,
             }
+        error = None
         try:
-            check = verify_against_eager(p.subject, p.reference, p.check_inputs, trials=self.trials)
+            check = verify_against_eager(
+                p.subject,
+                p.reference,
+                p.check_inputs,
+                trials=self.trials,
+                agree=None if self.agree is None else self._agreed_trial,
+            )
         except Exception as e:
-            return self.failed(label, "run", e, dtype, **about)
-        about |= {"check": str(check), "fallbacks": dict(check.fallbacks)}
-        if not check.ok:
-            return self.failed(label, "accuracy", str(check), dtype, **about)
+            error = MeasureError.of("run", e)
+        else:
+            about |= {"check": str(check), "fallbacks": dict(check.fallbacks)}
+            if not check.ok:
+                error = MeasureError("accuracy", str(check))
+        error = self._agreed(error)
+        if error is not None:
+            return self.failed(label, error.kind, error.message, dtype, **about)
         try:
             if self.executor.name == "served":
                 with torch.no_grad():

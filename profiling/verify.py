@@ -80,6 +80,7 @@ def verify_against_eager(
     *,
     trials: int = 3,
     seed: int = 1,
+    agree: Callable[[Mismatch | None], Mismatch | None] | None = None,
 ) -> VerifyReport:
     """Check `realized` against `eager` on `trials` inputs: `inputs` first, then fresh
     random ones shaped like them (module doc).
@@ -88,6 +89,10 @@ def verify_against_eager(
     in high precision), which falls back only the groups responsible for a mismatch;
     any other callable is compared with `eager`, an nn.Module run in high precision as
     the reference (else the fixed tolerance table decides).
+
+    `agree`, on the ranks of a program with collectives: maps this rank's outcome of a
+    trial (its mismatch, None: it matched) to the one every rank takes, so that a
+    mismatch one rank sees stops the trials on every rank (each runs the same programs).
     """
     gen = torch.Generator().manual_seed(seed)
     name = str(model_dtype(eager, inputs)).removeprefix("torch.")
@@ -103,6 +108,8 @@ def verify_against_eager(
             reference += f"; fresh inputs rejected by eager ({type(e).__name__})"
             break
         done += 1
+        if agree is not None:
+            bad = agree(bad)
         if bad is not None:
             return VerifyReport(done, bad, name, reference, _fallbacks(realized))
     return VerifyReport(done, None, name, reference, _fallbacks(realized))

@@ -48,7 +48,7 @@ from planner.errors import CacheError, FusionPlannerError, is_out_of_memory
 from planner.fusion.partition import Partition
 from planner.fusion.realization import realizations_of
 from planner.hardware import cache_dir, device_fingerprint, local_device_name
-from planner.measurement import Measurement, PlanJob, Runner, Timing
+from planner.measurement import MeasureError, Measurement, PlanJob, Runner, Timing
 from planner.objective import Objective
 from planner.plans.buckets import Bucket, BucketSpec, parse_dynamic
 from planner.plans.cache import PlanCache
@@ -60,7 +60,15 @@ from search.optuna_storage import check_storage, storage_kind
 from search.parallel import OPTUNA_STRATEGIES, plan_through_outages, tune_parallel
 from search.strategies import get_strategy
 from search.strategy import Budget
-from search.tune_tp import agree_calls, describe, on_ranks, search_decision, slowest
+from search.tune_tp import (
+    agree_calls,
+    agree_error,
+    agreed,
+    describe,
+    on_ranks,
+    search_decision,
+    slowest,
+)
 from zoo.modelspec import ModelSpec, dtype_name
 
 log = logging.getLogger(__name__)
@@ -355,7 +363,14 @@ def tune_bucket(
     ranks = on_ranks()  # every rank runs this job: each call with collectives on every rank
     if runner is None:
         steady = STEADY_TIMER | {"agree": agree_calls} if ranks else None
-        runner = DeviceRunner(executor=ServedExecutor(), device=dev, timer=cfg.timer, steady=steady)
+        agree = agree_error if ranks else None  # each step's outcome agreed by the ranks
+        runner = DeviceRunner(
+            executor=ServedExecutor(agree=agree),
+            device=dev,
+            timer=cfg.timer,
+            steady=steady,
+            agree=agree,
+        )
     # The baselines are timed the way served plans are (profiling.runner: calls back to
     # back in rounds, the runner's `steady` settings), eager and torch.compile interleaved.
     baselines: dict[str, Any] = {"eager": lambda: module(*inputs)}
@@ -374,19 +389,47 @@ def tune_bucket(
     compiled = timed["torch.compile"].timing if cfg.compile_baseline else None
     torch._dynamo.reset()
 
-    def measure(c: Candidate) -> Candidate:
-        plan = candidate_plan(objective, c, device=device, dtype=dt)
-        job = PlanJob(
-            captured,
-            plan,
-            label=c.strategy,
-            module=module,
-            inputs=tuple(inputs),
-            bucket=bucket,
-            bucket_spec=spec,
+    def failed(c: Candidate, error: MeasureError) -> Measurement:
+        return Measurement(
+            c.strategy,
+            "served",
+            device,
+            device_fingerprint(dev),
+            torch.__version__.split("+")[0],
+            dt,
+            error=error,
         )
-        m = runner.measure_plan(job)
-        m = slowest(m) if ranks else m
+
+    def measure(c: Candidate) -> Candidate:
+        # On the ranks every step's outcome is agreed before the next one (a rank that
+        # failed must not leave the others issuing collectives alone): a failure here is
+        # recorded, never raised past the other ranks, and fails the candidate on each.
+        m = None
+        try:
+            plan = candidate_plan(objective, c, device=device, dtype=dt)
+        except Exception as e:
+            if not ranks:
+                raise
+            m = failed(c, MeasureError.of("realize", e))
+        if ranks and (error := agree_error(m.error if m else None)) is not None:
+            m = m or failed(c, error)
+        if m is None:
+            job = PlanJob(
+                captured,
+                plan,
+                label=c.strategy,
+                module=module,
+                inputs=tuple(inputs),
+                bucket=bucket,
+                bucket_spec=spec,
+            )
+            try:
+                m = runner.measure_plan(job)
+            except Exception as e:
+                if not ranks:
+                    raise
+                m = failed(c, MeasureError.of("run", e))
+            m = agreed(m) if ranks else m
         c = dataclasses.replace(
             c,
             measured=m.timing,

@@ -36,7 +36,7 @@ from planner.distributed.tp_graph import find_tp_sites
 from planner.errors import DeviceSpecError, FusionPlannerError
 from planner.hardware import get_spec
 from planner.ir.capture import Captured
-from planner.measurement import MeasureError, Measurement
+from planner.measurement import ERROR_KINDS, MeasureError, Measurement
 from planner.plans.plan import TPChoice
 from search.tp_search import TPGraphPlan, search_tp_graph
 
@@ -80,6 +80,56 @@ def agree_calls(calls: int) -> int:
     t = torch.tensor([calls], dtype=torch.int64, device=_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
+
+
+# bytes of a failing rank's error that `agree_failure` carries to the others (UTF-8, cut)
+_ERROR_BYTES = 240
+
+
+def agree_failure(error: str) -> tuple[int, str] | None:
+    """Every rank's outcome of one step, the same on every rank: None when the step
+    succeeded on every rank (each passed ""), else the first failing rank and its `error`.
+
+    Call it on every rank after each step whose outcome decides whether collectives
+    follow, whether the step succeeded here or not, so that no rank goes on to issue
+    collectives that another, failed, rank never will. One all_gather of a fixed-size
+    byte tensor per rank (a flag, then the error's first bytes): nothing is unpickled."""
+    mine = torch.zeros(1 + _ERROR_BYTES, dtype=torch.uint8)
+    if error:
+        text = error.encode()[:_ERROR_BYTES]
+        mine[0] = 1
+        mine[1 : 1 + len(text)] = torch.tensor(list(text), dtype=torch.uint8)
+    mine = mine.to(_device())
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    for rank, t in enumerate(every):
+        if int(t[0]):
+            raw = bytes(t[1:].cpu().tolist()).rstrip(b"\0")
+            return rank, raw.decode(errors="replace")
+    return None
+
+
+def agree_error(error: MeasureError | None) -> MeasureError | None:
+    """The error every rank takes for one step (`agree_failure`): None when no rank
+    failed; this rank's own when it failed here; else the failing rank's, its message
+    prefixed with "on rank N". The runner's and the serving executor's `agree` hook."""
+    failed = agree_failure(str(error) if error is not None else "")
+    if failed is None or error is not None:
+        return error
+    rank, text = failed
+    kind, _, message = text.partition(": ")
+    if kind not in ERROR_KINDS:  # cut, or not a measurement's error
+        kind, message = "run", text
+    return MeasureError(kind, f"on rank {rank}: {message}")
+
+
+def agreed(m: Measurement) -> Measurement:
+    """`m` as every rank takes it: failed on every rank when it failed on any (the
+    failing rank's error, `agree_error`), else with the slowest rank's timing (`slowest`)."""
+    error = agree_error(m.error)
+    if error is None:
+        return slowest(m)
+    return m if m.error is not None else dataclasses.replace(m, timing=None, error=error)
 
 
 def slowest(m: Measurement) -> Measurement:
@@ -143,4 +193,14 @@ def describe(choice: TPChoice, outcome: str, error: str = "") -> str:
     return f"{head}; {tails[outcome]}"
 
 
-__all__ = ["agree_calls", "describe", "init_ranks", "on_ranks", "search_decision", "slowest"]
+__all__ = [
+    "agree_calls",
+    "agree_error",
+    "agree_failure",
+    "agreed",
+    "describe",
+    "init_ranks",
+    "on_ranks",
+    "search_decision",
+    "slowest",
+]

@@ -106,6 +106,36 @@ def test_failures_become_error_records_not_exceptions(mlp):
         Measurement("x", "callable", "cpu", "fp", "2", "float32")  # neither timing nor error
 
 
+def _failing_elsewhere_at(step: int, error: MeasureError) -> tuple[DeviceRunner, list]:
+    """A runner whose `agree` (the ranks' agreement, here faked) reports `error` from
+    another rank at its `step`-th call, and the outcomes it was asked to agree on."""
+    asked: list[MeasureError | None] = []
+
+    def agree(mine: MeasureError | None) -> MeasureError | None:
+        asked.append(mine)
+        return error if mine is None and len(asked) == step else mine
+
+    return DeviceRunner(executor=RealizedExecutor(), device="cpu", timer=TIMER, agree=agree), asked
+
+
+def test_a_step_another_rank_failed_fails_here_and_nothing_after_it_runs(mlp):
+    # on the ranks of a program with collectives a rank must not go on alone: the runner
+    # asks after realizing, after each check trial and after checking
+    _spec, _module, _inputs, captured = mlp
+    job = PlanJob(captured, Partition.singletons(captured.graph))
+    runner, asked = _failing_elsewhere_at(1, MeasureError("realize", "on rank 1: OOM"))
+    m = runner.measure_plan(job)
+    assert m.error == MeasureError("realize", "on rank 1: OOM") and m.timing is None
+    assert asked == [None]  # realized here, then neither checked nor timed
+    why = MeasureError("accuracy", "on rank 1: output 0: off by 1")
+    runner, asked = _failing_elsewhere_at(3, why)  # the second check trial
+    m = runner.measure_plan(job)
+    assert m.error.kind == "accuracy" and m.timing is None
+    assert "output 0: on rank 1: off by 1" in m.error.message, m.error
+    # realized, two trials (the third not run), then the check's outcome, agreed as failed
+    assert asked[:3] == [None, None, None] and len(asked) == 4 and asked[3] == m.error
+
+
 def _spy(monkeypatch) -> list[Measurement]:
     """Every plan measurement made through DeviceRunner.measure_plan, recorded."""
     seen: list[Measurement] = []

@@ -211,6 +211,10 @@ def test_a_recorded_decision_is_applied_and_verified_on_gloo_ranks() -> None:
     wrong = res["wrong"]  # rank 0's program matched; rank 1's did not: both fall back
     assert not wrong["applied"] and wrong["err"] == 0.0
     assert any("not applied" in w for w in wrong["warnings"]), wrong
+    # rank 1's rewrite raised: rank 0 ran neither program alone, and fell back too
+    unwritten = res["unwritten"]
+    assert not unwritten["applied"], unwritten
+    assert unwritten["reason"] == "another rank could not rewrite the program", unwritten
     assert not res["stale"]["applied"]
 
 

@@ -76,6 +76,22 @@ def test_tune_on_gloo_ranks_measures_the_decision_as_served(tmp_path, planned) -
     assert res["ranks"][0] == res["ranks"][1], res["ranks"]
 
 
+def test_tune_on_gloo_ranks_fails_a_candidate_that_fails_on_one_rank_on_every_rank(
+    tmp_path,
+) -> None:
+    # realizing the first candidate raises on rank 1 only: without an agreement rank 0
+    # would go on issuing the plan's collectives alone and the job would hang
+    res = run_ranks(2, "tests.tp_ranks:tuned_with_a_failure_on_one_rank", (str(tmp_path),), 90)
+    first = [r["candidates"][0] for r in res["ranks"]]
+    assert all(c["measured_s"] is None for c in first), first  # failed on every rank
+    assert "injected: this rank cannot compile" in first[1]["error"], first
+    # rank 0 says which rank failed and why
+    assert "on rank 1" in first[0]["error"] and "injected" in first[0]["error"], first
+    # every rank stored the same thing (here: nothing, as no candidate was measured)
+    assert res["ranks"][0]["plan"] == res["ranks"][1]["plan"]
+    assert res["ranks"][0]["stored"] == res["ranks"][1]["stored"]
+
+
 def _tune_argv(cache: str) -> list[str]:
     model = ["--model", "zoo:tp-block", "--shape", SHAPE, "--dynamic", f"S={S}..{S}"]
     run = ["--strategy", "priority", "--top-k", "1", "--no-compile-baseline"]

@@ -145,6 +145,14 @@ def _wrong_rewrite(gm, decision, sites, compile_epilogue):
     return run
 
 
+def _rewrite_failing_on_rank_1(gm, decision, sites, compile_epilogue):
+    """The planned program, except that rewriting raises on rank 1: a rank that runs
+    neither program, which no other rank may run alone."""
+    if dist.get_rank() == 1:
+        raise RuntimeError("injected: this rank cannot rewrite the program")
+    return tp_program(gm, decision, sites, compile_epilogue)
+
+
 @torch.no_grad()
 def realized_plans(rank: int, world: int) -> dict:
     """A Plan recording a TP decision realized on a DTensor program through the realizer:
@@ -199,6 +207,10 @@ def realized_plans(rank: int, world: int) -> dict:
         "err": float((got - unplanned).abs().max()),
         "warnings": [str(m.message) for m in w],
     }
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        realized = realize_tp(captured, plan, rewrite=_rewrite_failing_on_rank_1)
+    out["unwritten"] = {"applied": realized.applied, "reason": realized.reason}
     stale = dataclasses.replace(base, tensor_parallel=TPChoice(2, False, ("no_such_gemm",)))
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
@@ -305,6 +317,54 @@ def tuned_on_ranks(rank: int, world: int, cache_dir: str) -> dict:
         "note": r.tensor_parallel,
         "ranks": every,
     }
+
+
+def tuned_with_a_failure_on_one_rank(rank: int, world: int, cache_dir: str) -> dict:
+    """`tune` of the zoo block on every rank, where realizing the first candidate raises on
+    rank 1 only (the backend's realizer, as an Inductor compile that fails on one rank
+    would): what each rank measured and stored, gathered."""
+    from learned_cost.analytical import AnalyticalModel
+    from planner.hardware import get_spec
+    from planner.plans.cache import PlanCache
+    from planner.runtime import backend
+    from search.tune import TuneConfig, tune
+    from zoo.modelspec import resolve
+
+    realize = backend._default_realizer
+    calls = []
+
+    def failing_on_rank_1(captured, plan, **options):
+        calls.append(plan.strategy)
+        if rank == 1 and len(calls) == 1:
+            raise RuntimeError("injected: this rank cannot compile the first candidate")
+        return realize(captured, plan, **options)
+
+    backend._default_realizer = failing_on_rank_1
+    cfg = TuneConfig(
+        spec=resolve("zoo:tp-block", f"B={B},D={D},H={H},TP={world}"),
+        dynamic=f"S={S}..{S}",
+        strategy="priority",
+        top_k=1,
+        compile_baseline=False,
+        timer={"warmup": 1, "min_reps": 3, "max_reps": 6, "max_seconds": 1.0},
+    )
+    with PlanCache(f"{cache_dir}/rank{rank}.db") as cache:
+        (r,) = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, progress=lambda m: None)
+    mine = {
+        "plan": r.plan.to_json() if r.plan else None,
+        "stored": r.stored,
+        "candidates": [
+            {
+                "strategy": c.strategy,
+                "measured_s": c.measured.median_s if c.measured else None,
+                "error": c.error,
+            }
+            for c in r.candidates
+        ],
+    }
+    every = [None] * world
+    dist.all_gather_object(every, mine)  # the job's own ranks' records
+    return {"ranks": every}
 
 
 def _grad_errors(model, program, x: torch.Tensor, decisions: dict) -> dict:

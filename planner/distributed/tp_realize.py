@@ -7,11 +7,12 @@ against the unplanned program on every rank.
 site's GEMM over `chunks` token slices with an asynchronous all-reduce per slice, the
 epilogue as one unit when `fuse_epilogue`; both per site) and runs both programs on the capture's example
 inputs (or `inputs`): every output of the planned program must equal the unplanned
-program's within `TOLERANCE` of the output's largest value. The ranks then agree on the
-outcome (a MIN all-reduce of a flag over the sites' process group) before any of them
-returns, so all ranks run the same program and issue the same collectives: a mismatch or
-a failure on any rank makes every rank run the unplanned program, with a warning that says
-why. The planned program runs forward only (tp_graph.row_parallel_chunks).
+program's within `TOLERANCE` of the output's largest value. The ranks agree on the
+rewrite before either program runs, and on the outcome before any of them returns (each
+a MIN all-reduce of a flag over the sites' process group), so all ranks run the same
+programs and issue the same collectives: a mismatch or a failure on any rank makes every
+rank run the unplanned program, with a warning that says why. The planned program runs
+forward only (tp_graph.row_parallel_chunks).
 """
 
 from __future__ import annotations
@@ -134,19 +135,40 @@ def realize_tp(
     reason = ""
     try:
         planned = rewrite(gm, decision, sites, compile_epilogue)
-        if verify:
-            with torch.no_grad():
-                ref = gm(*args)
-                got = planned(*args)
-            err, tol = _max_error(got, ref), _tolerance(ref)
-            if not err <= tol:
-                reason = f"its outputs differ from the unplanned program's by {err:.3g} (> {tol:g})"
-    except Exception as e:  # any failure of the rewrite or its run: the unplanned program
-        reason = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-    try:  # always, so that every rank issues this one collective
+    except Exception as e:  # the rewrite failed: the unplanned program
+        reason = _failure(e)
+    if verify:
+        # agreed before either program runs: a rank whose rewrite failed runs neither, and
+        # must not leave the others issuing the programs' collectives alone
+        reason = _agreed(reason, sites, "another rank could not rewrite the program")
+        if not reason:
+            try:
+                with torch.no_grad():
+                    ref = gm(*args)
+                    got = planned(*args)
+                err, tol = _max_error(got, ref), _tolerance(ref)
+                if not err <= tol:
+                    reason = (
+                        f"its outputs differ from the unplanned program's by {err:.3g} (> {tol:g})"
+                    )
+            except Exception as e:  # a failure of its run: the unplanned program
+                reason = _failure(e)
+    reason = _agreed(reason, sites, "another rank's planned program did not match")
+    if reason:
+        return unplanned(reason)
+    return RealizedTP(planned, True, "", decision)
+
+
+def _failure(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+def _agreed(reason: str, sites: list[TPSite], elsewhere: str) -> str:
+    """Why the decision is not applied, as every rank takes it ("": applied so far on
+    every rank): this rank's `reason`, else `elsewhere` when another rank had one. Every
+    rank calls it at the same points whatever happened, so each issues this collective."""
+    try:
         agreed = _agree(not reason, sites)
     except Exception as e:
-        return unplanned(reason or f"the ranks could not agree: {type(e).__name__}: {e}")
-    if not agreed:
-        return unplanned(reason or "another rank's planned program did not match")
-    return RealizedTP(planned, True, "", decision)
+        return reason or f"the ranks could not agree: {type(e).__name__}: {e}"
+    return reason or ("" if agreed else elsewhere)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -302,3 +302,22 @@ def to_order(t: Any, order: Sequence[int]) -> Any:
     if t.permute(list(order)).is_contiguous():
         return t
     return _dense_in_order(t, order)
+
+
+def in_planned_layout(
+    fn: Callable[..., Any], strides: Mapping[int, Sequence[int]]
+) -> Callable[..., Any]:
+    """`fn` (a group's kernels) with outputs `strides` names copied into those strides
+    where its kernels lay them out otherwise: the layout the plan's consumers, and the
+    caller, were promised."""
+
+    def run(*args: Any) -> tuple[Any, ...]:
+        outs = list(fn(*args))
+        for j, st in strides.items():
+            o = outs[j]
+            if list(o.stride()) != list(st):
+                t = torch.empty_strided(o.shape, tuple(st), dtype=o.dtype, device=o.device)
+                outs[j] = t.copy_(o)
+        return tuple(outs)
+
+    return run

@@ -428,7 +428,7 @@ class RealizedPlan:
                         )
                     if moved:  # e.g. Inductor padded a GEMM's output rows (its pad_mm pass)
                         restrided = True
-                        self._impls[unit.group.index] = _in_planned_layout(
+                        self._impls[unit.group.index] = layout.in_planned_layout(
                             self._impls[unit.group.index], moved
                         )
                         what = ", ".join(
@@ -591,25 +591,6 @@ class RealizedPlan:
         return True
 
 
-def _in_planned_layout(
-    fn: Callable[..., Any], strides: Mapping[int, Sequence[int]]
-) -> Callable[..., Any]:
-    """`fn` (a group's kernels) with outputs `strides` names copied into those strides
-    where its kernels lay them out otherwise: the layout the plan's consumers, and the
-    caller, were promised."""
-
-    def run(*args: Any) -> tuple[Any, ...]:
-        outs = list(fn(*args))
-        for j, st in strides.items():
-            o = outs[j]
-            if list(o.stride()) != list(st):
-                t = torch.empty_strided(o.shape, tuple(st), dtype=o.dtype, device=o.device)
-                outs[j] = t.copy_(o)
-        return tuple(outs)
-
-    return run
-
-
 def _padded_fake(got: Any, eager: Any) -> bool:
     """Whether `got` is `eager`'s layout with padded rows (static sizes only): such an
     output is returned as it is, as torch.compile returns Inductor's padded GEMM outputs."""
@@ -702,6 +683,7 @@ def realize(
     inputs: Sequence[Any] | None = None,
     propagate_layouts: bool = True,
     share_compiles: bool | None = None,
+    before_run: Callable[[], None] | None = None,
 ) -> RealizedPlan:
     """Realize `plan_or_partition` of `captured` (see the module docstring).
 
@@ -724,6 +706,9 @@ def realize(
     `share_compiles`: groups with the same compile key (planner.realize.compilers) are
     compiled once and share the callable; None = on for Inductor, off for a `compiler`
     given (which may tell groups apart by node names, as the tests' fault injectors do).
+    `before_run` is called once the plan is compiled, before anything runs it (its check,
+    CUDA graphs), and what it raises is raised: there the ranks of a program with
+    collectives agree that every rank compiled it (profiling.runner).
     """
     if isinstance(plan_or_partition, Plan) and plan_or_partition.tensor_parallel is not None:
         # a rank program's recorded TP decision: the rewritten program, verified on the ranks
@@ -788,6 +773,8 @@ def realize(
     )
     realized = RealizedPlan(captured, partition, parts, units, order, dev, out_orders)
     example = tuple(inputs) if inputs is not None else tuple(captured.example_inputs)
+    if before_run is not None:
+        before_run()
     if verify:
         realized.verify(example)
     if cuda_graphs is True or (cuda_graphs == "auto" and dev.type == "cuda"):
