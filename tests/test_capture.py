@@ -139,6 +139,24 @@ def test_routing_ops_are_known_opaque_with_their_cost_and_no_warning():
         assert n.category is Category.OPAQUE and n.flops > 0
 
 
+def test_resampling_and_meshgrid_are_known_ops():
+    """Interpolation (a BEiT's position-bias resize, a segmentation head) and meshgrid are in
+    the op table: index remappings and views, their work counted, no warning."""
+
+    def resize(x):
+        gy, gx = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
+        up = torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
+        near = torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+        return up + near + (gy + gx).float()[None, None].repeat(1, 1, 2, 2)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = capture(_Fn(resize), (torch.randn(1, 2, 4, 4),))
+    assert not [w for w in caught if issubclass(w.category, UnknownOpWarning)]
+    (bilinear,) = [n for n in g.nodes if n.op == "upsample_bilinear2d"]
+    assert bilinear.category is Category.COPY and bilinear.flops == 7 * 2 * 8 * 8
+
+
 def test_untraceable_model_raises_one_clear_error():
     def f(x):
         return x + 1 if x.sum() > 0 else x - 1

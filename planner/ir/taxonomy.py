@@ -22,6 +22,9 @@ FLOP conventions (documented here once, tested in tests/test_taxonomy.py):
   4 per element (subtract, scale, weight, bias), training adds 4 for the statistics.
 - pooling: prod(kernel) per output element (+1 for the average's divide); adaptive pooling:
   1 per input element.
+- resampling: 2*taps - 1 per output element (linear 3, bilinear 7, trilinear 15, bicubic
+  31), nearest 0: index remappings (COPY) that load `taps` input elements each.
+- sorting, top-k and counting (OPAQUE, never fused): 1 per input element counted.
 """
 
 from __future__ import annotations
@@ -196,12 +199,22 @@ RULES: tuple[OpRule, ...] = (
             "index_put", "slice_scatter", "select_scatter", "copy", "masked_select",
             "contiguous_copy"),
            Category.COPY, zero, "reads and writes bytes, no arithmetic"),
+    # --- resampling: each output element loads a few input elements (an index remapping)
+    OpRule(("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+            "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d"),
+           Category.COPY, zero, "one load per output element"),
+    OpRule(("upsample_linear1d",), Category.COPY, per_out(3), "2 taps: 2 mul, 1 add"),
+    OpRule(("upsample_bilinear2d", "_upsample_bilinear2d_aa", "grid_sampler_2d"),
+           Category.COPY, per_out(7), "4 taps: 4 mul, 3 add"),
+    OpRule(("upsample_trilinear3d",), Category.COPY, per_out(15), "8 taps: 8 mul, 7 add"),
+    OpRule(("upsample_bicubic2d", "_upsample_bicubic2d_aa"), Category.COPY, per_out(31),
+           "16 taps: 16 mul, 15 add"),
     # --- views: metadata only
     OpRule(("view", "_unsafe_view", "reshape", "transpose", "permute", "t", "unsqueeze",
             "squeeze", "expand", "slice", "select", "split", "split_with_sizes", "chunk",
             "unbind", "alias", "detach", "flatten", "unflatten", "narrow", "as_strided",
             "view_as", "expand_as", "contiguous", "movedim", "swapaxes", "lift_fresh_copy",
-            "lift_fresh", "real", "view_as_real", "view_as_complex", "unfold"),
+            "lift_fresh", "real", "view_as_real", "view_as_complex", "unfold", "meshgrid"),
            Category.VIEW, zero, "changes metadata; reshape/contiguous become COPY in capture when "
                                 "the layout forces a copy"),
     # --- selection and counting: library kernels the planner does not fuse (MoE routing)
