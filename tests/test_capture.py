@@ -140,14 +140,15 @@ def test_routing_ops_are_known_opaque_with_their_cost_and_no_warning():
 
 
 def test_resampling_and_meshgrid_are_known_ops():
-    """Interpolation (a BEiT's position-bias resize, a segmentation head) and meshgrid are in
-    the op table: index remappings and views, their work counted, no warning."""
+    """Interpolation (a BEiT's position-bias resize, a segmentation head), meshgrid and weight
+    normalization (wav2vec2's position convolution) are in the op table, no warning."""
 
     def resize(x):
         gy, gx = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
         up = torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
         near = torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest")
-        return up + near + (gy + gx).float()[None, None].repeat(1, 1, 2, 2)
+        g = torch._weight_norm(x, x.new_ones(1, 2, 1, 1), 1)  # a weight-norm parametrization
+        return up + near + (gy + gx).float()[None, None].repeat(1, 1, 2, 2) + g.sum()
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

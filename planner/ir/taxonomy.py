@@ -147,6 +147,8 @@ RULES: tuple[OpRule, ...] = (
     OpRule(("layer_norm", "native_layer_norm", "group_norm", "native_group_norm"),
            Category.NORM, per_out(8), "mean, variance, normalize, affine"),
     OpRule(("rms_norm", "_fused_rms_norm"), Category.NORM, per_out(4), "square-mean, scale"),
+    OpRule(("_weight_norm", "_weight_norm_interface"), Category.NORM, per_out(4),
+           "weight normalization g * v / ||v||: square, accumulate, divide, scale"),
     OpRule(("batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit",
             "native_batch_norm", "_batch_norm_with_update", "_batch_norm_no_update"),
            Category.NORM, _batch_norm, "inference BN is an affine map per channel"),
