@@ -184,7 +184,11 @@ def _run_model(
         xs = sorted(times[k])
         med = statistics.median(xs)
         q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [med, med, med]
-        differ, first, margin = _divergence(tokens["eager"], tokens[k], ids_len=args.prompt)
+        differ, first, margin = (
+            _divergence(tokens["eager"], tokens[k], ids_len=args.prompt)
+            if "eager" in tokens
+            else (None, None, None)
+        )
         row = {
             "model": name,
             "contender": k,
@@ -220,6 +224,8 @@ def _run_model(
 
 
 def _differ_cell(r: dict[str, Any]) -> str:
+    if r["tokens_differ"] is None:
+        return "— (eager failed)"
     if not r["tokens_differ"]:
         return "0"
     return (
