@@ -163,94 +163,99 @@ def _boxes_overlap(a: dict, b: dict, slack: float = 1.0) -> bool:
     )
 
 
-def test_report_in_headless_chromium(tuned, tmp_path):
-    if CHROMIUM is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
+@contextlib.contextmanager
+def _page_in_chromium(path: Path):
+    """`path` loaded in a quiet headless Chromium: (the page, every URL it fetched)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.fail("playwright is missing: pip install -e '.[dev]' (it drives the Chromium)")
-    report, job = tuned
-    plans = [b["plan"] for b in job["buckets"]]
-    shot = tmp_path / "report.png"
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         try:
             page = browser.new_page(viewport=VIEWPORT)
             fetched: list[str] = []
             page.on("request", lambda r: fetched.append(r.url))
-            page.goto(report.as_uri())
+            page.goto(path.as_uri())
             page.wait_for_load_state("load")
-            page.screenshot(path=str(shot))
-            page.screenshot(path=str(tmp_path / "report-full.png"), full_page=True)
-
-            assert fetched == [report.as_uri()], "the page loads nothing else"
-            assert "zoo:transformer-block" in page.title()
-            # The page fits the window's width: nothing to scroll sideways for.
-            assert page.evaluate("document.documentElement.scrollWidth") <= VIEWPORT["width"]
-
-            # Above the fold: the title and the plan-vs-eager chart, one bar per bucket.
-            chart = page.locator("svg.timing-chart")
-            box = chart.bounding_box()
-            assert box and box["y"] < VIEWPORT["height"] and box["height"] > 50
-            for mode in ("plan", "eager"):
-                assert chart.locator(f"g.bar[data-mode='{mode}']").count() == len(plans)
-            texts = [t.bounding_box() for t in chart.locator("text").all()]
-            for i, a in enumerate(texts):
-                for b in texts[i + 1 :]:
-                    assert not _boxes_overlap(a, b), "chart labels overlap"
-
-            # The roofline: roofs, a dot per group with work, a diamond per plan, all inside.
-            roof = page.locator("svg.roofline-chart")
-            assert roof.locator("path.roof").count() >= 1
-            assert roof.locator("path.plan-point").count() == len(plans)
-            assert roof.locator("circle.group-point").count() >= len(plans)
-            frame = roof.locator("rect").first.bounding_box()
-            for p in roof.locator(".point").all():
-                pb = p.bounding_box()
-                cx, cy = pb["x"] + pb["width"] / 2, pb["y"] + pb["height"] / 2
-                assert frame["x"] <= cx <= frame["x"] + frame["width"]
-                assert frame["y"] <= cy <= frame["y"] + frame["height"]
-
-            # Per bucket: the plan drawn with one outlined, labelled cluster per group.
-            sections = page.locator("section.bucket")
-            assert sections.count() == len(plans)
-            for k, plan in enumerate(plans):
-                sec = sections.nth(k)
-                clusters = sec.locator("g.cluster")
-                assert clusters.count() == len(plan["groups"])
-                titles = [
-                    (c.locator("text").all_text_contents() or [""])[0] for c in clusters.all()
-                ]
-                # a group with no work (a view) costs "0"
-                pattern = re.compile(
-                    r"^G(\d+) · (\w+)(?: \(fell back\))? · (?:[\d.]+ (ns|µs|ms|s)|0\b)"
-                )
-                found = [pattern.match(t or "") for t in titles]
-                assert all(found), titles
-                assert sorted(int(m.group(1)) for m in found) == list(range(len(plan["groups"])))
-                assert Counter(m.group(2) for m in found) == Counter(
-                    g["realization"] for g in plan["groups"]
-                )
-                n_ops = sum(len(g["nodes"]) for g in plan["groups"])
-                assert sec.locator("g.node.op").count() == n_ops
-                assert sec.locator("g.node.graph-input").count() >= 1
-                assert sec.locator("g.node.graph-output").count() >= 1
-                assert sec.locator("tr.group-row").count() == len(plan["groups"])
-                # Each group's outline is drawn and has room: its label inside its box.
-                for c in clusters.all():
-                    outline = c.locator("path, polygon").first.bounding_box()
-                    label = c.locator("text").first.bounding_box()
-                    assert outline["width"] > 20 and outline["height"] > 20
-                    assert outline["x"] <= label["x"] + 1
-                    assert label["x"] + label["width"] <= outline["x"] + outline["width"] + 1
-            # The first plan's drawing is on screen beside its table, not squeezed away.
-            graph = page.locator("section.bucket .plan-graph svg").first.bounding_box()
-            table = page.locator("section.bucket table.groups").first.bounding_box()
-            assert graph["width"] > 200 and graph["x"] + graph["width"] <= VIEWPORT["width"]
-            assert table["width"] > 300 and table["x"] >= graph["x"] + graph["width"]
+            yield page, fetched
         finally:
             browser.close()
+
+
+def test_report_in_headless_chromium(tuned, tmp_path):
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
+    report, job = tuned
+    plans = [b["plan"] for b in job["buckets"]]
+    shot = tmp_path / "report.png"
+    with _page_in_chromium(report) as (page, fetched):
+        page.screenshot(path=str(shot))
+        page.screenshot(path=str(tmp_path / "report-full.png"), full_page=True)
+
+        assert fetched == [report.as_uri()], "the page loads nothing else"
+        assert "zoo:transformer-block" in page.title()
+        # The page fits the window's width: nothing to scroll sideways for.
+        assert page.evaluate("document.documentElement.scrollWidth") <= VIEWPORT["width"]
+
+        # Above the fold: the title and the plan-vs-eager chart, one bar per bucket.
+        chart = page.locator("svg.timing-chart")
+        box = chart.bounding_box()
+        assert box and box["y"] < VIEWPORT["height"] and box["height"] > 50
+        for mode in ("plan", "eager"):
+            assert chart.locator(f"g.bar[data-mode='{mode}']").count() == len(plans)
+        texts = [t.bounding_box() for t in chart.locator("text").all()]
+        for i, a in enumerate(texts):
+            for b in texts[i + 1 :]:
+                assert not _boxes_overlap(a, b), "chart labels overlap"
+
+        # The roofline: roofs, a dot per group with work, a diamond per plan, all inside.
+        roof = page.locator("svg.roofline-chart")
+        assert roof.locator("path.roof").count() >= 1
+        assert roof.locator("path.plan-point").count() == len(plans)
+        assert roof.locator("circle.group-point").count() >= len(plans)
+        frame = roof.locator("rect").first.bounding_box()
+        for p in roof.locator(".point").all():
+            pb = p.bounding_box()
+            cx, cy = pb["x"] + pb["width"] / 2, pb["y"] + pb["height"] / 2
+            assert frame["x"] <= cx <= frame["x"] + frame["width"]
+            assert frame["y"] <= cy <= frame["y"] + frame["height"]
+
+        # Per bucket: the plan drawn with one outlined, labelled cluster per group.
+        sections = page.locator("section.bucket")
+        assert sections.count() == len(plans)
+        for k, plan in enumerate(plans):
+            sec = sections.nth(k)
+            clusters = sec.locator("g.cluster")
+            assert clusters.count() == len(plan["groups"])
+            titles = [(c.locator("text").all_text_contents() or [""])[0] for c in clusters.all()]
+            # a group with no work (a view) costs "0"
+            pattern = re.compile(
+                r"^G(\d+) · (\w+)(?: \(fell back\))? · (?:[\d.]+ (ns|µs|ms|s)|0\b)"
+            )
+            found = [pattern.match(t or "") for t in titles]
+            assert all(found), titles
+            assert sorted(int(m.group(1)) for m in found) == list(range(len(plan["groups"])))
+            assert Counter(m.group(2) for m in found) == Counter(
+                g["realization"] for g in plan["groups"]
+            )
+            n_ops = sum(len(g["nodes"]) for g in plan["groups"])
+            assert sec.locator("g.node.op").count() == n_ops
+            assert sec.locator("g.node.graph-input").count() >= 1
+            assert sec.locator("g.node.graph-output").count() >= 1
+            assert sec.locator("tr.group-row").count() == len(plan["groups"])
+            # Each group's outline is drawn and has room: its label inside its box.
+            for c in clusters.all():
+                outline = c.locator("path, polygon").first.bounding_box()
+                label = c.locator("text").first.bounding_box()
+                assert outline["width"] > 20 and outline["height"] > 20
+                assert outline["x"] <= label["x"] + 1
+                assert label["x"] + label["width"] <= outline["x"] + outline["width"] + 1
+        # The first plan's drawing is on screen beside its table, not squeezed away.
+        graph = page.locator("section.bucket .plan-graph svg").first.bounding_box()
+        table = page.locator("section.bucket table.groups").first.bounding_box()
+        assert graph["width"] > 200 and graph["x"] + graph["width"] <= VIEWPORT["width"]
+        assert table["width"] > 300 and table["x"] >= graph["x"] + graph["width"]
     assert shot.stat().st_size > 20_000  # a page with pictures, not a blank one
 
 
@@ -259,8 +264,6 @@ def test_real_model_suite_page_in_headless_chromium(tmp_path):
     other shape), each cell labelled with the planner's ratio, and nothing fetched."""
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
     from benchmarks import real_models
     from benchmarks.generated import ROOT
 
@@ -273,21 +276,12 @@ def test_real_model_suite_page_in_headless_chromium(tmp_path):
     ]  # fmt: skip
     page_file = tmp_path / "suite.html"
     page_file.write_text(real_models.html_view(rows, ""))
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport=VIEWPORT)
-            fetched: list[str] = []
-            page.on("request", lambda r: fetched.append(r.url))
-            page.goto(page_file.as_uri())
-            page.wait_for_load_state("load")
-            assert page.locator("g.bar").count() == len(timed)
-            labels = page.locator("text.bucket-label").all_text_contents()
-            cells = {r["cell"] for r in latest.values()}
-            assert {lab.split(" ")[0] for lab in labels} >= cells
-            assert all(lab.endswith("x)") for lab in labels)
-            box = page.locator("svg.timing-chart").bounding_box()
-            assert box is not None and box["width"] <= VIEWPORT["width"]
-        finally:
-            browser.close()
+    with _page_in_chromium(page_file) as (page, fetched):
+        assert page.locator("g.bar").count() == len(timed)
+        labels = page.locator("text.bucket-label").all_text_contents()
+        cells = {r["cell"] for r in latest.values()}
+        assert {lab.split(" ")[0] for lab in labels} >= cells
+        assert all(lab.endswith("x)") for lab in labels)
+        box = page.locator("svg.timing-chart").bounding_box()
+        assert box is not None and box["width"] <= VIEWPORT["width"]
     assert fetched == [page_file.as_uri()]

@@ -271,17 +271,12 @@ def served_plan(rank: int, world: int, cache_dir: str) -> dict:
     }
 
 
-def tuned_on_ranks(rank: int, world: int, cache_dir: str) -> dict:
-    """`tune` of the zoo block (functional collectives) run by every rank, each with its own
-    plan cache: the decision searched, the plan with it measured on the ranks as served,
-    the measured best stored; what each rank stored, gathered."""
-    from learned_cost.analytical import AnalyticalModel
-    from planner.hardware import get_spec
-    from planner.plans.cache import PlanCache
-    from search.tune import TuneConfig, tune
+def _tp_tune_config(world: int):
+    """`tune` of the zoo's TP block at the ranks' shapes: priority's plan, a short timer."""
+    from search.tune import TuneConfig
     from zoo.modelspec import resolve
 
-    cfg = TuneConfig(
+    return TuneConfig(
         spec=resolve("zoo:tp-block", f"B={B},D={D},H={H},TP={world}"),
         dynamic=f"S={S}..{S}",
         strategy="priority",
@@ -289,6 +284,18 @@ def tuned_on_ranks(rank: int, world: int, cache_dir: str) -> dict:
         compile_baseline=False,
         timer={"warmup": 1, "min_reps": 3, "max_reps": 6, "max_seconds": 1.0},
     )
+
+
+def tuned_on_ranks(rank: int, world: int, cache_dir: str) -> dict:
+    """`tune` of the zoo block (functional collectives) run by every rank, each with its own
+    plan cache: the decision searched, the plan with it measured on the ranks as served,
+    the measured best stored; what each rank stored, gathered."""
+    from learned_cost.analytical import AnalyticalModel
+    from planner.hardware import get_spec
+    from planner.plans.cache import PlanCache
+    from search.tune import tune
+
+    cfg = _tp_tune_config(world)
     with PlanCache(f"{cache_dir}/rank{rank}.db") as cache:
         (r,) = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, progress=lambda m: None)
         plan = r.plan
@@ -327,8 +334,7 @@ def tuned_with_a_failure_on_one_rank(rank: int, world: int, cache_dir: str) -> d
     from planner.hardware import get_spec
     from planner.plans.cache import PlanCache
     from planner.runtime import backend
-    from search.tune import TuneConfig, tune
-    from zoo.modelspec import resolve
+    from search.tune import tune
 
     realize = backend._default_realizer
     calls = []
@@ -340,14 +346,7 @@ def tuned_with_a_failure_on_one_rank(rank: int, world: int, cache_dir: str) -> d
         return realize(captured, plan, **options)
 
     backend._default_realizer = failing_on_rank_1
-    cfg = TuneConfig(
-        spec=resolve("zoo:tp-block", f"B={B},D={D},H={H},TP={world}"),
-        dynamic=f"S={S}..{S}",
-        strategy="priority",
-        top_k=1,
-        compile_baseline=False,
-        timer={"warmup": 1, "min_reps": 3, "max_reps": 6, "max_seconds": 1.0},
-    )
+    cfg = _tp_tune_config(world)
     with PlanCache(f"{cache_dir}/rank{rank}.db") as cache:
         (r,) = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, progress=lambda m: None)
     mine = {
