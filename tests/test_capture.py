@@ -158,6 +158,21 @@ def test_resampling_and_meshgrid_are_known_ops():
     assert bilinear.category is Category.COPY and bilinear.flops == 7 * 2 * 8 * 8
 
 
+def test_einsum_is_a_contraction_with_its_flops():
+    """A Funnel transformer's attention scores come as einsum, which export keeps whole."""
+
+    def scores(q, k):
+        return torch.einsum("bind,bjnd->bnij", q, k), torch.einsum(
+            "i,j->ij", q[0, 0, 0], k[0, 0, 0]
+        )
+
+    g = capture(_Fn(scores), (torch.randn(2, 5, 3, 4), torch.randn(2, 6, 3, 4)))
+    contraction, outer = [n for n in g.nodes if n.op == "einsum"]
+    assert contraction.category is Category.COMPUTE
+    assert contraction.flops == 2 * (2 * 5 * 3 * 4 * 6)  # b i n d j, d summed
+    assert outer.flops == 4 * 4  # nothing summed: one multiply per output
+
+
 def test_untraceable_model_raises_one_clear_error():
     def f(x):
         return x + 1 if x.sum() > 0 else x - 1

@@ -7,6 +7,7 @@ listed as OPAQUE too, so they cost what they compute and raise no warning.
 
 FLOP conventions (documented here once, tested in tests/test_taxonomy.py):
 - matmul-like: exactly 2*M*N*K multiply-adds per output tile (plus M*N for a bias add);
+  einsum: 2 per point of its index space (1 when nothing is summed);
   convolution: 2 * out_elements * (C_in/groups * prod(kernel)) (+ out_elements for bias);
   attention (sdpa): 2*B*H*L*S*E for Q@K^T, 2*B*H*L*S*Ev for P@V, 5*B*H*L*S for the softmax.
 - pointwise: a count per output element: 1 for +, -, *, /, max, min, abs, neg, relu, where,
@@ -93,6 +94,25 @@ def _conv(ins: Ins, outs: Outs, args: Args) -> int:
     return 2 * outs[0].numel * _numel(w.shape[1:]) + (outs[0].numel if bias else 0)
 
 
+def _einsum(ins: Ins, outs: Outs, args: Args) -> int:
+    """einsum: one multiply-add (2 FLOPs) per point of the index space when some index is
+    summed over, one multiply per point when none is (an outer or elementwise product)."""
+    eq = str(args.get("equation", "")).replace(" ", "")
+    lhs, _, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    sizes: dict[str, int] = {}
+    for term, t in zip(terms, ins):
+        if t is None or "." in term or len(term) != len(t.shape):
+            return 2 * sum(o.numel for o in outs)  # ellipses: at least the outputs' work
+        for letter, size in zip(term, t.shape):
+            sizes[letter] = max(sizes.get(letter, 1), int(size))
+    space = _numel(list(sizes.values()))
+    summed = set(sizes) - set(rhs) if "->" in eq else set()
+    if "->" not in eq:  # implicit output: the letters seen once, the rest summed
+        summed = {c for c in sizes if lhs.count(c) > 1}
+    return (2 if summed else 1) * space
+
+
 def _sdpa(ins: Ins, outs: Outs, args: Args) -> int:
     """Attention: Q@K^T and P@V as GEMMs, the softmax at 5 FLOPs per score."""
     q, k, v = ins[0], ins[1], ins[2]
@@ -143,6 +163,8 @@ RULES: tuple[OpRule, ...] = (
             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
             "_scaled_dot_product_flash_attention_for_cpu"),
            Category.COMPUTE, _sdpa, "fused attention: two GEMMs and a softmax in one kernel"),
+    OpRule(("einsum",), Category.COMPUTE, _einsum,
+           "a contraction: 2 per point of the index space (bmm-like)"),
     # --- norms and softmax: reductions with elementwise prologue/epilogue
     OpRule(("layer_norm", "native_layer_norm", "group_norm", "native_group_norm"),
            Category.NORM, per_out(8), "mean, variance, normalize, affine"),
