@@ -173,6 +173,26 @@ def test_einsum_is_a_contraction_with_its_flops():
     assert outer.flops == 4 * 4  # nothing summed: one multiply per output
 
 
+def test_numpy_style_aliases_and_patch_extraction_are_known_ops():
+    """ConvBERT's span convolution: `unfold` (im2col) and `torch.multiply`, an alias export
+    keeps as written; `fold` sums the overlapping patches back."""
+
+    def span(a):
+        u = torch.nn.functional.unfold(a, 3, padding=1)
+        back = torch.nn.functional.fold(u, (4, 4), 3, padding=1)
+        return torch.multiply(u, 2.0), torch.subtract(back, 1), torch.divide(a, 3)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = capture(_Fn(span), (torch.randn(1, 2, 4, 4),))
+    assert not [w for w in caught if issubclass(w.category, UnknownOpWarning)]
+    by_op = {n.op: n for n in g.nodes}
+    assert by_op["im2col"].category is Category.COPY and by_op["im2col"].flops == 0
+    assert by_op["multiply"].category is Category.POINTWISE
+    assert by_op["multiply"].flops == 2 * 9 * 16  # one per element of the patches
+    assert by_op["col2im"].flops == 2 * 9 * 16  # one add per patch element
+
+
 def test_untraceable_model_raises_one_clear_error():
     def f(x):
         return x + 1 if x.sum() > 0 else x - 1

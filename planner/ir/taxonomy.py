@@ -198,7 +198,11 @@ RULES: tuple[OpRule, ...] = (
             "fmod", "hardtanh", "leaky_relu", "threshold", "square", "reciprocal",
             "addcmul", "addcdiv", "lerp", "pow", "copysign", "dropout", "native_dropout",
             "alias_copy", "nan_to_num", "floor_divide", "scalar_tensor", "xlogy",
-            "diff", "__and__", "__or__", "__xor__", "__invert__"),  # diff: x[i+1] - x[i] (HF GPT-2's position ids; test_capture_thirdparty)
+            # diff: x[i+1] - x[i] (HF GPT-2's position ids; test_capture_thirdparty)
+            "diff", "__and__", "__or__", "__xor__", "__invert__",
+            # the numpy-style aliases, which export leaves as they are written
+            "multiply", "subtract", "divide", "true_divide", "negative", "absolute",
+            "greater", "greater_equal", "less", "less_equal", "not_equal"),
            Category.POINTWISE, per_out(1), "one arithmetic op per element"),
     OpRule(("exp", "exp2", "expm1", "log", "log1p", "log2", "sqrt", "rsqrt", "tanh", "erf",
             "erfc", "sin", "cos", "tan", "atan", "asin", "acos", "sinh", "cosh", "logit"),
@@ -221,8 +225,9 @@ RULES: tuple[OpRule, ...] = (
     OpRule(("clone", "cat", "concat", "stack", "index_select", "gather", "embedding",
             "index", "constant_pad_nd", "pad", "roll", "flip", "scatter", "scatter_add",
             "index_put", "slice_scatter", "select_scatter", "copy", "masked_select",
-            "contiguous_copy"),
+            "contiguous_copy", "im2col"),
            Category.COPY, zero, "reads and writes bytes, no arithmetic"),
+    OpRule(("col2im",), Category.COPY, per_in(1), "sums the overlapping patches: 1 add each"),
     # --- resampling: each output element loads a few input elements (an index remapping)
     OpRule(("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
             "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d"),
