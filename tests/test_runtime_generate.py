@@ -33,6 +33,7 @@ def test_generate_through_the_backend_plans_prefill_and_decode(name):
     s = backend.stats
     assert torch.equal(got, want)
     assert s.graphs == 2 and s.realized >= 2 and not s.fallbacks, s
+    assert not s.per_shape, s  # each decode bucket is exported and realized whole
 
 
 class _TakesAnInt(torch.nn.Module):

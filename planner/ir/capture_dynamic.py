@@ -67,8 +67,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def _identity_view(node: fx.Node) -> bool:
     """A `slice` whose result is its input over the whole range: same sizes, strides and
-    offset (e.g. `rel[:q.size(-2), :k.size(-2)]` of an S x S tensor). A static export drops
-    such a slice; with symbolic sizes it can stay."""
+    offset (e.g. `rel[:q.size(-2), :k.size(-2)]` of an S x S tensor)."""
     if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
         return False
     src = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
@@ -83,18 +82,33 @@ def _identity_view(node: fx.Node) -> bool:
     return src.dim() == out.dim() and all(_same(a, b) for a, b in pairs)
 
 
-def _drop_identity_views(program: torch.export.ExportedProgram) -> None:
-    """Remove the slices that are identities over the whole range (`_identity_view`), as
-    the static capture has none of them; program outputs stay."""
+def _drop_unmatched_identity_views(program: torch.export.ExportedProgram, static: Captured) -> None:
+    """Remove the identity slices (`_identity_view`) that the static capture has no op for,
+    so the two line up: a static export drops some such slices (DeBERTa's relative
+    positions) and keeps others (a KV cache's), while with symbolic sizes they can stay.
+    The ops are walked in order against the static capture's; where they cannot be lined
+    up this way nothing is removed (`_rename_like` then says so). Program outputs stay."""
     gm = program.graph_module
+    ops = [n for n in gm.graph.nodes if _is_op_node(n)]
+    targets = [op.target for op in static.graph.nodes]
+    if len(ops) <= len(targets):
+        return
     out = next(n for n in gm.graph.nodes if n.op == "output")
     outputs = set(pytree.tree_leaves(out.args))
-    dropped = [n for n in gm.graph.nodes if n not in outputs and _identity_view(n)]
+    dropped, j = [], 0
+    for node in ops:
+        if j < len(targets) and str(node.target) == targets[j]:
+            j += 1
+        elif node not in outputs and _identity_view(node):
+            dropped.append(node)
+        else:
+            return
+    if j != len(targets):
+        return
     for node in dropped:
         node.replace_all_uses_with(node.args[0])
         gm.graph.erase_node(node)
-    if dropped:
-        gm.recompile()
+    gm.recompile()
 
 
 def _rename_like(program: torch.export.ExportedProgram, static: Captured) -> None:
@@ -211,7 +225,7 @@ def export_dynamic(
             f"({'; '.join(errors)}). Realize per shape (planner.ir.capture.export_model) instead."
         )
     _drop_identities(program)  # as export_model does, so the names line up with `static`
-    _drop_identity_views(program)
+    _drop_unmatched_identity_views(program, static)
     _rename_like(program, static)
     _read_symbols(program)
     return Captured(static.graph, program, args)
