@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -208,15 +209,9 @@ def _run_model(
         }
         be = backends.get(k)
         if be is not None:
-            s = be.stats
+            # every field the backend counts; its reason lists cut to their first five
             row["runtime_stats"] = {
-                "graphs": s.graphs,
-                "realized": s.realized,
-                "default": s.default,
-                "fallbacks": list(s.fallbacks)[:5],
-                "per_shape": list(s.per_shape)[:5],
-                "over_budget": s.over_budget,
-                "static": s.static,
+                k: v[:5] if isinstance(v, list) else v for k, v in asdict(be.stats).items()
             }
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -65,6 +65,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -382,19 +383,7 @@ def run_cell(name: str, m: SuiteModel, shape: dict[str, int], args: Any) -> dict
                 }
         row.update(timing=timing, compile_s=compile_s, errors=errors, max_abs_diff=diffs)
         if backend is not None:
-            s = backend.stats
-            row["runtime_stats"] = {
-                "graphs": s.graphs,
-                "realized": s.realized,
-                "exact": s.exact,
-                "bucket": s.bucket,
-                "default": s.default,
-                "fallbacks": list(s.fallbacks),
-                "static": s.static,
-                "static_failed": list(s.static_failed),
-                "per_shape": list(s.per_shape),
-                "over_budget": s.over_budget,
-            }
+            row["runtime_stats"] = asdict(backend.stats)  # every field the backend counts
             row["realized_plans"] = [
                 {
                     "groups": len(rp.partition),
