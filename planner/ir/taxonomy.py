@@ -107,9 +107,8 @@ def _einsum(ins: Ins, outs: Outs, args: Args) -> int:
         for letter, size in zip(term, t.shape):
             sizes[letter] = max(sizes.get(letter, 1), int(size))
     space = _numel(list(sizes.values()))
-    summed = set(sizes) - set(rhs) if "->" in eq else set()
-    if "->" not in eq:  # implicit output: the letters seen once, the rest summed
-        summed = {c for c in sizes if lhs.count(c) > 1}
+    # an implicit output keeps the letters seen once: the others are summed
+    summed = set(sizes) - set(rhs) if "->" in eq else {c for c in sizes if lhs.count(c) > 1}
     return (2 if summed else 1) * space
 
 
