@@ -17,6 +17,9 @@ skipped on a rerun); DIR/results.md is the table written from it at the end
   and the planner's plan (its chunking and epilogue decisions realized by
   planner.distributed.tp_plan.PlannedTPBlock), every decision the search priced measured
   too; T_comp (collectives skipped), T_comm (the collectives alone), exposed = total - T_comp.
+  On CUDA also with CUDA graphs: the eager block and every decision replayed as one graph
+  per call (tp_plan.GraphedTP, the decision searched again with no per-op host cost),
+  against `torch.compile(mode="reduce-overhead")`.
 - dp (run before tp, being short): a DDP training step of zoo:mlp per gradient bucket cap, the planner's searched
   bucket against DDP's 25 MiB, measured and predicted.
 """
@@ -143,7 +146,7 @@ def tp_rank(
 
     from learned_cost.analytical import AnalyticalModel
     from planner.distributed.parallel_models import TPBlock
-    from planner.distributed.tp_plan import PlannedTPBlock
+    from planner.distributed.tp_plan import GraphedTP, PlannedTPBlock
     from planner.hardware import get_spec, local_device_name
     from profiling.commbench import rank_device
     from profiling.tpbench import host_costs, interleaved
@@ -193,8 +196,20 @@ def tp_rank(
     out["predicted_eager"] = plan.eager.row()
     out["chosen"] = best.decision.label
 
+    graphs = device.type == "cuda"
+    if graphs:  # the same search for the CUDA-graph executor: one replay issues everything
+        replay_host = HostCosts(0.0, 0.0, 0.0, "one CUDA graph replay per call")
+        costs_g = region_costs(b, s, d, h, world, dtype, model, replay_host, tuple(chunk_choices))
+        plan_g = search_tp_block(costs_g, all_reduce_fn(ar_model, world), tuple(chunk_choices))
+        pick = [plan_g.table.index(plan_g.best)]
+        dist.broadcast_object_list(pick, src=0)
+        out["predicted_graphed"] = [p.row() for p in plan_g.table]
+        out["predicted_eager_graphed"] = plan_g.eager.row()
+        out["chosen_graphed"] = plan_g.table[pick[0]].decision.label
+
     planned = PlannedTPBlock(block, best.decision, compile_regions=compile_)
     cblock = torch.compile(block) if compile_ else None
+    rblock = torch.compile(block, mode="reduce-overhead") if compile_ and graphs else None
     ref = block(x).float()
     checks: dict[str, Any] = {}
 
@@ -223,20 +238,38 @@ def tp_rank(
 
         return f
 
+    graphed: dict[str, Any] = {}  # name -> GraphedTP, captured at its first call
+    if graphs:
+        graphed["eager graphed"] = GraphedTP(_Fixed(block, None, True))
+        graphed["eager graphed T_comp"] = GraphedTP(_Fixed(block, None, False))
+        for p in plan.table:
+            dec = p.decision
+            graphed[f"planned graphed {dec.label}"] = GraphedTP(_Fixed(planned, dec, True))
+            graphed[f"planned graphed {dec.label} T_comp"] = GraphedTP(_Fixed(planned, dec, False))
+
     if cblock is not None:
         check("compile", lambda: cblock(x))
+    if rblock is not None:
+        check("reduce-overhead", lambda: rblock(x))
     for p in plan.table:
         check(f"planned {p.decision.label}", run_planned(p.decision))
+    for name, g in graphed.items():
+        if not name.endswith("T_comp"):
+            check(name, lambda g=g: g(x))
     out["checks"] = checks
 
     variants: dict[str, Any] = {"eager": run_eager()}
     if cblock is not None:
         variants["compile"] = lambda: cblock(x)
+    if rblock is not None:
+        variants["reduce-overhead"] = lambda: rblock(x)
     for p in plan.table:
         variants[f"planned {p.decision.label}"] = run_planned(p.decision)
     variants["eager T_comp"] = run_eager(False)
     for p in plan.table:
         variants[f"planned {p.decision.label} T_comp"] = run_planned(p.decision, False)
+    for name, g in graphed.items():
+        variants[name] = lambda g=g: g(x)
     for k in sorted({p.decision.chunks for p in plan.table}):
         bufs = [torch.zeros(b * s // k, d, device=device, dtype=dt) for _ in range(2 * k)]
 
@@ -254,6 +287,24 @@ def tp_rank(
     out["timing"] = timing
     out["timing_errors"] = errors
     return out
+
+
+class _Fixed(torch.nn.Module):
+    """`module` (a TPBlock, or a PlannedTPBlock run with `decision`) with its collectives
+    on or off, set at every call: the form a CUDA graph records once."""
+
+    def __init__(self, module: torch.nn.Module, decision: Any, collectives: bool):
+        super().__init__()
+        self.module, self.decision, self.collectives = module, decision, collectives
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.decision is not None:
+            self.module.decision = self.decision
+        self.module.collectives = self.collectives
+        try:
+            return self.module(x)
+        finally:
+            self.module.collectives = True
 
 
 def tp_row(a: argparse.Namespace, shape, rows, timeout_s: float) -> dict[str, Any]:
@@ -355,6 +406,53 @@ def _ratio(t: dict[str, Any], a: str, b: str) -> str:
     return "-"
 
 
+def _graphed_table(tp: list[dict[str, Any]]) -> list[str]:
+    """The CUDA-graph executor's table (rows that measured it): the eager block and the
+    planner's decision each replayed as one graph per call, against `reduce-overhead`
+    (Inductor's CUDA graphs) and the default `torch.compile`."""
+    rows = [r for r in tp if r.get("ok") and "chosen_graphed" in r]
+    if not rows:
+        return []
+    out = [
+        "",
+        "With CUDA graphs (every variant below replays one graph per call, collectives "
+        "recorded in it; `reduce-overhead` is Inductor's own CUDA graphs):",
+        "",
+        "| B,S,D,H | eager graphed | reduce-overhead | planned graphed (decision) "
+        "| planned graphed / eager graphed | / reduce-overhead | / compile "
+        "| exposed comm eager graphed / planned graphed | predicted planned total / exposed | outputs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        t, dec = r["timing"], r["chosen_graphed"]
+        pl = f"planned graphed {dec}"
+        pred = next(p for p in r["predicted_graphed"] if p["decision"] == dec)
+
+        def exposed(name: str, t: dict[str, Any] = t) -> float | None:
+            if name in t and f"{name} T_comp" in t:
+                return t[name]["median_s"] - t[f"{name} T_comp"]["median_s"]
+            return None
+
+        names = ("eager graphed", "reduce-overhead", pl)
+        checks = [r["checks"][n] for n in names if n in r["checks"]]
+        ok = bool(checks) and all(c.get("ok") for c in checks)
+        worst = max((c.get("max_rel_err", float("inf")) for c in checks), default=0.0)
+        errors = "; ".join(
+            f"{n}: {_cell(r['checks'][n].get('error') or r.get('timing_errors', {}).get(n, ''), 60)}"
+            for n in names
+            if n not in t and n in r["checks"]
+        )
+        out.append(
+            f"| {','.join(map(str, r['shape']))} | {_timed(t, 'eager graphed')} | "
+            f"{_timed(t, 'reduce-overhead')} | {_timed(t, pl)} ({dec}) | "
+            f"{_ratio(t, pl, 'eager graphed')} | {_ratio(t, pl, 'reduce-overhead')} | "
+            f"{_ratio(t, pl, 'compile')} | {_us(exposed('eager graphed'))} / {_us(exposed(pl))} | "
+            f"{_us(pred['total_s'])} / {_us(pred['exposed_comm_s'])} | "
+            f"{'ok' if ok else 'MISMATCH'} (worst {worst:.1e}){' ' + errors if errors else ''} |"
+        )
+    return out
+
+
 def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     out = [f"# Distributed plans measured: {meta}", ""]
     comm = [r for k, r in rows.items() if k.startswith("comm:")]
@@ -426,6 +524,7 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"{_us(pred['exposed_comm_s'])} | {_us(pe.get('total_s'))} / {_us(pe.get('exposed_comm_s'))} "
                 f"| {'ok' if ok else 'MISMATCH'} (worst {worst:.1e}) |"
             )
+        out += _graphed_table(tp)
         out += ["", "Every decision the planner priced, predicted against measured (µs):", ""]
         out += [
             "| B,S,D,H | decision | predicted total | measured total | predicted T_comp | measured T_comp |",

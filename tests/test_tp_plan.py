@@ -124,3 +124,57 @@ def test_benchmark_full_cpu_smoke(tmp_path) -> None:
     assert {r["key"].split(":")[0] for r in rows} == {"comm", "tp", "dp"}
     assert all(r["ok"] for r in rows), [r.get("error") for r in rows]
     assert len(list(tmp_path.glob("link-local*.json"))) == 3
+
+
+def test_graphed_block_off_cuda_or_under_autograd_runs_the_module_itself() -> None:
+    import torch
+
+    from planner.distributed.tp_plan import GraphedTP
+
+    lin = torch.nn.Linear(8, 8)
+    g = GraphedTP(lin)
+    x = torch.randn(3, 8, requires_grad=True)
+    y = g(x)
+    assert torch.equal(y, lin(x)) and not g._graphs
+    y.sum().backward()  # gradients flow as through the module
+    assert x.grad is not None and lin.weight.grad is not None
+
+
+def test_graphed_table_compares_the_chosen_graphed_decision_with_each_contender() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.distributed_gpu import markdown
+
+    def timed(us: float) -> dict[str, float]:
+        return {"median_s": us * US, "p25_s": us * US, "p75_s": us * US, "reps": 3}
+
+    pred = {"decision": "k=2 fused", "chunks": 2, "total_s": 90 * US, "exposed_comm_s": 5 * US}
+    pred |= {"t_comp_s": 85 * US, "t_comm_s": 20 * US}
+    names = {
+        "eager": 400.0,
+        "compile": 300.0,
+        "eager graphed": 200.0,
+        "eager graphed T_comp": 150.0,
+        "reduce-overhead": 160.0,
+        "planned graphed k=2 fused": 120.0,
+        "planned graphed k=2 fused T_comp": 100.0,
+    }
+    row = {
+        "key": "tp:1x8x16x2",
+        "ok": True,
+        "shape": [1, 8, 16, 2],
+        "timing": {n: timed(v) for n, v in names.items()},
+        "checks": {n: {"ok": True, "max_rel_err": 1e-3} for n in names if "T_comp" not in n},
+        "chosen": "k=2 fused",
+        "predicted": [pred],
+        "chosen_graphed": "k=2 fused",
+        "predicted_graphed": [pred],
+    }
+    md = markdown({row["key"]: row}, {})
+    line = next(x for x in md.splitlines() if x.startswith("| 1,8,16,2 | 200.0"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3].endswith("(k=2 fused)")
+    assert cells[4:7] == [f"{120 / 200:.3f}", f"{120 / 160:.3f}", f"{120 / 300:.3f}"]
+    assert cells[7] == f"{200 - 150:.1f} / {120 - 100:.1f}"
+    # a row measured before the graphed variants existed renders without that table
+    old = {k: v for k, v in row.items() if "graphed" not in k}
+    assert "eager graphed" not in markdown({old["key"]: old}, {})

@@ -48,6 +48,7 @@ from planner.distributed.parallel_models import (
     needs_tp_grad,
 )
 from planner.errors import ModelSpecError
+from planner.realize.cudagraphs import _GraphReplay
 
 HOST = "host"
 LAYERS = ("o", "fc2")  # the two row-parallel GEMMs, in order
@@ -316,3 +317,33 @@ class PlannedTPBlock(nn.Module):
         a = self.mlp_in(copy_to_tp(y, self.group, self.collectives))
         out, _ = epi["fc2"](self._row_parallel("fc2", a), h)
         return out.view(b, s, d)
+
+
+class GraphedTP(nn.Module):
+    """`module`'s forward replayed as one CUDA graph per input shape, its collectives
+    recorded into the graph with the kernels (NCCL allows that): inputs are copied into the
+    graph's buffers and outputs copied out, the executor the realizer uses for single-device
+    plans (planner.realize.cudagraphs). The module's settings at capture (a
+    `PlannedTPBlock`'s decision) are what every replay runs. Inference only: where a
+    gradient is wanted, or off CUDA, it calls `module` itself. Every rank must call it with
+    the same shapes in the same order, as with any collective."""
+
+    def __init__(self, module: nn.Module, warmup: int = 3):
+        super().__init__()
+        self.module, self.warmup = module, warmup
+        self._graphs: dict[tuple, Callable] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wants_grad = torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in self.module.parameters())
+        )
+        if wants_grad or x.device.type != "cuda":
+            return self.module(x)
+        key = (tuple(x.shape), tuple(x.stride()), x.dtype, x.device)
+        replay = self._graphs.get(key)
+        if replay is None:
+            replay = _GraphReplay(
+                lambda t: (self.module(t),), (x,), copy_outputs=True, warmup=self.warmup
+            )
+            self._graphs[key] = replay
+        return replay((x,))[0]
