@@ -195,3 +195,138 @@ def test_real_static_specialization_matches_eager(cache):
         call(compiled, module, s)
     assert be.stats.static == 1 and not be.stats.fallbacks
     assert [m.static_shapes for m in made] == [False, True]
+
+
+class _PositionSlice(torch.nn.Module):
+    """Export traces it into other ops by length: `pos[:, :S]` is an identity slice at
+    S=16 (dropped) and a real one below."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Parameter(torch.randn(1, 16, 32))
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        return torch.tanh(h * 2 + self.pos[:, : x.shape[1]]) + 1
+
+
+def _graph(module, s: int):
+    return export_model(module, (torch.randn(2, s, 32),)).graph
+
+
+def _tuned(graph, fingerprint: str = "") -> Plan:
+    """A plan fusing relu and mul, as a tuned plan (not the default's strategy)."""
+    relu = next(i for i, n in enumerate(graph.nodes) if n.op == "relu")
+    part = Partition.singletons(graph).merge_nodes(relu, graph.succ[relu][0])
+    return Plan.from_partition(
+        part,
+        device="cpu",
+        dtype="float32",
+        strategy="test",
+        cost_model="analytical/1",
+        predicted_s=1e-4,
+        device_fingerprint=fingerprint,
+    )
+
+
+def test_a_plan_is_carried_to_the_ops_the_model_traces_into_at_another_shape():
+    module = _PositionSlice().eval()
+    at16, at12 = _graph(module, 16), _graph(module, 12)
+    assert len(at12.nodes) == len(at16.nodes) + 1  # the slice
+    plan = _tuned(at16)
+    with pytest.raises(Exception, match="structure"):
+        plan.partition_for(at12)
+    moved = plan.aligned_to(at16, at12)
+    part = moved.partition(at12)  # keyed to the new graph, and a partition of it
+    fused = [sorted(at12.nodes[i].op for i in g) for g in part.groups if len(g) > 1]
+    assert fused == [["mul", "relu"]]
+    assert (moved.graph_key, moved.structure_key) == (at12.key, at12.structure_key)
+    assert moved.aligned_to(at12, at16).partition(at16).groups == plan.partition(at16).groups
+    # another model's graph does not line up
+    other = export_model(small_block(), (torch.randn(2, 16, 32),)).graph
+    with pytest.raises(Exception, match="line up"):
+        plan.aligned_to(at16, other)
+
+
+def _store_tuned(module, cache) -> int:
+    """The tuned plan for the bucket of S=16 (9..16), made at its representative shape, as
+    `fusion-plan tune` stores it; returns that graph's op count."""
+    spec = parse_dynamic("S=4..16", {"B": (0, 0), "S": (0, 1)})
+    bucket = spec.bucket_of([(2, 16, 32)])
+    (rep,) = bucket.representative()
+    at_rep = export_model(module, (torch.randn(*rep),)).graph
+    cache.store(_tuned(at_rep, cache.device_fp).with_measurement(9e-5), bucket)
+    cache.set_bucket_spec(at_rep.structure_key, spec, cache.device_fp)
+    return len(at_rep.nodes)
+
+
+def _serve(module, cache, lengths):
+    """Each call's output against the module's; the (strategy, op count, largest group) of
+    every plan realized, each checked to be a partition of the graph it was realized for."""
+    seen = []
+
+    def realizer(captured, plan):
+        part = plan.partition(captured.graph)  # raises unless fitted to this graph
+        seen.append((plan.strategy, len(captured.graph.nodes), max(map(len, part.groups))))
+        return captured.program.module()
+
+    be = fusion_planner_backend(cache, realizer=realizer, static_after=3, static_background=False)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    for s in lengths:
+        x = torch.randn(2, s, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-4, atol=1e-5)
+    return be.stats, seen
+
+
+def test_buckets_and_recurring_shapes_traced_into_other_ops_keep_a_plan(cache):
+    """S=16 traces one op fewer than the rest of its bucket (9..16): the bucket's program
+    is lined up with a capture one step inside the range, the tuned plan is carried to its
+    ops, S=8 gets the default plan made for its own ops, and the recurring S=12 and S=16
+    are specialized statically (S=16 with the plan carried back to its ops)."""
+    module = _PositionSlice().eval()
+    n16 = _store_tuned(module, cache)
+    stats, seen = _serve(module, cache, (16, 8, 12, 12, 12, 16, 16))
+    assert not stats.fallbacks and not stats.static_failed and not stats.unfitted, stats
+    assert not stats.per_shape and stats.static == 2, stats
+    assert seen == [
+        ("test", n16 + 1, 2),
+        ("default", n16 + 1, seen[1][2]),
+        ("test", n16 + 1, 2),
+        ("test", n16, 2),
+    ]
+
+
+def test_a_cached_plan_that_does_not_fit_gives_way_to_the_default_plan(cache):
+    """A plan cached under the model's key whose groups are another graph's (a foreign or
+    damaged record): the default plan made for the model's ops runs, not dynamo's graph,
+    said once, with the reason in the stats."""
+    import dataclasses
+
+    module = _PositionSlice().eval()
+    spec = parse_dynamic("S=4..16", {"B": (0, 0), "S": (0, 1)})
+    bucket = spec.bucket_of([(2, 16, 32)])
+    key = _graph(module, 16).structure_key
+    other = export_model(small_block(), (torch.randn(2, 16, 32),)).graph
+    foreign = dataclasses.replace(_tuned_softmax(other, cache.device_fp), structure_key=key)
+    cache.store(foreign.with_measurement(9e-5), bucket)
+    cache.set_bucket_spec(key, spec, cache.device_fp)
+    with pytest.warns(runtime.PlannerRuntimeWarning, match="does not fit"):
+        stats, seen = _serve(module, cache, (16, 12))
+    assert not stats.fallbacks and len(stats.unfitted) == 1, stats
+    assert [k for k, _, _ in seen] == ["default"]
+
+
+def _tuned_softmax(graph, fingerprint: str) -> Plan:
+    soft = next(i for i, n in enumerate(graph.nodes) if n.op == "softmax")
+    part = Partition.singletons(graph).merge_nodes(soft, graph.succ[soft][0])
+    return Plan.from_partition(
+        part,
+        device="cpu",
+        dtype="float32",
+        strategy="test",
+        cost_model="analytical/1",
+        predicted_s=1e-4,
+        device_fingerprint=fingerprint,
+    )

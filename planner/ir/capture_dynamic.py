@@ -225,7 +225,42 @@ def export_dynamic(
             f"({'; '.join(errors)}). Realize per shape (planner.ir.capture.export_model) instead."
         )
     _drop_identities(program)  # as export_model does, so the names line up with `static`
-    _drop_unmatched_identity_views(program, static)
-    _rename_like(program, static)
+    try:
+        _drop_unmatched_identity_views(program, static)
+        _rename_like(program, static)
+    except CaptureError:
+        # At the edge of a range an op may be an identity (`pos[:, :S]` at S = the table's
+        # length) that the static export drops and the symbolic one keeps: capture the
+        # static graph one step inside the range instead, where such ops are real.
+        inner = _one_step_inside(args, dims)
+        if inner is None:
+            raise
+        static = export_model(module, inner, name=name, meta=meta)
+        _drop_unmatched_identity_views(program, static)
+        _rename_like(program, static)
     _read_symbols(program)
     return Captured(static.graph, program, args)
+
+
+def _one_step_inside(args: tuple[Any, ...], dims: DimRanges) -> tuple[Any, ...] | None:
+    """`args` with each symbolic axis one size away from the edge it sits on (one
+    smaller, or one larger at the range's low end: the tensor narrowed, or grown by
+    repeating its first slice, so the values stay the caller's); None when no axis
+    moves."""
+    out, moved = list(args), False
+    for i, axes in dims.items():
+        t = out[i]
+        for axis, (lo, hi) in dict(axes).items():
+            n = int(t.shape[axis])
+            lo2 = max(int(lo), 2)
+            if hi <= lo2:
+                continue  # static (see _dynamic_shapes)
+            if n - 1 >= lo2:
+                t = t.narrow(axis, 0, n - 1)
+            elif n + 1 <= hi:
+                t = torch.cat([t, t.narrow(axis, 0, 1)], axis)
+            else:
+                continue
+            moved = True
+        out[i] = t
+    return tuple(out) if moved else None

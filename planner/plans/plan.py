@@ -8,12 +8,14 @@ version so an old or foreign record is recognised rather than misread.
 from __future__ import annotations
 
 import datetime as _dt
+import difflib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 
 from planner.errors import PlanError
+from planner.fusion.legality import check
 from planner.fusion.partition import Partition
 from planner.fusion.realization import LABELS, RULE_VERSION, realizations_of
 from planner.ir.graph import OpGraph
@@ -226,6 +228,51 @@ class Plan:
                 "parameter shape; look up or make a plan for this model"
             )
         return Partition.from_groups(graph, (gp.nodes for gp in self.groups))
+
+    def aligned_to(self, source: OpGraph, graph: OpGraph) -> Plan:
+        """The plan, made for `source`, carried over to `graph`: the same model traced at
+        other shapes, where export may keep or drop a few ops (an identity slice at one
+        length is a real slice at another). The two graphs' ops are lined up in order by
+        their targets; each group keeps the ops that line up, an op of `graph` that does
+        not runs as a group of its own, and ops of `source` that `graph` lacks are dropped.
+        Raises PlanError where the graphs do not line up well enough (more ops left
+        unmatched on the two sides together than two, or a tenth of either graph), where the result is not a legal partition, and
+        for a plan with a tensor-parallel decision (its sites are this graph's)."""
+        if self.tensor_parallel is not None:
+            raise PlanError("a plan with a tensor-parallel decision is not carried across graphs")
+        if len(source.nodes) != sum(len(gp.nodes) for gp in self.groups):
+            raise PlanError("the plan was not made for the source graph")
+        if graph.structure_key == source.structure_key and len(graph.nodes) == len(source.nodes):
+            self.partition_for(graph)
+            return replace(self, graph_key=graph.key)
+        a = [n.target for n in source.nodes]
+        b = [n.target for n in graph.nodes]
+        blocks = difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks()
+        to: dict[int, int] = {}
+        for blk in blocks:
+            to.update((blk.a + k, blk.b + k) for k in range(blk.size))
+        unmatched = len(a) + len(b) - 2 * len(to)
+        if unmatched > max(2, len(a) // 10, len(b) // 10):
+            raise PlanError(
+                f"the graphs do not line up ({len(to)} of {len(a)} and {len(b)} ops match)"
+            )
+        groups = []
+        for gp in self.groups:
+            nodes = tuple(sorted(to[i] for i in gp.nodes if i in to))
+            if nodes:
+                recompute = tuple(sorted(to[i] for i in gp.recompute if i in to))
+                groups.append(replace(gp, nodes=nodes, recompute=recompute))
+        covered = {i for gp in groups for i in gp.nodes}
+        groups += [GroupPlan((i,)) for i in range(len(b)) if i not in covered]
+        report = check(Partition.from_groups(graph, (gp.nodes for gp in groups)))
+        if not report.ok:
+            raise PlanError("the plan carried over is not legal: " + "; ".join(report.reasons[:3]))
+        return replace(
+            self,
+            graph_key=graph.key,
+            structure_key=graph.structure_key,
+            groups=tuple(sorted(groups, key=lambda gp: gp.nodes[0])),
+        )
 
     def with_measurement(
         self, median_s: float, p99_s: float | None = None, eager_s: float | None = None, **kw: Any

@@ -36,7 +36,7 @@ import torch
 import torch.fx as fx
 from torch._dynamo.backends.registry import lookup_backend
 
-from planner.errors import FusionPlannerError
+from planner.errors import FusionPlannerError, PlanError
 from planner.fusion.fuse_rules import default_partition as _rule_based_partition
 from planner.fusion.partition import Partition
 from planner.hardware import device_fingerprint, local_device_name
@@ -217,6 +217,9 @@ class RuntimeStats:
     static: int = 0  # recurring shapes given a static specialization of their bucket's plan
     static_failed: list[str] = field(default_factory=list)  # why a specialization was not made
     static_skipped: int = 0  # recurring shapes left unspecialized, the static budget spent
+    # cached plans that did not fit the ops the model traced into at a call's shapes (the
+    # default plan ran instead)
+    unfitted: list[str] = field(default_factory=list)
     declined: list[str] = field(default_factory=list)  # grad-mode graphs given to Inductor: why
     # buckets that could not be exported over their range, so each of their shapes is
     # realized alone (a compile per shape, against the budget): the bucket and why
@@ -390,6 +393,8 @@ class _PlannedGraph:
         self._memo: dict[tuple[int, ...], Callable[[tuple[Any, ...]], Any]] = {}
         self._realized: dict[str, Callable[[tuple[Any, ...]], Any]] = {}
         self._bucket_plans: dict[str, Plan] = {}  # plans realized symbolically, per bucket key
+        # a graph of each structure a plan was fitted to: what carries plans to other ops
+        self._traced: dict[str, OpGraph] = {}
         self._missed: dict[str, int] = {}  # new shapes met per bucket without a plan
         self._per_shape: set[str] = set()  # bucket keys whose export over the range failed
         self._lock = threading.RLock()
@@ -507,13 +512,13 @@ class _PlannedGraph:
             )
             self._realized[key] = self._eager
             return self._eager, None
-        fn, whole_bucket, static = self._realize(plan, region, user)
-        if static or not whole_bucket or fn == self._eager:
+        fn, whole_bucket, static, fitted = self._realize(plan, region, user)
+        if static or not whole_bucket or fn == self._eager or fitted is None:
             self._realized[exact if not whole_bucket else key] = fn
             return fn, None
         self._realized[key] = fn
-        self._bucket_plans[key] = plan
-        return fn, plan
+        self._bucket_plans[key] = fitted
+        return fn, fitted
 
     def _label(self) -> str:
         return f"runtime:{self.lifted.module.__class__.__name__}"
@@ -530,6 +535,7 @@ class _PlannedGraph:
             model_key = static.graph.structure_key
             self._identity = (model_key, dev, self._spec(model_key, dev))
             self._first_static = static
+            self._traced[static.graph.structure_key] = static.graph
             # The default partition depends on the model's structure, not on its shapes:
             # worked out once, applied to every bucket through Plan.partition_for.
             self._default = default_plan(static.graph, dev)
@@ -559,11 +565,46 @@ class _PlannedGraph:
             return first
         return export_model(self.lifted.module, user, name="runtime")
 
+    def _fit(self, plan: Plan, graph: OpGraph) -> Plan:
+        """`plan` re-keyed to `graph`, the model traced at the shapes of this call. Where
+        export traced the model into other ops at these shapes (it keeps or drops identity
+        slices by length), the default plan is made again for `graph` (it depends only on
+        the graph), and another plan is carried over from a graph of its structure seen
+        before (Plan.aligned_to); one that cannot be carried over gives way to the default
+        plan, with a warning and the reason in RuntimeStats.unfitted."""
+        try:
+            plan.partition_for(graph)
+            fitted = dataclasses.replace(plan, graph_key=graph.key)
+        except PlanError as e:
+            why: Exception = e
+            fitted = None
+            source = self._traced.get(plan.structure_key)
+            default = plan.strategy == "default" and plan.tensor_parallel is None
+            if not default and source is not None:
+                try:
+                    fitted = plan.aligned_to(source, graph)
+                except PlanError as e2:
+                    why = e2
+            if fitted is None:
+                if not default:
+                    reason = f"{plan.strategy} plan: {str(why).splitlines()[0][:240]}"
+                    self.backend.stats.unfitted.append(reason)
+                    _warn_once(
+                        f"unfitted:{plan.structure_key}",
+                        "fusion-planner's cached plan does not fit the ops the model traces "
+                        f"into at these shapes, so the default plan runs ({reason})",
+                    )
+                fitted = default_plan(graph, self._identity[1] if self._identity else None)
+        if len(self._traced) < MEMO_MAX:
+            self._traced.setdefault(graph.structure_key, graph)
+        return fitted
+
     def _realize(
         self, plan: Plan, bucket: Bucket | None, user: tuple[Any, ...]
-    ) -> tuple[Callable[..., Any], bool, bool]:
+    ) -> tuple[Callable[..., Any], bool, bool, Plan | None]:
         """(callable over dynamo's args, whether it serves the whole bucket, whether it was
-        realized for static shapes: a bucket of one shape, or a shape realized alone)."""
+        realized for static shapes: a bucket of one shape, or a shape realized alone, and
+        the plan as fitted to the graph realized: None where it fell back)."""
         whole_bucket = False
         try:
             captured = None
@@ -585,13 +626,12 @@ class _PlannedGraph:
             if captured is None:
                 captured = self._static(user)
             graph = captured.graph
-            plan.partition_for(graph)  # checked against, then re-keyed to, this graph
-            fitted = dataclasses.replace(plan, graph_key=graph.key)
+            fitted = self._fit(plan, graph)
             realized = self.backend.realizer(captured, fitted)
         except Exception as e:
-            return self._fallback("realize", e), whole_bucket, False
+            return self._fallback("realize", e), whole_bucket, False, None
         static = bool(getattr(realized, "static_shapes", not whole_bucket))
-        return self._runner(realized, self._eager), whole_bucket, static
+        return self._runner(realized, self._eager), whole_bucket, static, fitted
 
     def _runner(
         self, realized: Callable[..., Any], instead: Callable[[tuple[Any, ...]], Any]
@@ -646,8 +686,7 @@ class _PlannedGraph:
         try:
             with _REALIZE_LOCK, torch.no_grad():
                 captured = export_model(self.lifted.module, user, name="runtime-static")
-                rec.plan.partition_for(captured.graph)
-                fitted = dataclasses.replace(rec.plan, graph_key=captured.graph.key)
+                fitted = self._fit(rec.plan, captured.graph)
                 realized = self.backend.realizer(captured, fitted)
         except Exception as e:  # the bucket's realization goes on serving this shape
             reason = (
