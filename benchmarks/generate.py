@@ -266,6 +266,11 @@ def render(rows: list[dict[str, Any]], command: str) -> str:
             line += f", {st['over_budget']} bucket(s) past the compile budget ran dynamo's graph"
         line += "".join(f"; realized per shape: {x}" for x in st.get("per_shape", [])[:2])
         line += "".join(f"; fell back: {x}" for x in st.get("fallbacks", [])[:2])
+        line += "".join(f"; plan did not fit: {x}" for x in st.get("unfitted", [])[:2])
+        failed = st.get("static_failed", [])
+        if failed:
+            line += f"; {len(failed)} static specialization(s) not made, first: {failed[0]}"
+
         lines += ["", line] if not lines[-1].startswith("- ") else [line]
     timed = [r for r in rows if "error" not in r]
     if timed:
@@ -276,6 +281,13 @@ def render(rows: list[dict[str, Any]], command: str) -> str:
             f"{r['prompt']} tokens, {r['new_tokens']} new tokens, greedy.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def render_jsonl(path: Path) -> str:
+    """The report of a committed JSON-lines file (the command its rows recorded)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    command = next((r["command"] for r in rows if r.get("command")), "benchmarks/generate.py")
+    return render(rows, command)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/generate.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    rows = run(args)
+    rows = [{**r, "command": command} for r in run(args)]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

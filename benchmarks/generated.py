@@ -360,7 +360,21 @@ def _stream_cmd(name: str) -> str:
     return f"python benchmarks/runtime_stream.py --from-jsonl benchmarks/results/{name}.jsonl"
 
 
+def _generate(name: str) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import generate
+
+        return generate.render_jsonl(RESULTS / f"{name}.jsonl")
+
+    return render
+
+
 GENERATED: tuple[Generated, ...] = (
+    Generated(
+        "benchmarks/results/generate_h100.md",
+        _generate("generate_h100"),
+        "python benchmarks/generated.py",
+    ),
     Generated(
         "benchmarks/results/e2e_h100.md",
         _e2e("e2e_h100"),
