@@ -242,6 +242,43 @@ def test_the_runtime_backend_lifts_a_dtensor_graph_to_the_captured_rank_program(
     assert len(sites) == 2
 
 
+def test_a_mesh_dynamo_keeps_as_a_graph_constant_is_lifted_alike() -> None:
+    """torch releases before 2.13 may hold the mesh as a graph attribute, not an input:
+    the same graph with its mesh moved there lifts to the same rank program."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from planner.runtime.graph import lift_graph
+
+    pm.capture_group(2)
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (2,))
+    model = parallelize_module(pm.LlamaStyleBlock(D, 4, 2 * D), mesh, pm.llama_tp_plan())
+    x = torch.randn(B, S, D)
+    lifted = []
+
+    def both(gm, example):
+        lifted.append(lift_graph(gm, list(example)))
+        (k,) = [i for i, e in enumerate(example) if isinstance(e, DeviceMesh)]
+        graph = torch.fx.Graph()  # a copy: dynamo calls its graph with the inputs it has
+        out = graph.graph_copy(gm.graph, {})
+        graph.output(out)
+        (node,) = [n for i, n in enumerate(graph.find_nodes(op="placeholder")) if i == k]
+        holder = torch.nn.Module()
+        holder.held_mesh = example[k]
+        with graph.inserting_before(node):
+            node.replace_all_uses_with(graph.get_attr("held_mesh"))
+        graph.erase_node(node)
+        constant = torch.fx.GraphModule(holder, graph)
+        lifted.append(lift_graph(constant, [e for i, e in enumerate(example) if i != k]))
+        return gm
+
+    with torch.no_grad():
+        torch.compile(model, backend=both)(x)
+    torch._dynamo.reset()
+    keys = [export_model(lg.module, (x,)).graph.structure_key for lg in lifted]
+    assert len(keys) == 2 and keys[0] == keys[1] == export_model(model, (x,)).graph.structure_key
+
+
 def test_a_dtensor_graph_with_symbolic_sizes_is_served_shape_by_shape(monkeypatch) -> None:
     """The rank program is traced for one shape: a dynamic graph's shapes are each
     captured and realized alone (the default plan on a miss), without a warning."""

@@ -260,6 +260,8 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
                 root.register_parameter(attr, value)
             elif isinstance(value, torch.Tensor):
                 root.register_buffer(attr, value)
+            elif isinstance(value, DeviceMesh):  # torch releases that keep the mesh a constant
+                setattr(root, attr, value)
             else:
                 raise LiftError(f"dynamo's graph reads a non-tensor attribute {node.target}")
             env[node] = g.get_attr(attr)
