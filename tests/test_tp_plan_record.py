@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.parallel import parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import zoo
@@ -218,23 +220,127 @@ def test_a_recorded_decision_is_applied_and_verified_on_gloo_ranks() -> None:
     assert not res["stale"]["applied"]
 
 
-def test_the_runtime_backend_runs_a_dtensor_model_as_dynamo_traced_it(tmp_path) -> None:
-    """Why the backend does not apply a recorded decision yet (docs/distributed.md):
-    dynamo's graph of a DTensor model takes the device mesh as an input, which the backend
-    cannot lift; it falls back to dynamo's graph with a warning, and the output is right."""
-    from planner.runtime.backend import PlannerRuntimeWarning, fusion_planner_backend
+def test_the_runtime_backend_lifts_a_dtensor_graph_to_the_captured_rank_program() -> None:
+    """Dynamo's graph of a DTensor model, lifted (the mesh a constant, the DTensor weights
+    parameters) and captured, is the rank program capture makes of the model itself: the
+    plans `plan`/`tune` store for the model are found under its key."""
+    from planner.runtime.graph import trace_as_served
+
+    pm.capture_group(2)  # torch's single-process fake group
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (2,))
+    model = parallelize_module(pm.LlamaStyleBlock(D, 4, 2 * D), mesh, pm.llama_tp_plan())
+    x = torch.randn(B, S, D)
+    lifted, user = trace_as_served(model, (x,))
+    torch._dynamo.reset()
+    assert lifted.per_shape and len(user) == 1 and user[0] is x
+    served = export_model(lifted.module, user)
+    captured = export_model(model, (x,))
+    assert served.graph.structure_key == captured.graph.structure_key
+    sites = find_tp_sites(served.program.module())
+    assert [s.gemm for s in sites] == [s.gemm for s in find_tp_sites(captured.program.module())]
+    assert len(sites) == 2
+
+
+def test_a_mesh_dynamo_keeps_as_a_graph_constant_is_lifted_alike() -> None:
+    """torch releases before 2.13 may hold the mesh as a graph attribute, not an input:
+    the same graph with its mesh moved there lifts to the same rank program."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from planner.runtime.graph import lift_graph
 
     pm.capture_group(2)
     torch._dynamo.reset()
     mesh = init_device_mesh("cpu", (2,))
     model = parallelize_module(pm.LlamaStyleBlock(D, 4, 2 * D), mesh, pm.llama_tp_plan())
     x = torch.randn(B, S, D)
-    with PlanCache(str(tmp_path / "c.db")) as cache, torch.no_grad():
-        with pytest.warns(PlannerRuntimeWarning, match="DeviceMesh"):
-            got = torch.compile(model, backend=fusion_planner_backend(cache))(x)
-        want = model(x)
+    lifted = []
+
+    def both(gm, example):
+        lifted.append(lift_graph(gm, list(example)))
+        (k,) = [i for i, e in enumerate(example) if isinstance(e, DeviceMesh)]
+        graph = torch.fx.Graph()  # a copy: dynamo calls its graph with the inputs it has
+        out = graph.graph_copy(gm.graph, {})
+        graph.output(out)
+        (node,) = [n for i, n in enumerate(graph.find_nodes(op="placeholder")) if i == k]
+        holder = torch.nn.Module()
+        holder.held_mesh = example[k]
+        with graph.inserting_before(node):
+            node.replace_all_uses_with(graph.get_attr("held_mesh"))
+        graph.erase_node(node)
+        constant = torch.fx.GraphModule(holder, graph)
+        lifted.append(lift_graph(constant, [e for i, e in enumerate(example) if i != k]))
+        return gm
+
+    with torch.no_grad():
+        torch.compile(model, backend=both)(x)
     torch._dynamo.reset()
-    assert torch.equal(got.to_local() if hasattr(got, "to_local") else got, want)
+    keys = [export_model(lg.module, (x,)).graph.structure_key for lg in lifted]
+    assert len(keys) == 2 and keys[0] == keys[1] == export_model(model, (x,)).graph.structure_key
+
+
+def test_a_dtensor_graph_with_symbolic_sizes_is_served_shape_by_shape(monkeypatch) -> None:
+    """The rank program is traced for one shape: a dynamic graph's shapes are each
+    captured and realized alone (the default plan on a miss), without a warning."""
+    from planner.runtime import backend as runtime
+
+    pm.capture_group(2)
+    monkeypatch.setattr(runtime, "_warned", set())
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (2,))
+    model = parallelize_module(pm.LlamaStyleBlock(D, 4, 2 * D), mesh, pm.llama_tp_plan())
+    from planner.realize.realizer import realize
+
+    eager = lambda captured, plan: realize(captured, plan, realizations="eager")  # noqa: E731
+    backend = runtime.fusion_planner_backend(None, realizer=eager)  # no compile: fast
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with warnings.catch_warnings(record=True) as w, torch.no_grad():
+        warnings.simplefilter("always")
+        for s in (S, S + 4, S):
+            x = torch.randn(B, s, D)
+            assert (compiled(x) - model(x)).abs().max() < 1e-5, s
+    torch._dynamo.reset()
+    assert not [m for m in w if issubclass(m.category, runtime.PlannerRuntimeWarning)]
+    assert backend.stats.graphs == 1 and backend.stats.realized == 2, backend.stats
+    assert not backend.stats.fallbacks and not backend.stats.per_shape, backend.stats
+
+
+def _served_with_warnings(model, x, monkeypatch) -> tuple[object, list[str]]:
+    from planner.runtime import backend as runtime
+
+    monkeypatch.setattr(runtime, "_warned", set())  # each case warns afresh
+    torch._dynamo.reset()
+    backend = runtime.fusion_planner_backend(None)
+    with warnings.catch_warnings(record=True) as w, torch.no_grad():
+        warnings.simplefilter("always")
+        got = torch.compile(model, backend=backend)(x)
+    torch._dynamo.reset()
+    ours = [str(m.message) for m in w if issubclass(m.category, runtime.PlannerRuntimeWarning)]
+    return got, ours
+
+
+def test_a_dtensor_graph_the_backend_cannot_serve_runs_as_dynamo_traced_it(monkeypatch) -> None:
+    """A DTensor output (`use_local_output=False`) or a DTensor argument: the rank program
+    would answer with local tensors, so dynamo's graph runs, with one warning, and the
+    output is the model's own (its type included)."""
+    pm.capture_group(2)
+    mesh = init_device_mesh("cpu", (2,))
+    x = torch.randn(B, S, D)
+    dt_out = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel(use_local_output=False)}
+    dt_in = {"fc1": ColwiseParallel(input_layouts=Replicate()), "fc2": RowwiseParallel()}
+    cases = {
+        "returns a DTensor": (dt_out, x),
+        "is a DTensor argument": (dt_in, distribute_tensor(x, mesh, [Replicate()])),
+    }
+    for why, (layout, arg) in cases.items():
+        model = parallelize_module(pm.GeluMLP(D, 2 * D), mesh, layout)
+        got, warned = _served_with_warnings(model, arg, monkeypatch)
+        with torch.no_grad():
+            want = model(arg)
+        assert len(warned) == 1 and why in warned[0], warned
+        assert isinstance(got, DTensor) == isinstance(want, DTensor), (type(got), why)
+        local = lambda t: t.to_local() if isinstance(t, DTensor) else t  # noqa: E731
+        assert torch.equal(local(got), local(want)), why
 
 
 def test_the_runtime_backend_applies_a_cached_decision_on_gloo_ranks(tmp_path) -> None:
@@ -242,3 +348,19 @@ def test_the_runtime_backend_applies_a_cached_decision_on_gloo_ranks(tmp_path) -
     r = res  # rank 0
     assert r["exact"] == 1 and r["applied"] == [True], r
     assert r["err"] < 1e-5 and not r["warnings"], r
+
+
+def test_the_runtime_backend_serves_a_dtensor_model_its_plans_on_gloo_ranks(tmp_path) -> None:
+    """Plans stored for the rank program capture makes of a DTensor LLaMA-style block are
+    found and applied when the block is served through torch.compile: the TP decision, and
+    at another shape the rule-based fused groups; outputs as the DTensor model's and the
+    unsharded block's, and in grad mode its gradients."""
+    r = run_ranks(2, "tests.tp_ranks:served_dtensor_plan", (str(tmp_path),), timeout_s=120)
+    assert r["exact"] == 2 and r["applied"] == [True] and len(r["sites"]) == 2, r
+    assert r["err"] < 1e-5 and r["ref_err"] < 1e-5, r
+    assert r["planned_groups"] > 0 and r["compiled_groups"] > 0 and not r["group_fallbacks"], r
+    assert r["fused_err"] < 1e-5 and r["fused_ref_err"] < 1e-5, r
+    # grad mode: the planned forward served again, gradients recomputed through dynamo's graph
+    assert r["grad_graphs"] == 1 and r["grad_applied"] == [True] and not r["declined"], r
+    assert r["grad_err"] < 1e-5 and "input" in r["grads"] and "q_proj.weight" in r["grads"], r
+    assert not r["warnings"] and not r["fallbacks"], r

@@ -432,3 +432,102 @@ def trained_programs(rank: int, world: int) -> dict:
     except Exception as e:  # rewritten for the forward only: a gradient is refused
         out["forward_only"] = str(e)
     return out
+
+
+def _grads(model: torch.nn.Module, fn, x: torch.Tensor) -> dict:
+    """The local gradients of `fn(x)`'s weighted sum for the input and `model`'s parameters."""
+    model.zero_grad(set_to_none=True)
+    xr = x.clone().requires_grad_()
+    y = fn(xr)
+    (y * torch.linspace(-1.0, 1.0, y.numel()).view(y.shape)).sum().backward()
+    out = {"input": xr.grad}
+    for n, p in model.named_parameters():
+        out[n] = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+    return out
+
+
+def served_dtensor_plan(rank: int, world: int, cache_dir: str) -> dict:
+    """The runtime backend serving a DTensor `LlamaStyleBlock` from a plan stored for the
+    rank program capture makes of the model (planner.ir.capture_dtensor) with a TP decision:
+    the exact hit, the decision applied, outputs against the DTensor model and the unsharded
+    block; then in grad mode, the gradients against the DTensor model's."""
+    import warnings
+
+    from planner.distributed import tp_realize
+    from planner.hardware import device_fingerprint
+    from planner.plans.cache import PlanCache
+    from planner.plans.plan import TPChoice
+    from planner.runtime.backend import default_plan, fusion_planner_backend
+
+    torch.manual_seed(0)
+    x = torch.randn(B, S, D)
+    mesh = init_device_mesh("cpu", (world,))
+    full = pm.LlamaStyleBlock(D, H, 2 * D)
+    model = parallelize_module(copy.deepcopy(full), mesh, pm.llama_tp_plan())
+    with torch.no_grad():
+        captured = export_model(model, (x,))  # what `plan`/`tune` capture of the model
+    sites = tuple(s.gemm for s in find_tp_sites(captured.program.module()))
+    plan = _unfused_plan(
+        captured.graph,
+        predicted_s=1e-3,
+        device_fingerprint=device_fingerprint(torch.device("cpu")),
+        tensor_parallel=TPChoice(2, True, sites),
+    )
+    # at a second shape, the rule-based plan of the rank program (fused groups, no decision)
+    x2 = torch.randn(B, 2 * S, D)
+    with torch.no_grad():
+        fused = default_plan(export_model(model, (x2,)).graph, torch.device("cpu"))
+    applied: list[bool] = []
+    realize_tp = tp_realize.realize_tp
+
+    def spy(*args, **kwargs):
+        r = realize_tp(*args, **kwargs)
+        applied.append(r.applied)
+        return r
+
+    tp_realize.realize_tp = spy
+    out: dict = {
+        "sites": list(sites),
+        "planned_groups": sum(len(g.nodes) > 1 for g in fused.groups),
+    }
+    with (
+        PlanCache(f"{cache_dir}/rank{rank}.db") as cache,
+        warnings.catch_warnings(record=True) as w,
+    ):
+        warnings.simplefilter("always")
+        cache.store_exact(plan, [list(x.shape)])
+        cache.store_exact(fused, [list(x2.shape)])
+        backend = fusion_planner_backend(cache)
+        realizer, realized = backend.realizer, []
+
+        def seen(captured, p):
+            r = realizer(captured, p)
+            realized.append(r)
+            return r
+
+        backend.realizer = seen
+        compiled = torch.compile(model, backend=backend, dynamic=False)
+        with torch.no_grad():
+            got = compiled(x)
+            want = model(x)
+            out["err"] = float((got - want).abs().max())
+            out["ref_err"] = float((got - full(x)).abs().max())
+            got2 = compiled(x2)  # dynamo recompiles for the new shape: a second graph
+            out["fused_err"] = float((got2 - model(x2)).abs().max())
+            out["fused_ref_err"] = float((got2 - full(x2)).abs().max())
+        fused_realized = realized[-1]
+        out["compiled_groups"] = sum(g.compiled for g in getattr(fused_realized, "groups", ()))
+        out["group_fallbacks"] = dict(getattr(fused_realized, "fallbacks", {"none": "realized"}))
+        out["exact"], out["applied"] = backend.stats.exact, list(applied)
+        served = _grads(model, compiled, x)  # grad mode: dynamo compiles the graph anew
+        eager = _grads(model, model, x)
+        out["grad_applied"] = applied[len(out["applied"]) :]
+        out["grad_graphs"], out["declined"] = backend.stats.grad_graphs, backend.stats.declined
+        out["grad_err"] = max(
+            float((served[n] - eager[n]).abs().max()) / max(1e-12, float(eager[n].abs().max()))
+            for n in eager
+        )
+        out["grads"] = sorted(served)
+    out["warnings"] = [str(m.message) for m in w if "fusion-planner" in str(m.message)]
+    out["fallbacks"] = backend.stats.fallbacks
+    return out

@@ -15,6 +15,10 @@ a plan that does not fit, a realization), that bucket runs dynamo's graph unchan
 and a warning says why, once. The user's model always runs and gives the right answer.
 In grad mode the plan's forward is served with gradients recomputed eagerly, or the graph
 is declined to Inductor with one warning (planner.runtime.grad): never lost gradients.
+A DTensor tensor-parallel model (`parallelize_module`) is served the plans of its rank
+program, the program capture makes of the model (planner.ir.capture_dtensor; lifted as
+planner.runtime.graph says); each of its shapes is captured and realized alone, since
+that program is traced per shape.
 
 For users who drive their own execution: `lookup(structure_key, shapes, device)` and
 `plan_for(graph)`. This module imports neither optuna nor scikit-learn, even
@@ -471,7 +475,8 @@ class _PlannedGraph:
             else LookupResult(None, DEFAULT, bucket)
         )
         exact = f"{result.source}:{exact_key(shapes)}"
-        if result.source == EXACT or bucket is None:
+        # a DTensor rank program is traced per shape: a bucket's plan is realized shape by shape
+        if result.source == EXACT or bucket is None or self.lifted.per_shape:
             key, region = exact, None
         else:
             key, region = f"{result.source}:{bucket.key}", bucket

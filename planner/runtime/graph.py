@@ -14,6 +14,23 @@ and `.item()` of a 0-d attribute is baked in as a constant. Exported, the result
 same aten program as exporting the user's model directly (same ops, same order, same
 `OpGraph.structure_key`): that is what lets the runtime find plans tuned offline.
 
+A model split by `parallelize_module` (DTensor tensor parallelism) reaches the backend
+with its DTensor weights and the device mesh its sharding hooks hold among the inputs.
+The lift registers the DTensor weights as parameters and the mesh (model state, like
+them) as a constant attribute, the placements being constants of dynamo's graph already;
+exporting the result (`export_model`) captures it as `planner.ir.capture_dtensor`
+captures the model itself: the rank program on local shards, with the same
+`structure_key`, so plans made offline for the model apply. That program is traced for
+one shape, so such a lift is marked `per_shape`. Declined (`LiftError`): a DTensor
+argument of forward, or a mesh passed with the call (the rank program takes local
+tensors), and a DTensor output (the rank program returns local tensors: the caller
+would get its shard). The ranks do not communicate to agree on the lift; it is
+deterministic instead: it reads only dynamo's graph and the kinds and sources of its
+inputs (a mesh, a DTensor, a tensor), which are the same on every rank of an SPMD
+program, and the capture that follows traces on fake tensors of the local shards'
+shapes, the same on every rank of an even split (an uneven one, shards of different
+sizes, is the case where one rank's capture could fail alone).
+
 It needs the `grapharg` metadata dynamo attaches while the backend is being called, so
 call it from inside the backend. Anything it does not recognise raises `LiftError`; the
 backend then runs dynamo's graph as it is.
@@ -28,10 +45,14 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 from torch._dynamo import source as dsource
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from planner.errors import CaptureError, FusionPlannerError
 from planner.ir.capture import Captured, _as_args, _quiet_torch, export_model
+from planner.ir.capture_dtensor import has_dtensors
 
 
 class LiftError(FusionPlannerError):
@@ -47,6 +68,8 @@ class LiftedGraph:
     `constants`: (argument index, value) of int arguments baked into the module (an int
     argument of forward that is no size of a user tensor, e.g. Hugging Face's
     `logits_to_keep`); a call with another value must run dynamo's graph instead.
+    `per_shape`: the module holds DTensors; its capture is the rank program traced for
+    one shape (planner.ir.capture_dtensor), so each shape is exported and realized alone.
     """
 
     module: fx.GraphModule
@@ -54,6 +77,7 @@ class LiftedGraph:
     dynamic: tuple[tuple[int, int], ...]
     user_names: tuple[str, ...]
     constants: tuple[tuple[int, int], ...] = ()
+    per_shape: bool = False
 
     def fits(self, args: Sequence[Any]) -> bool:
         """Whether a call's int arguments have the values baked into the module."""
@@ -146,6 +170,17 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
         if isinstance(fake, torch.SymInt) or isinstance(real, int | torch.SymInt):
             symbols.append((pos, node, fake, real))
             continue
+        if isinstance(real, DeviceMesh):
+            if not _is_state(node, real):
+                raise LiftError(
+                    f"input {node.name} is a DeviceMesh passed with the call (a DTensor "
+                    "argument's mesh): the runtime plans a DTensor model called with local "
+                    "tensors only"
+                )
+            attr = f"mesh_{pos}_{node.name}"[:120]
+            setattr(root, attr, real)  # the sharding hooks' mesh: fixed with the model
+            env[node] = g.get_attr(attr)
+            continue
         if not isinstance(real, torch.Tensor):
             raise LiftError(f"input {node.name} is a {type(real).__name__}, not a tensor or size")
         if _is_state(node, real):
@@ -164,6 +199,11 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
                 root.register_buffer(attr, real)
             env[node] = g.get_attr(attr)
         else:
+            if isinstance(real, DTensor):
+                raise LiftError(
+                    f"input {node.name} is a DTensor argument of forward: the runtime plans "
+                    "a DTensor model called with local tensors only"
+                )
             env[node] = g.placeholder(node.name)
             env[node].meta = dict(node.meta)
             user.append((pos, env[node], fake))
@@ -220,6 +260,8 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
                 root.register_parameter(attr, value)
             elif isinstance(value, torch.Tensor):
                 root.register_buffer(attr, value)
+            elif isinstance(value, DeviceMesh):  # torch releases that keep the mesh a constant
+                setattr(root, attr, value)
             else:
                 raise LiftError(f"dynamo's graph reads a non-tensor attribute {node.target}")
             env[node] = g.get_attr(attr)
@@ -228,13 +270,36 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
             raise LiftError(f"dynamo's graph calls a submodule ({node.target}); not supported")
         env[node] = g.node_copy(node, lambda a: env[a])
     module = fx.GraphModule(root, g, class_name="LiftedDynamoGraph")
+    sharded = has_dtensors(module)
+    if sharded:
+        _check_local_outputs(gm)
     return LiftedGraph(
         module,
         tuple(pos for pos, _, _ in user),
         tuple(sorted(dynamic)),
         tuple(p.name for _, p, _ in user),
         tuple(constants),
+        per_shape=sharded,
     )
+
+
+def _check_local_outputs(gm: fx.GraphModule) -> None:
+    """Raise LiftError unless every tensor dynamo's graph returns is a plain tensor: the
+    rank program of a DTensor model returns local tensors, so a DTensor output (a layout
+    with `use_local_output=False`) would reach the caller as its local shard."""
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    for value in fx.node.map_arg(out.args, lambda n: n.meta.get("example_value", n)):
+        for leaf in pytree.tree_leaves(value):
+            if isinstance(leaf, fx.Node):
+                raise LiftError(
+                    f"dynamo's graph returns {leaf.name} without an example value: cannot "
+                    "tell whether it is a DTensor"
+                )
+            if isinstance(leaf, DTensor):
+                raise LiftError(
+                    "dynamo's graph returns a DTensor: the runtime serves a DTensor model's "
+                    "rank program, which returns local tensors (use_local_output=True)"
+                )
 
 
 def trace_as_served(module: torch.nn.Module, example_inputs: Any) -> tuple[LiftedGraph, tuple]:
