@@ -214,6 +214,7 @@ def tp_rank(
     checks: dict[str, Any] = {}
 
     def check(name: str, fn) -> None:
+        print(f"rank {rank}: {name}", flush=True)  # the log's tail says where a rank stopped
         try:
             y = fn().float()
             err = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
@@ -283,7 +284,9 @@ def tp_rank(
                     w.wait()
 
         variants[f"T_comm k={k}"] = comm
+    print(f"rank {rank}: timing {len(variants)} variants", flush=True)
     timing, errors = interleaved(variants, device, reps)
+    print(f"rank {rank}: timed", flush=True)
     out["timing"] = timing
     out["timing_errors"] = errors
     return out

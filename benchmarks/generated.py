@@ -129,6 +129,16 @@ def _distributed(name: str) -> Callable[[], str]:
     return render
 
 
+def _tp_graph(name: str) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import tp_graph_gpu
+        from benchmarks.distributed_gpu import load_rows
+
+        return tp_graph_gpu.markdown(load_rows(RESULTS / name / "tp_graph.jsonl"))
+
+    return render
+
+
 def _search_measured(name: str) -> Callable[[], str]:
     def render() -> str:
         from benchmarks import search_measured
@@ -424,11 +434,18 @@ GENERATED: tuple[Generated, ...] = (
         "python benchmarks/real_models.py --from-jsonl "
         "benchmarks/results/real_models_bucket_h200.jsonl",
     ),
+    *(
+        Generated(
+            f"benchmarks/results/{n}/results.md",
+            _distributed(n),
+            f"python benchmarks/distributed_gpu.py --table-only --out benchmarks/results/{n}",
+        )
+        for n in ("distributed_h200x2", "distributed_h200x2_run2")
+    ),
     Generated(
-        "benchmarks/results/distributed_h200x2/results.md",
-        _distributed("distributed_h200x2"),
-        "python benchmarks/distributed_gpu.py --table-only --out "
-        "benchmarks/results/distributed_h200x2",
+        "benchmarks/results/tp_graph_h200x2/tp_graph.md",
+        _tp_graph("tp_graph_h200x2"),
+        "python benchmarks/tp_graph_gpu.py --table-only --out benchmarks/results/tp_graph_h200x2",
     ),
     # every measured search-quality run committed as benchmarks/results/search_measured_*/
     *(

@@ -148,6 +148,11 @@ def _us(t: dict[str, Any], name: str) -> str:
     return f"{v['median_s'] * 1e6:.1f}" if v else "-"
 
 
+def _cell(label: str) -> str:
+    """A per-site decision label ("k=2 fused | k=1") fit for a table cell."""
+    return label.replace("|", "\\|")
+
+
 def markdown(rows: dict[str, dict[str, Any]]) -> str:
     lines = [
         "| shape B,S,D,H | sites | chosen | DTensor µs | unplanned µs | planned µs | "
@@ -170,9 +175,10 @@ def markdown(rows: dict[str, dict[str, Any]]) -> str:
         )
         pred = r["predicted"][r["chosen"]]["total_s"] * 1e6
         g = r["gradients"]
+        best = best.removeprefix("planned ")
         lines.append(
-            f"| {shape} | {len(r['sites'])} | {r['chosen']} | {_us(t, 'dtensor')} | "
-            f"{_us(t, 'unplanned')} | {_us(t, chosen)} | {ratio} | {best.removeprefix('planned ')} | "
+            f"| {shape} | {len(r['sites'])} | {_cell(r['chosen'])} | {_us(t, 'dtensor')} | "
+            f"{_us(t, 'unplanned')} | {_us(t, chosen)} | {ratio} | {_cell(best)} | "
             f"{pred:.1f} | {max(r['checks'].values()):.1e} | "
             f"{g['unplanned']:.1e}, {g['planned k=2']:.1e} |"
         )

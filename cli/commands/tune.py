@@ -22,6 +22,7 @@ from planner import progress
 from planner.hardware import get_spec, local_device_name
 from planner.plans.cache import PlanCache
 from planner.realize.check import short_reason
+from profiling.commbench import release_graphs
 from search.cost_models import cost_model_for
 from search.tune import BucketResult, TuneConfig, bucket_spec, graph_varies, tune
 from search.tune_tp import init_ranks
@@ -35,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     finally:
+        release_graphs()  # NCCL's destroy can hang on collectives in a live CUDA graph
         dist.destroy_process_group()
 
 
