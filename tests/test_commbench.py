@@ -24,6 +24,11 @@ def test_two_gloo_ranks_form_a_group_and_reduce() -> None:
     assert (total, world) == (3.0, 2.0)
 
 
+def test_a_result_written_before_the_ranks_hang_is_kept() -> None:
+    with pytest.warns(RuntimeWarning, match="did not exit"):
+        assert run_ranks(2, "tests.tp_ranks:rank_then_stall", timeout_s=10) == [0.0, 2.0]
+
+
 def test_a_failing_rank_is_a_clear_error() -> None:
     with pytest.raises(CommBenchError, match="commbench measures all_reduce"):
         measure_collective(2, [1024], "no_such_collective", reps=1)

@@ -1,4 +1,4 @@
-"""Rank-side programs for tests/test_tp_graph.py (run by `run_ranks` on gloo ranks; kept
+"""Rank-side programs for tests that run `run_ranks` on gloo ranks (tests/test_tp_graph.py,
 apart from the test module so that each rank imports only the planner): the sites of a
 captured tensor-parallel program and every decision's output against the unplanned
 program's and the unsharded model's."""
@@ -531,3 +531,12 @@ def served_dtensor_plan(rank: int, world: int, cache_dir: str) -> dict:
     out["warnings"] = [str(m.message) for m in w if "fusion-planner" in str(m.message)]
     out["fallbacks"] = backend.stats.fallbacks
     return out
+
+
+def rank_then_stall(rank: int, world: int) -> list[float]:
+    """Rank 0's result at once; rank 1 then stalls, so no rank reaches the teardown."""
+    import time
+
+    if rank == 1:
+        time.sleep(120)
+    return [float(rank), float(world)]
