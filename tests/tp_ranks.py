@@ -1,7 +1,8 @@
-"""Rank-side programs for tests that run `run_ranks` on gloo ranks (tests/test_tp_graph.py,
-apart from the test module so that each rank imports only the planner): the sites of a
-captured tensor-parallel program and every decision's output against the unplanned
-program's and the unsharded model's."""
+"""Rank-side programs that tests run with `run_ranks` on gloo ranks, kept apart from the
+test modules so that each rank imports only the planner: the sites of a captured
+tensor-parallel program and every decision's output against the unplanned program's and
+the unsharded model's (tests/test_tp_graph.py), and a rank that stalls after rank 0's
+result is written (tests/test_commbench.py)."""
 
 from __future__ import annotations
 
