@@ -2,21 +2,23 @@
 
     PYTHONPATH=. python benchmarks/probes/symbolic_layouts.py > benchmarks/results/symbolic_layouts_h100.jsonl
     PYTHONPATH=. python benchmarks/probes/symbolic_layouts.py --quick   # CPU, tiny blocks
+    PYTHONPATH=. python benchmarks/probes/symbolic_layouts.py --cpu     # CPU, the GPU's sizes
 
 Symbolic programs (one realization serving a bucket of lengths) keep eager's layouts at
-every group boundary (planner/realize/realizer.py, docs/runtime.md): on the H100 one
-stream run with propagation on had calls fall back to eager at run time, an Inductor group
-compiled for the realization length's strides (`expected size 167==211`). The CPU did not
-reproduce it. One suspect has since been fixed: the copies of weights a rewrite makes
-(concatenated QKV) entered the group's trace with symbolic sizes from export's shape
-environment, which may be duck-sized onto the length.
+every group boundary unless realize is given `propagate_symbolic=True`
+(planner/realize/realizer.py, docs/runtime.md). On the H100 (torch 2.11) propagation made
+every block raise off the realization length (`expected size 167==211`): propagating fake
+values through `aten.matmul` specialized the length in the shape environment. `--cpu`
+reproduces that on torch 2.11 without a GPU.
 
-Per zoo block (bf16 on CUDA; float32 tiny blocks with `--quick`): export over a bucket of
+Per zoo block (bf16 on CUDA; float32 tiny blocks with `--quick`; bf16 at the GPU's sizes,
+B=2, with the CUDA-only rewrites enabled on the CPU with `--cpu`): export over a bucket of
 lengths, realize the default plan at an odd length twice, keeping eager's layouts and
-propagating them (the realizer's static-only switch turned off), then call both at several
-lengths of the bucket. Per (block, variant, length): whether the call matched eager, the
-largest difference, groups that fell back to eager, and the time per call (CUDA events,
-median of 5 runs of 10 calls; perf_counter on CPU). One JSON line each.
+propagating them, then call both at several lengths of the bucket. Per (block, variant,
+length): whether the call matched eager, the largest difference, groups that fell back to
+eager, and the time per call (CUDA events, median of 5 runs of 10 calls; perf_counter on
+CPU). Each variant's first line also lists the symbols the shape environment specialized
+(`specialized`, empty when none). One JSON line each.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import zoo
 from planner.ir.capture_dynamic import export_dynamic
-from planner.realize import realizer as realizer_module
+from planner.realize import conv_layout, kernels, library_attention, units
+from planner.realize.realizer import realize
+from planner.realize.units import fake_mode_of
 from planner.runtime.backend import default_plan
 
 FULL = {"B": 8, "S": 211, "D": 768, "H": 12}
@@ -67,14 +71,23 @@ def _time(fn: Any, x: Any, cuda: bool) -> float:
 
 
 def _realize(c: Any, plan: Any, propagate: bool) -> Any:
-    if not propagate:
-        return realizer_module.realize(c, plan, cuda_graphs=False)
-    keep = realizer_module._symbolic
-    realizer_module._symbolic = lambda parts: False
-    try:
-        return realizer_module.realize(c, plan, cuda_graphs=False)
-    finally:
-        realizer_module._symbolic = keep
+    return realize(c, plan, cuda_graphs=False, propagate_symbolic=propagate)
+
+
+def _specialized(r: Any) -> list[str]:
+    """Symbols of the program's shape environment replaced by a number."""
+    env = fake_mode_of(r._parts).shape_env
+    return sorted(f"{k}={v}" for k, v in env.replacements.items() if v.is_number)
+
+
+def _cuda_paths_on_cpu() -> None:
+    """Let the realizer's CUDA-only rewrites (library attention, GELU epilogue, padded
+    GEMMs, channels-last convolutions) run on the CPU."""
+    library_attention.LIBRARY_ATTENTION_DEVICES = ("cuda", "cpu")
+    kernels.GELU_EPILOGUE_DEVICES = ("cuda", "cpu")
+    conv_layout.CHANNELS_LAST_DEVICES = ("cuda", "cpu")
+    pad = units.pad_unaligned_linears
+    pad.__defaults__ = tuple(("cuda", "cpu") if d == ("cuda",) else d for d in pad.__defaults__)
 
 
 def probe(name: str, p: dict[str, int], lengths: list[int], device: str, dtype: Any) -> None:
@@ -96,6 +109,7 @@ def probe(name: str, p: dict[str, int], lengths: list[int], device: str, dtype: 
                 print(json.dumps({**row, "error": f"{type(e).__name__}: {str(e)[:300]}"}))
                 continue
             row["propagated"] = any(u.out_fakes for u in r._units)
+            row["specialized"] = _specialized(r)
             row["realize_fallbacks"] = sorted(set(r.fallbacks.values()))[:3]
             for s in lengths:
                 shape = list(inputs[0].shape)
@@ -126,12 +140,18 @@ def probe(name: str, p: dict[str, int], lengths: list[int], device: str, dtype: 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny float32 blocks on the CPU")
+    ap.add_argument(
+        "--cpu", action="store_true", help="the GPU's sizes (B=2) in bf16 on the CPU, CUDA paths on"
+    )
     ap.add_argument("--blocks", default=",".join(BLOCKS))
     args = ap.parse_args(argv)
-    quick = args.quick or not torch.cuda.is_available()
+    quick = args.quick or (not args.cpu and not torch.cuda.is_available())
     device, dtype = ("cpu", torch.float32) if quick else ("cuda", torch.bfloat16)
     p = TINY if quick else FULL
     lengths = [37, 16, 64, 50] if quick else [211, 167, 128, 512, 1024, 2048]
+    if args.cpu and not quick:
+        _cuda_paths_on_cpu()
+        device, p, lengths = "cpu", dict(FULL, B=2), [211, 167, 128, 512]
     for name in args.blocks.split(","):
         probe(name, p, lengths, device, dtype)
     return 0

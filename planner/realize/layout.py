@@ -25,6 +25,7 @@ sizes of the call (`bindings`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from planner.errors import PlanError
@@ -72,9 +74,35 @@ def padded_of(shape: Sequence[int], strides: Sequence[int], planned: Sequence[in
     return all(strides[outer] >= strides[d] * shape[d] for outer, d in itertools.pairwise(order))
 
 
+def _shape_text(val: Any) -> str | None:
+    return str(tuple(val.shape)) if isinstance(val, torch.Tensor) else None
+
+
 def propagate(gm: fx.GraphModule, fakes: Sequence[Any], fake_mode: Any) -> list[Any]:
-    """Fake values through `gm` (node.meta['val'] updated); the output fakes."""
-    outs = FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
+    """Fake values through `gm` (node.meta['val'] updated); the output fakes.
+
+    Runs as export traces: through the Python dispatcher, so a composite op (`matmul`)
+    takes its Python decomposition, which keeps symbolic sizes symbolic. The shape
+    environment records no guard meanwhile, and a node whose sizes come out other than
+    they were (a kernel that read a symbolic size as a number) raises PlanError: the
+    program's symbols are never specialized to the sizes it was exported at."""
+    vals = {n: n.meta["val"] for n in gm.graph.nodes if "val" in n.meta}
+    env = getattr(fake_mode, "shape_env", None)
+    quiet = env.suppress_guards() if env is not None else contextlib.nullcontext()
+    try:
+        with quiet, enable_python_dispatcher():
+            outs = FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
+        for n, val in vals.items():
+            was, now = _shape_text(val), _shape_text(n.meta.get("val"))
+            if was is not None and now is not None and now != was:
+                raise PlanError(
+                    f"{n.name} ({n.target}) comes out of fake propagation with sizes {now} "
+                    f"where the program has {was}"
+                )
+    except Exception:  # the graph keeps the values it had
+        for n, val in vals.items():
+            n.meta["val"] = val
+        raise
     return list(outs) if isinstance(outs, list | tuple) else [outs]
 
 

@@ -684,6 +684,7 @@ def realize(
     propagate_layouts: bool = True,
     share_compiles: bool | None = None,
     before_run: Callable[[], None] | None = None,
+    propagate_symbolic: bool = False,
 ) -> RealizedPlan:
     """Realize `plan_or_partition` of `captured` (see the module docstring).
 
@@ -698,8 +699,10 @@ def realize(
     shape (outputs must then be copied out: `copy_outputs`). `verify` checks against eager on
     `inputs` (default: the capture's example inputs). `compiler` replaces Inductor (tests
     inject failures with it). `propagate_layouts`: groups hand on the layouts their kernels
-    compute (planner.realize.layout; static shapes only); False copies every boundary value
-    back to eager's layout (also the fallback when propagation cannot be done).
+    compute (planner.realize.layout; static shapes unless `propagate_symbolic`); False
+    copies every boundary value back to eager's layout (also the fallback when propagation
+    cannot be done). `propagate_symbolic`: a program with symbolic sizes (realized over a
+    range) propagates layouts too; off by default until checked on CUDA (docs/runtime.md).
     A Plan that records a tensor-parallel decision (`Plan.tensor_parallel`) is realized as
     planner.distributed.tp_realize.realize_tp does it instead: the decision applied to the
     rank program, verified against it on every rank, its other ops eager.
@@ -738,10 +741,8 @@ def realize(
     fake_mode = fake_mode_of(parts)
     out_orders: dict[int, list[int]] = {}
     units: list[GroupUnit] | None = None
-    # Symbolic programs keep eager's layouts: on the H100 a bucket realized with propagated
-    # layouts compiled a consumer for the realization shape's strides, and Inductor's size
-    # asserts failed at other lengths (docs/runtime.md). A static program runs at one shape.
-    if propagate_layouts and not _symbolic(parts):
+    # Symbolic programs keep eager's layouts unless asked (docs/runtime.md says why).
+    if propagate_layouts and (propagate_symbolic or not _symbolic(parts)):
         try:
             units, out_orders = _prepare_propagating(
                 graph, parts, groups, order, wanted, compile_group, fake_mode, compilers, shared

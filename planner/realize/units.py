@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 import planner.realize.conv_layout as conv_layout
 import planner.realize.kernels as patterns
@@ -98,7 +97,7 @@ def _settle_layout(
     """
 
     def outputs_ok() -> bool:
-        outs = FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
+        outs = propagate(gm, fakes, fake_mode)
         return all(same_strides(a, b) for a, b in zip(outs, want))
 
     if outputs_ok():
