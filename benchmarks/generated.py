@@ -380,10 +380,9 @@ def _generate(name: str) -> Callable[[], str]:
 
 
 GENERATED: tuple[Generated, ...] = (
-    Generated(
-        "benchmarks/results/generate_h100.md",
-        _generate("generate_h100"),
-        "python benchmarks/generated.py",
+    *(
+        Generated(f"benchmarks/results/{n}.md", _generate(n), "python benchmarks/generated.py")
+        for n in ("generate_h100", "generate_gpt2_h100")
     ),
     Generated(
         "benchmarks/results/e2e_h100.md",
