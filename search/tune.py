@@ -48,6 +48,7 @@ from planner.errors import CacheError, FusionPlannerError, is_out_of_memory
 from planner.fusion.partition import Partition
 from planner.fusion.realization import realizations_of
 from planner.hardware import cache_dir, device_fingerprint, local_device_name
+from planner.ir.capture_dynamic import one_step_inside
 from planner.measurement import MeasureError, Measurement, PlanJob, Runner, Timing
 from planner.objective import Objective
 from planner.plans.buckets import Bucket, BucketSpec, parse_dynamic
@@ -497,6 +498,13 @@ def tune_bucket(
             plan = dataclasses.replace(plan, notes="; ".join(n for n in (plan.notes, tp_note) if n))
         if cache is not None:
             stored = _store(cache, plan, spec, bucket, mspec.label, progress)
+            alias = _inside_alias(module, inputs, bucket, graph, plan, mspec.label)
+            if alias is not None:
+                progress(
+                    f"  the model traces into other ops inside the bucket than at {params}: "
+                    "the plan is stored for those ops too"
+                )
+                _store(cache, alias, spec, bucket, mspec.label, progress)
         else:
             stored = "not stored (no cache)"
     return BucketResult(
@@ -530,6 +538,34 @@ def _store(
             return f"NOT stored: {e}"
         progress(f"  plan NOT stored ({e}); saved to {path}")
         return f"NOT stored ({e}); saved to {path}: load it with `fusion-plan cache import {path}`"
+
+
+def _inside_alias(
+    module: torch.nn.Module, inputs: Any, bucket: Bucket, graph: Any, plan: Plan, label: str
+) -> Plan | None:
+    """`plan` carried to the ops the model traces into one step inside the bucket, where
+    those differ from the representative's (an op that is an identity at the range's edge,
+    `pos[:, :S]` at S = the table's length, is dropped there and kept elsewhere): the
+    backend keys a model by the graph of its first call, so a plan stored only under the
+    edge's graph would not be found from any other shape. None where the ops are the same,
+    the bucket holds one shape, or the plan cannot be carried (Plan.aligned_to)."""
+    if plan.tensor_parallel is not None:
+        return None
+    args = list(inputs)
+    where = [i for i, x in enumerate(args) if isinstance(x, torch.Tensor)]
+    inner = one_step_inside(tuple(args[i] for i in where), bucket.ranges())
+    if inner is None:
+        return None
+    for i, x in zip(where, inner):
+        args[i] = x
+    try:
+        other = capture_for_serving(module, tuple(args), name=label).graph
+        if other.structure_key == graph.structure_key:
+            return None
+        return plan.aligned_to(graph, other)
+    except Exception as e:  # the alias is a courtesy: the plan itself is stored
+        log.info("no plan stored for the ops inside the bucket: %s", e)
+        return None
 
 
 def _online_update(

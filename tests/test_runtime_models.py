@@ -279,6 +279,52 @@ def test_fusion_plan_tune_stores_a_plan_the_backend_serves(tmp_path):
     assert PlanCache(url).tuning_queue() == []
 
 
+POSITION_SLICE = """
+import torch
+
+
+class PositionSlice(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Parameter(torch.randn(1, 16, 32))
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        return torch.tanh(h * 2 + self.pos[:, : x.shape[1]]) + 1
+
+
+def factory(B=2, S=16):
+    torch.manual_seed(0)
+    return PositionSlice().eval(), (torch.randn(B, S, 32),)
+"""
+
+
+def test_a_plan_tuned_where_an_op_vanishes_is_found_from_the_other_shapes(tmp_path):
+    """The bucket S=9..16 is tuned at S=16, where `pos[:, :S]` is an identity export drops;
+    at every other length of the bucket the slice is there, so the model's key differs.
+    tune stores the plan for those ops too, and the backend, first called at S=12, finds
+    it: hits, no miss queued."""
+    (tmp_path / "pos.py").write_text(POSITION_SLICE)
+    spec, url = f"{tmp_path}/pos.py:factory", str(tmp_path / "plans.sqlite")
+    argv = ["tune", "--model", spec, "--shape", "B=2", "--dynamic", "S=9..16"]
+    argv += ["--strategy", "greedy", "--top-k", "1", "--cache", url]
+    assert main([*argv, "--no-compile-baseline", "--dtype", "fp32", "--keep-fused"]) == 0
+    assert len(PlanCache(url).entries()) == 2  # the edge's ops and the bucket's
+    module, _ = resolve(spec, "B=2,S=16").build()
+    realizer = ProgramRealizer()
+    be = fusion_planner_backend(PlanCache(url), realizer=realizer)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    with torch.no_grad():
+        for s in (12, 10):
+            x = torch.randn(2, s, 32)
+            assert_same_outputs(compiled(x), module(x))
+    assert be.stats.bucket == 2 and be.stats.default == 0, be.stats
+    (plan,) = realizer.plans
+    assert plan.strategy != "default"
+    assert PlanCache(url).tuning_queue() == []
+
+
 # ---- gradients --------------------------------------------------------------------------------
 def grads_of(module, fn, inputs):
     """Output and the gradients of sum(out^2) w.r.t. float inputs and every parameter."""

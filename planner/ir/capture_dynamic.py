@@ -232,7 +232,7 @@ def export_dynamic(
         # At the edge of a range an op may be an identity (`pos[:, :S]` at S = the table's
         # length) that the static export drops and the symbolic one keeps: capture the
         # static graph one step inside the range instead, where such ops are real.
-        inner = _one_step_inside(args, dims)
+        inner = one_step_inside(args, dims)
         if inner is None:
             raise
         static = export_model(module, inner, name=name, meta=meta)
@@ -242,7 +242,7 @@ def export_dynamic(
     return Captured(static.graph, program, args)
 
 
-def _one_step_inside(args: tuple[Any, ...], dims: DimRanges) -> tuple[Any, ...] | None:
+def one_step_inside(args: tuple[Any, ...], dims: DimRanges) -> tuple[Any, ...] | None:
     """`args` with each symbolic axis one size away from the edge it sits on (one
     smaller, or one larger at the range's low end: the tensor narrowed, or grown by
     repeating its first slice, so the values stay the caller's); None when no axis
