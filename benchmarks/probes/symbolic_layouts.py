@@ -4,9 +4,10 @@
     PYTHONPATH=. python benchmarks/probes/symbolic_layouts.py --quick   # CPU, tiny blocks
     PYTHONPATH=. python benchmarks/probes/symbolic_layouts.py --cpu     # CPU, the GPU's sizes
 
-Symbolic programs (one realization serving a bucket of lengths) keep eager's layouts at
-every group boundary unless realize is given `propagate_symbolic=True`
-(planner/realize/realizer.py, docs/runtime.md). On the H100 (torch 2.11) propagation made
+Symbolic programs (one realization serving a bucket of lengths) propagate layouts across
+groups unless realize is given `propagate_symbolic=False` (planner/realize/realizer.py,
+docs/runtime.md); the probe realizes each block both ways. On the H100 (torch 2.11),
+before propagation ran ops through the Python dispatcher, it made
 every block raise off the realization length (`expected size 167==211`): propagating fake
 values through `aten.matmul` specialized the length in the shape environment. `--cpu`
 reproduces that on torch 2.11 without a GPU.

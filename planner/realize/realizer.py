@@ -684,7 +684,7 @@ def realize(
     propagate_layouts: bool = True,
     share_compiles: bool | None = None,
     before_run: Callable[[], None] | None = None,
-    propagate_symbolic: bool = False,
+    propagate_symbolic: bool = True,
 ) -> RealizedPlan:
     """Realize `plan_or_partition` of `captured` (see the module docstring).
 
@@ -702,7 +702,7 @@ def realize(
     compute (planner.realize.layout; static shapes unless `propagate_symbolic`); False
     copies every boundary value back to eager's layout (also the fallback when propagation
     cannot be done). `propagate_symbolic`: a program with symbolic sizes (realized over a
-    range) propagates layouts too; off by default until checked on CUDA (docs/runtime.md).
+    range) propagates layouts too (False: eager's layouts at its boundaries).
     A Plan that records a tensor-parallel decision (`Plan.tensor_parallel`) is realized as
     planner.distributed.tp_realize.realize_tp does it instead: the decision applied to the
     rank program, verified against it on every rank, its other ops eager.
@@ -741,7 +741,7 @@ def realize(
     fake_mode = fake_mode_of(parts)
     out_orders: dict[int, list[int]] = {}
     units: list[GroupUnit] | None = None
-    # Symbolic programs keep eager's layouts unless asked (docs/runtime.md says why).
+    # Symbolic programs propagate layouts unless told not to (docs/runtime.md).
     if propagate_layouts and (propagate_symbolic or not _symbolic(parts)):
         try:
             units, out_orders = _prepare_propagating(
