@@ -180,6 +180,7 @@ def _counts(be: Any) -> tuple[int, ...]:
         ind["fxgraph_cache_miss"] + ind["fxgraph_cache_hit"] + ind["fxgraph_cache_bypass"],
         be.stats.realized if be is not None else 0,
         be.stats.graphs if be is not None else 0,
+        be.stats.static + len(be.stats.static_failed) if be is not None else 0,
     )
 
 
@@ -354,7 +355,12 @@ def summarize(res: dict[str, Any], lengths: list[int]) -> dict[str, Any]:
     if "error" in res:
         return {}
     p1, later = res["passes"][0], res["passes"][1:]
-    # The steady state: each call's median over the passes after the first.
+    # The steady state: each call's median over the passes after the first in which no call
+    # compiled (a recompile, a realization, a static specialization); where every later
+    # pass compiled, the last one alone, marked unsettled.
+    quiet = [q for q in later if not any(q.get("compiled", ()))]
+    settled = bool(quiet)
+    later = quiet or later[-1:]
     per_call = [statistics.median(ts) for ts in zip(*(q["times_s"] for q in later))]
     steady_s = statistics.median(q["total_s"] for q in later)
     steady: dict[str, list[float]] = {}
@@ -372,6 +378,7 @@ def summarize(res: dict[str, Any], lengths: list[int]) -> dict[str, Any]:
     return {
         "pass1_s": p1["total_s"],
         "steady_s": steady_s,
+        "steady_passes": len(later) if settled else 0,
         "overhead_s": p1["total_s"] - steady_s,
         "first_call_s": p1["times_s"][0],
         "first_in_bucket_s": sum(first_in_bucket.values()),
@@ -440,7 +447,8 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             else (f"{_fmt(s['max_abs_err'], '.3g')} ({'ok' if s['checks_ok'] else '**FAIL**'})")
         )
         rows.append(
-            f"| {TITLES[name]} | {_fmt(s['pass1_s'])} | {_fmt(s['steady_s'])} | {vs} "
+            f"| {TITLES[name]} | {_fmt(s['pass1_s'])} | {_fmt(s['steady_s'])}"
+            f"{'' if s['steady_passes'] else ' (unsettled)'} | {vs} "
             f"| {_fmt(s['overhead_s'])} | {_fmt(s['first_call_s'])} "
             f"| {_fmt(s['first_in_bucket_s'])} | {s['compiling_calls']} "
             f"({_fmt(s['compiling_calls_s'])} s) | {_fmt(s['steady_median_ms'], '.3f')} "
@@ -530,7 +538,7 @@ Produced by `{meta["command"]}` on {meta["date"]}.
 
 - Machine: {meta["device_name"]}, {meta["cores"]} CPU cores; torch {meta["torch"]}, Python {meta["python"]}; {threads} intra-op thread(s). Load average (1 min): {meta["load_start"]:.2f} at the start, {meta["load_end"]:.2f} at the end{busy}.
 - Model: `{meta["model"]}` with {meta["shape"]}, {meta["dtype"]}, on {meta["device"]}, under torch.no_grad().
-- Stream: {len(lengths)} calls, {meta["dim"]} in {meta["seq"][0]}..{meta["seq"][1]} (log-normal, seed {meta["seed"]}): {len(set(lengths))} distinct lengths in {len(buckets)} pow2 buckets. Each contender runs it {meta["passes"]} times: pass 1 cold, the later passes are the steady state (their median).
+- Stream: {len(lengths)} calls, {meta["dim"]} in {meta["seq"][0]}..{meta["seq"][1]} (log-normal, seed {meta["seed"]}): {len(set(lengths))} distinct lengths in {len(buckets)} pow2 buckets. Each contender runs it {meta["passes"]} times: pass 1 cold, the later passes in which no call compiled are the steady state (their median; *unsettled*: every later pass compiled something, and the last one is shown).
 - Plan cache (planner): {cache_mode}.
 - Each contender ran in {where}, with {ind_cache}.
 - optuna / scikit-learn loaded by a contender: {loaded_text}.

@@ -81,6 +81,24 @@ def test_stream_shares_name_the_best_alternative_and_the_missing_contenders():
     assert runtime_stream._shares({"eager": summary(1.0)}) == ""
 
 
+def test_stream_steady_state_leaves_out_passes_in_which_a_call_compiled():
+    lengths = [128, 256, 128]
+
+    def run(compiled_by_pass):
+        passes = [
+            {"total_s": 10.0 * (i + 1), "times_s": [float(i + 1)] * 3, "compiled": flags}
+            for i, flags in enumerate(compiled_by_pass)
+        ]
+        return {"contender": "planner", "passes": passes, "checks": []}
+
+    quiet, busy = [False] * 3, [False, True, False]
+    s = runtime_stream.summarize(run([busy, quiet, busy, quiet]), lengths)
+    assert s["steady_passes"] == 2 and s["steady_s"] == (20.0 + 40.0) / 2  # passes 2 and 4
+    assert s["steady_median_ms"] == (2.0 + 4.0) / 2 * 1e3
+    s = runtime_stream.summarize(run([busy, busy, busy]), lengths)
+    assert s["steady_passes"] == 0 and s["steady_s"] == 30.0  # unsettled: the last pass
+
+
 def test_every_stream_contender_has_a_title_and_every_compile_mode_a_contender():
     assert set(runtime_stream.TITLES) == set(runtime_stream.CONTENDERS)
     assert set(runtime_stream.COMPILE_MODES.values()) == {
