@@ -176,7 +176,7 @@ def realized_plans(rank: int, world: int) -> dict:
     sites = tuple(s.gemm for s in find_tp_sites(gm))
     base = _unfused_plan(captured.graph, predicted_s=0.0)
     unplanned = gm(x)[0]
-    out = {}
+    out = {"sites": list(sites)}
     # the same decision at both sites, and a decision per site (attention's output
     # projection in 2 chunks with its epilogue fused, the MLP's down projection alone)
     for chunks, fuse in ((2, True), (2, False), ((2, 1), (True, False))):
