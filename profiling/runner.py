@@ -255,8 +255,8 @@ def _realize_agreed(
     (planner.realize.realizer.realize's `before_run`); a rank whose realization raised
     before that point says so instead. A realization that failed on any rank raises
     ServeError on every rank, so that every rank's backend runs dynamo's graph alike. A
-    tensor-parallel decision is realized whole: planner.distributed.tp_realize agrees on
-    it itself."""
+    tensor-parallel decision is realized by planner.distributed.tp_realize, which agrees
+    on each of its steps itself."""
     if plan.tensor_parallel is not None:
         return base(captured, plan, **options)
     agreed: list[bool] = []
@@ -305,8 +305,8 @@ def _not_served(backend: FusionPlannerBackend, made: list[Any], plan: Plan) -> s
     tp = [m[1] for m in made if isinstance(m[1], RealizedTP)]
     if plan.tensor_parallel is not None and (len(tp) != 1 or len(made) != 1):
         return f"the backend realized {len(made)} plan(s), not the tensor-parallel one stored"
-    if tp:  # a rank program's decision: realized once, for its static shapes
-        return "" if tp[0].applied else f"the tensor-parallel decision fell back: {tp[0].reason}"
+    if tp:  # a rank program's decision (realized once, for its static shapes), every site
+        return "" if tp[0].complete else f"the tensor-parallel decision fell back: {tp[0].reason}"
     # the bucket's realization, then (for a shape that recurs) its static specialization
     if len(made) != 1 + s.static or not all(isinstance(m[1], RealizedPlan) for m in made):
         return f"the backend realized {len(made)} plan(s), not the one stored"

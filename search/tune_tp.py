@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from planner.distributed.agree import agree_failures
 from planner.distributed.collectives import collectives
 from planner.distributed.comm_cost import collective_time_s
 from planner.distributed.links import get_link
@@ -82,10 +83,6 @@ def agree_calls(calls: int) -> int:
     return int(t.item())
 
 
-# bytes of a failing rank's error that `agree_failure` carries to the others (UTF-8, cut)
-_ERROR_BYTES = 240
-
-
 def agree_failure(error: str) -> tuple[int, str] | None:
     """Every rank's outcome of one step, the same on every rank: None when the step
     succeeded on every rank (each passed ""), else the first failing rank and its `error`.
@@ -93,20 +90,8 @@ def agree_failure(error: str) -> tuple[int, str] | None:
     Call it on every rank after each step whose outcome decides whether collectives
     follow, whether the step succeeded here or not, so that no rank goes on to issue
     collectives that another, failed, rank never will. One all_gather of a fixed-size
-    byte tensor per rank (a flag, then the error's first bytes): nothing is unpickled."""
-    mine = torch.zeros(1 + _ERROR_BYTES, dtype=torch.uint8)
-    if error:
-        text = error.encode()[:_ERROR_BYTES]
-        mine[0] = 1
-        mine[1 : 1 + len(text)] = torch.tensor(list(text), dtype=torch.uint8)
-    mine = mine.to(_device())
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    for rank, t in enumerate(every):
-        if int(t[0]):
-            raw = bytes(t[1:].cpu().tolist()).rstrip(b"\0")
-            return rank, raw.decode(errors="replace")
-    return None
+    byte tensor per rank (planner.distributed.agree): nothing is unpickled."""
+    return agree_failures([error])[0]
 
 
 def agree_error(error: MeasureError | None) -> MeasureError | None:

@@ -70,8 +70,7 @@ def test_zoo_tp_block_capture_has_two_sites_with_their_epilogues() -> None:
     assert calls.count(row_parallel_chunks) == 2
     assert not [c for c in calls if "all_reduce" in str(c) or "wait_tensor" in str(c)]
     assert sorted(c for c in calls if isinstance(c, str) and "epilogue" in c) == [
-        "tp_epilogue_0",
-        "tp_epilogue_1",
+        f"tp_epilogue_{s.gemm}" for s in sites
     ]
     plan = search_tp_graph(captured, _nvlink_like)
     alike = plan.table[:6]  # the decisions for both sites alike, then a per-site best

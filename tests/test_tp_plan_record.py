@@ -199,10 +199,11 @@ def test_the_priced_backward_collectives_are_those_torch_issues() -> None:
 def test_a_recorded_decision_is_applied_and_verified_on_gloo_ranks() -> None:
     res = run_ranks(2, "tests.tp_ranks:realized_plans", (), timeout_s=120)
     # site by site: chunks per row-parallel GEMM, the fused epilogues' units
+    first, second = (f"tp_epilogue_{g}" for g in res["sites"])
     expected = {
-        "k=2 fused": ([2, 2], ["tp_epilogue_0", "tp_epilogue_1"]),
+        "k=2 fused": ([2, 2], [first, second]),
         "k=2": ([2, 2], []),
-        "k=2 fused | k=1": ([2, 1], ["tp_epilogue_0"]),
+        "k=2 fused | k=1": ([2, 1], [first]),
     }
     for label, (chunks, epilogues) in expected.items():
         r = res[label]
@@ -210,14 +211,57 @@ def test_a_recorded_decision_is_applied_and_verified_on_gloo_ranks() -> None:
         assert r["chunks"] == chunks and r["epilogues"] == epilogues, r
         assert r["chunked"] == 2 and r["collectives_left"] == 0, r
         assert r["err"] < 1e-5 and r["ref_err"] < 1e-5, r
-    wrong = res["wrong"]  # rank 0's program matched; rank 1's did not: both fall back
+    # rank 0's program matched; rank 1's did not, whichever sites it rewrote: every site
+    # fails alone too, and both ranks fall back entirely
+    wrong = res["wrong"]
     assert not wrong["applied"] and wrong["err"] == 0.0
+    assert wrong["fell_back"] == res["sites"], wrong
     assert any("not applied" in w for w in wrong["warnings"]), wrong
-    # rank 1's rewrite raised: rank 0 ran neither program alone, and fell back too
+    # rank 1's rewrite raised: rank 0 ran no rewritten program alone, and fell back too
     unwritten = res["unwritten"]
     assert not unwritten["applied"], unwritten
-    assert unwritten["reason"] == "another rank could not rewrite the program", unwritten
+    assert [g for g, _ in unwritten["fell_back"]] == res["sites"], unwritten
+    assert all(w.startswith("on rank 1: RuntimeError: injected") for _, w in unwritten["fell_back"])
     assert not res["stale"]["applied"]
+
+
+def test_a_site_whose_rewrite_fails_falls_back_alone_on_gloo_ranks() -> None:
+    """A decision per site (k=2 fused | k=4 fused) on a DTensor block whose rewrite of one
+    site is made wrong (tests/tp_ranks.py): that site runs as captured on both ranks, the
+    other keeps its chunks and fused epilogue, the output is the unplanned program's; the
+    whole program, then each site alone, then the kept site are rewritten, no more."""
+    res = run_ranks(2, "tests.tp_ranks:narrowed_plans", (), timeout_s=120)
+    sites = res["sites"]
+    kept = {  # case -> (the site kept, its chunks)
+        "wrong at site 1 on rank 1": (0, 2),
+        "wrong at site 0 on both": (1, 4),
+        "raising at site 0 on rank 1": (1, 4),
+    }
+    for case, (k, chunks) in kept.items():
+        r, bad = res[case], sites[1 - k]
+        assert r["applied"] and not r["complete"], (case, r)
+        assert r["chunks"] == [chunks] and r["epilogues"] == [f"tp_epilogue_{sites[k]}"], r
+        assert [g for g, _ in r["fell_back"]] == [bad], (case, r)
+        assert r["err"] < 1e-5, (case, r)
+        assert r["calls"] == [sites, [sites[0]], [sites[1]], [sites[k]]], (case, r)
+        (warned,) = r["warnings"]
+        assert bad in warned and f"applied at sites ['{sites[k]}'] only" in warned, warned
+    # rank 0 saw no mismatch: it names rank 1's; a mismatch both ranks saw, its own
+    assert res["wrong at site 1 on rank 1"]["fell_back"][0][1].startswith("on rank 1: its outputs")
+    assert res["wrong at site 0 on both"]["fell_back"][0][1].startswith("its outputs differ")
+    assert "injected" in res["raising at site 0 on rank 1"]["fell_back"][0][1]
+    # every site wrong alone: every rank runs the unplanned program, each site named
+    every = res["wrong at both sites on rank 1"]
+    assert not every["applied"] and every["err"] == 0.0, every
+    assert [g for g, _ in every["fell_back"]] == sites and not every["chunks"], every
+    assert every["calls"] == [sites, [sites[0]], [sites[1]]], every
+    (warned,) = every["warnings"]
+    assert "not applied" in warned and all(f"site {g}" in warned for g in sites), warned
+    # a site whose tokens do not split falls back unchecked; the other is checked once
+    uneven = res["tokens of site 0 uneven"]
+    assert uneven["applied"] and uneven["chunks"] == [4] and uneven["err"] < 1e-5, uneven
+    assert uneven["calls"] == [[sites[1]]] and uneven["fell_back"][0][0] == sites[0], uneven
+    assert "do not split into 3 chunks" in uneven["fell_back"][0][1], uneven
 
 
 def test_the_runtime_backend_lifts_a_dtensor_graph_to_the_captured_rank_program() -> None:

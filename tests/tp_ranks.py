@@ -176,7 +176,7 @@ def realized_plans(rank: int, world: int) -> dict:
     sites = tuple(s.gemm for s in find_tp_sites(gm))
     base = _unfused_plan(captured.graph, predicted_s=0.0)
     unplanned = gm(x)[0]
-    out = {}
+    out = {"sites": list(sites)}
     # the same decision at both sites, and a decision per site (attention's output
     # projection in 2 chunks with its epilogue fused, the MLP's down projection alone)
     for chunks, fuse in ((2, True), (2, False), ((2, 1), (True, False))):
@@ -208,14 +208,109 @@ def realized_plans(rank: int, world: int) -> dict:
         "err": float((got - unplanned).abs().max()),
         "warnings": [str(m.message) for m in w],
     }
+    out["wrong"]["fell_back"] = [g for g, _ in realized.fell_back]
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         realized = realize_tp(captured, plan, rewrite=_rewrite_failing_on_rank_1)
-    out["unwritten"] = {"applied": realized.applied, "reason": realized.reason}
+    out["unwritten"] = {
+        "applied": realized.applied,
+        "reason": realized.reason,
+        "fell_back": [list(f) for f in realized.fell_back],
+    }
     stale = dataclasses.replace(base, tensor_parallel=TPChoice(2, False, ("no_such_gemm",)))
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         out["stale"] = {"applied": realize(captured, stale).applied}
+    return out
+
+
+def _rewrite_wrong_at(gemms: list[str], ranks: list[int], calls: list[list[str]]):
+    """`tp_program`, except that on `ranks` the chunked GEMM of each site of `gemms` (where
+    it is rewritten) adds 1 to its reduced sum: a mismatch those sites' rewrites alone
+    cause. Each call's sites are appended to `calls`."""
+
+    def rewrite(gm, decision, sites, compile_epilogue):
+        calls.append([s.gemm for s in sites])
+        planned = tp_program(gm, decision, sites, compile_epilogue)
+        if dist.get_rank() not in ranks:
+            return planned
+        for site_gemm in [n for n in gm.graph.nodes if n.name in gemms and n.name in calls[-1]]:
+            operands = [a.name for a in site_gemm.args if isinstance(a, torch.fx.Node)]
+            (chunked,) = [
+                n
+                for n in planned.graph.nodes
+                if n.target is row_parallel_chunks
+                and [a.name for a in n.args[3:] if isinstance(a, torch.fx.Node)] == operands
+            ]
+            with planned.graph.inserting_after(chunked):
+                wrong = planned.graph.call_function(torch.add, (chunked, 1.0))
+            chunked.replace_all_uses_with(wrong, delete_user_cb=lambda u, w=wrong: u is not w)
+        planned.recompile()
+        return planned
+
+    return rewrite
+
+
+def _rewrite_raising_at(gemm: str, calls: list[list[str]]):
+    """`tp_program`, except that rewriting site `gemm` raises on rank 1."""
+
+    def rewrite(gm, decision, sites, compile_epilogue):
+        calls.append([s.gemm for s in sites])
+        if dist.get_rank() == 1 and gemm in calls[-1]:
+            raise RuntimeError(f"injected: this rank cannot rewrite {gemm}")
+        return tp_program(gm, decision, sites, compile_epilogue)
+
+    return rewrite
+
+
+@torch.no_grad()
+def narrowed_plans(rank: int, world: int) -> dict:
+    """A decision per site (attention's output projection in 2 chunks, the MLP's down
+    projection in 4, both epilogues fused) realized on a DTensor program whose rewrite of
+    one site is made wrong - on rank 1 only, on both ranks, raising on rank 1 - or of both
+    sites on rank 1; and a decision whose first site's tokens do not split into its
+    chunks. For each: what the realization kept, the sites of each rewrite it made, its
+    output against the unplanned program's, its warnings."""
+    import warnings
+
+    from planner.distributed.tp_realize import realize_tp
+    from planner.plans.plan import TPChoice
+
+    torch.manual_seed(0)
+    x = torch.randn(B, S, D)
+    mesh = init_device_mesh("cpu", (world,))
+    model = parallelize_module(pm.LlamaStyleBlock(D, H, 2 * D), mesh, pm.llama_tp_plan())
+    captured = export_model(model, (x,))
+    gm = captured.program.module()
+    sites = [s.gemm for s in find_tp_sites(gm)]
+    unplanned = gm(x)[0]
+    even, uneven = (2, 4), (3, 4)  # 16 tokens: 3 chunks do not split them
+    cases = {  # case -> (chunks per site, the rewrite given the list it records calls in)
+        "wrong at site 1 on rank 1": (even, lambda c: _rewrite_wrong_at(sites[1:], [1], c)),
+        "wrong at site 0 on both": (even, lambda c: _rewrite_wrong_at(sites[:1], [0, 1], c)),
+        "raising at site 0 on rank 1": (even, lambda c: _rewrite_raising_at(sites[0], c)),
+        "wrong at both sites on rank 1": (even, lambda c: _rewrite_wrong_at(sites, [1], c)),
+        "tokens of site 0 uneven": (uneven, lambda c: _rewrite_wrong_at([], [], c)),  # right
+    }
+    out: dict = {"sites": sites}
+    for case, (chunks, make) in cases.items():
+        choice = TPChoice(chunks, (True, True), tuple(sites))
+        plan = _unfused_plan(captured.graph, predicted_s=0.0, tensor_parallel=choice)
+        calls: list[list[str]] = []
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            realized = realize_tp(captured, plan, rewrite=make(calls))
+        nodes = list(realized.program.graph.nodes)
+        out[case] = {
+            "applied": realized.applied,
+            "complete": realized.complete,
+            "fell_back": [list(f) for f in realized.fell_back],
+            "chunks": [n.args[1] for n in nodes if n.target is row_parallel_chunks],
+            "epilogues": [str(n.target) for n in nodes if "tp_epilogue" in str(n.target)],
+            "err": float((realized(x)[0] - unplanned).abs().max()),
+            "calls": calls,
+            "warnings": [str(m.message) for m in w],
+        }
     return out
 
 

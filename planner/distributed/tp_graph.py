@@ -511,7 +511,8 @@ def _column_site(gm: fx.GraphModule, site: TPSite, chunks: int) -> None:
         gm.graph.erase_node(node)
 
 
-def _fuse_epilogue(gm: fx.GraphModule, site: TPSite, index: int, compile_epilogue: bool) -> None:
+def _fuse_epilogue(gm: fx.GraphModule, site: TPSite, compile_epilogue: bool) -> None:
+    """Site's epilogue as one submodule, `tp_epilogue_<its row-parallel GEMM>`."""
     nodes = {n.name: n for n in gm.graph.nodes}
     members = [nodes[n] for n in site.epilogue]
     inside = set(members)
@@ -525,7 +526,7 @@ def _fuse_epilogue(gm: fx.GraphModule, site: TPSite, index: int, compile_epilogu
     unit: torch.nn.Module = fx.GraphModule(torch.nn.Module(), sub)
     if compile_epilogue:
         unit = torch.compile(unit, dynamic=False)  # type: ignore[assignment]
-    name = f"tp_epilogue_{index}"
+    name = f"tp_epilogue_{site.gemm}"
     gm.add_submodule(name, unit)
     with gm.graph.inserting_after(members[-1]):
         call = gm.graph.call_module(name, tuple(inputs))
@@ -596,9 +597,9 @@ def tp_program(
             f"the program has collectives outside its column -> row sites ({left[:4]}): "
             "their gradients are not known to the rewrite; train it without planning"
         )
-    for i, (site, d) in enumerate(zip(sites, ds)):
+    for site, d in zip(sites, ds):
         if d.fuse_epilogue and site.epilogue:
-            _fuse_epilogue(out, site, i, compile_epilogue)
+            _fuse_epilogue(out, site, compile_epilogue)
     _stable_sort(out.graph)
     out.graph.lint()
     out.recompile()
