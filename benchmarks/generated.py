@@ -397,6 +397,7 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_tuned_h100",
             "runtime_stream_gpt2_tuned_h200",
             "runtime_stream_gpt2_tuned_h100",
+            "runtime_stream_gpt2_tuned_h100_b",
         )
     ),
     Generated(

@@ -393,6 +393,22 @@ def summarize(res: dict[str, Any], lengths: list[int]) -> dict[str, Any]:
     }
 
 
+def _per_pass(results: list[dict[str, Any]]) -> str:
+    """A table: per contender that ran, each pass's median call (ms) and total (s)."""
+    ran = [r for r in results if "error" not in r and r.get("passes")]
+    n = max((len(r["passes"]) for r in ran), default=0)
+    lines = [
+        "| contender | " + " | ".join(f"pass {i + 1}" for i in range(n)) + " |",
+        "|---|" + "---|" * n,
+    ]
+    for r in ran:
+        cells = [
+            f"{statistics.median(q['times_s']) * 1e3:.3f} ({q['total_s']:.2f})" for q in r["passes"]
+        ]
+        lines.append(f"| {TITLES[r['contender']]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -547,6 +563,10 @@ Produced by `{meta["command"]}` on {meta["date"]}.
 |---|---|---|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 {shares}{pl_text}
+Each pass, median ms per call (its total s): CUDA-graph recordings and static specializations happen in the later passes, so the last pass is the one closest to serving a recurring stream.
+
+{_per_pass(results)}
+
 Per bucket (first call of the bucket in pass 1; median call of the steady state):
 
 {bhead} |

@@ -99,6 +99,15 @@ def test_stream_steady_state_leaves_out_passes_in_which_a_call_compiled():
     assert s["steady_passes"] == 0 and s["steady_s"] == 30.0  # unsettled: the last pass
 
 
+def test_stream_per_pass_table_gives_each_pass_median_call_and_total():
+    passes = [{"total_s": 3.0, "times_s": [1.0, 2.0, 9.0]}, {"total_s": 0.3, "times_s": [0.1] * 3}]
+    table = runtime_stream._per_pass(
+        [{"contender": "eager", "passes": passes}, {"contender": "planner", "error": "x"}]
+    )
+    assert table.splitlines()[2] == "| eager | 2000.000 (3.00) | 100.000 (0.30) |"
+    assert "backend" not in table  # a contender that failed has no row
+
+
 def test_every_stream_contender_has_a_title_and_every_compile_mode_a_contender():
     assert set(runtime_stream.TITLES) == set(runtime_stream.CONTENDERS)
     assert set(runtime_stream.COMPILE_MODES.values()) == {
