@@ -228,14 +228,17 @@ def export_dynamic(
     try:
         _drop_unmatched_identity_views(program, static)
         _rename_like(program, static)
-    except CaptureError:
+    except CaptureError as e:
         # At the edge of a range an op may be an identity (`pos[:, :S]` at S = the table's
         # length) that the static export drops and the symbolic one keeps: capture the
         # static graph one step inside the range instead, where such ops are real.
         inner = one_step_inside(args, dims)
         if inner is None:
             raise
-        static = export_model(module, inner, name=name, meta=meta)
+        try:
+            static = export_model(module, inner, name=name, meta=meta)
+        except Exception:  # the model does not run there: the line-up failure stands
+            raise e from None
         _drop_unmatched_identity_views(program, static)
         _rename_like(program, static)
     _read_symbols(program)
