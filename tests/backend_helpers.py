@@ -25,6 +25,20 @@ def small_block() -> torch.nn.Module:
     return zoo.get("transformer-block").build({"B": 2, "S": 16, "D": 32, "H": 4})[0]
 
 
+class PositionSlice(torch.nn.Module):
+    """Export traces it into other ops by length: `pos[:, :S]` (a table of 16 positions)
+    is an identity slice at S=16, which a static export drops, and a real one below."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Parameter(torch.randn(1, 16, 32))
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        return torch.tanh(h * 2 + self.pos[:, : x.shape[1]]) + 1
+
+
 def run_shapes(compiled, module, sizes, d=32, b=2) -> None:
     """Call `compiled` at each sequence length and check it against `module`."""
     for s in sizes:

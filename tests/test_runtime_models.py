@@ -282,16 +282,7 @@ def test_fusion_plan_tune_stores_a_plan_the_backend_serves(tmp_path):
 POSITION_SLICE = """
 import torch
 
-
-class PositionSlice(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.pos = torch.nn.Parameter(torch.randn(1, 16, 32))
-        self.lin = torch.nn.Linear(32, 32)
-
-    def forward(self, x):
-        h = torch.relu(self.lin(x))
-        return torch.tanh(h * 2 + self.pos[:, : x.shape[1]]) + 1
+from tests.backend_helpers import PositionSlice
 
 
 def factory(B=2, S=16):

@@ -3,6 +3,7 @@ bucket's plan realized statically at that shape, and serves from it afterwards."
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 
@@ -17,7 +18,7 @@ from planner.plans.plan import Plan
 from planner.realize.realizer import realize
 from planner.runtime import backend as runtime
 from planner.runtime.backend import fusion_planner_backend
-from tests.backend_helpers import small_block
+from tests.backend_helpers import PositionSlice, small_block
 
 SPEC = "S=8..64"
 
@@ -34,6 +35,25 @@ def cache(tmp_path):
     return PlanCache(str(tmp_path / "plans.sqlite"))
 
 
+def cpu_plan(part, fingerprint: str = "") -> Plan:
+    """`part` as a tuned plan on the CPU (strategy "test", not the default's)."""
+    return Plan.from_partition(
+        part,
+        device="cpu",
+        dtype="float32",
+        strategy="test",
+        cost_model="analytical/1",
+        predicted_s=1e-4,
+        device_fingerprint=fingerprint,
+    )
+
+
+def merged_after(graph, op: str) -> Partition:
+    """Singletons, with the first `op` node merged with the node after it."""
+    i = next(i for i, n in enumerate(graph.nodes) if n.op == op)
+    return Partition.singletons(graph).merge_nodes(i, graph.succ[i][0])
+
+
 def store_plan(module, cache) -> None:
     """A plan fusing the block's softmax with the matmul after it, stored for the bucket
     of S=40 with the spec beside it (as `fusion-plan tune` stores one)."""
@@ -41,17 +61,7 @@ def store_plan(module, cache) -> None:
     bucket = spec.bucket_of([(2, 40, 32)])
     (rep,) = bucket.representative()
     graph = export_model(module, (torch.randn(*rep),)).graph
-    soft = next(i for i, n in enumerate(graph.nodes) if n.op == "softmax")
-    part = Partition.singletons(graph).merge_nodes(soft, graph.succ[soft][0])
-    plan = Plan.from_partition(
-        part,
-        device="cpu",
-        dtype="float32",
-        strategy="test",
-        cost_model="analytical/1",
-        predicted_s=1e-4,
-        device_fingerprint=cache.device_fp,
-    )
+    plan = cpu_plan(merged_after(graph, "softmax"), cache.device_fp)
     cache.store(plan.with_measurement(9e-5), bucket)
     cache.set_bucket_spec(graph.structure_key, spec, cache.device_fp)
 
@@ -197,41 +207,17 @@ def test_real_static_specialization_matches_eager(cache):
     assert [m.static_shapes for m in made] == [False, True]
 
 
-class _PositionSlice(torch.nn.Module):
-    """Export traces it into other ops by length: `pos[:, :S]` is an identity slice at
-    S=16 (dropped) and a real one below."""
-
-    def __init__(self):
-        super().__init__()
-        self.pos = torch.nn.Parameter(torch.randn(1, 16, 32))
-        self.lin = torch.nn.Linear(32, 32)
-
-    def forward(self, x):
-        h = torch.relu(self.lin(x))
-        return torch.tanh(h * 2 + self.pos[:, : x.shape[1]]) + 1
-
-
 def _graph(module, s: int):
     return export_model(module, (torch.randn(2, s, 32),)).graph
 
 
 def _tuned(graph, fingerprint: str = "") -> Plan:
     """A plan fusing relu and mul, as a tuned plan (not the default's strategy)."""
-    relu = next(i for i, n in enumerate(graph.nodes) if n.op == "relu")
-    part = Partition.singletons(graph).merge_nodes(relu, graph.succ[relu][0])
-    return Plan.from_partition(
-        part,
-        device="cpu",
-        dtype="float32",
-        strategy="test",
-        cost_model="analytical/1",
-        predicted_s=1e-4,
-        device_fingerprint=fingerprint,
-    )
+    return cpu_plan(merged_after(graph, "relu"), fingerprint)
 
 
 def test_a_plan_is_carried_to_the_ops_the_model_traces_into_at_another_shape():
-    module = _PositionSlice().eval()
+    module = PositionSlice().eval()
     at16, at12 = _graph(module, 16), _graph(module, 12)
     assert len(at12.nodes) == len(at16.nodes) + 1  # the slice
     plan = _tuned(at16)
@@ -285,7 +271,7 @@ def test_buckets_and_recurring_shapes_traced_into_other_ops_keep_a_plan(cache):
     is lined up with a capture one step inside the range, the tuned plan is carried to its
     ops, S=8 gets the default plan made for its own ops, and the recurring S=12 and S=16
     are specialized statically (S=16 with the plan carried back to its ops)."""
-    module = _PositionSlice().eval()
+    module = PositionSlice().eval()
     n16 = _store_tuned(module, cache)
     stats, seen = _serve(module, cache, (16, 8, 12, 12, 12, 16, 16))
     assert not stats.fallbacks and not stats.static_failed and not stats.unfitted, stats
@@ -302,31 +288,16 @@ def test_a_cached_plan_that_does_not_fit_gives_way_to_the_default_plan(cache):
     """A plan cached under the model's key whose groups are another graph's (a foreign or
     damaged record): the default plan made for the model's ops runs, not dynamo's graph,
     said once, with the reason in the stats."""
-    import dataclasses
-
-    module = _PositionSlice().eval()
+    module = PositionSlice().eval()
     spec = parse_dynamic("S=4..16", {"B": (0, 0), "S": (0, 1)})
     bucket = spec.bucket_of([(2, 16, 32)])
     key = _graph(module, 16).structure_key
     other = export_model(small_block(), (torch.randn(2, 16, 32),)).graph
-    foreign = dataclasses.replace(_tuned_softmax(other, cache.device_fp), structure_key=key)
+    foreign = cpu_plan(merged_after(other, "softmax"), cache.device_fp)
+    foreign = dataclasses.replace(foreign, structure_key=key)
     cache.store(foreign.with_measurement(9e-5), bucket)
     cache.set_bucket_spec(key, spec, cache.device_fp)
     with pytest.warns(runtime.PlannerRuntimeWarning, match="does not fit"):
         stats, seen = _serve(module, cache, (16, 12))
     assert not stats.fallbacks and len(stats.unfitted) == 1, stats
     assert [k for k, _, _ in seen] == ["default"]
-
-
-def _tuned_softmax(graph, fingerprint: str) -> Plan:
-    soft = next(i for i, n in enumerate(graph.nodes) if n.op == "softmax")
-    part = Partition.singletons(graph).merge_nodes(soft, graph.succ[soft][0])
-    return Plan.from_partition(
-        part,
-        device="cpu",
-        dtype="float32",
-        strategy="test",
-        cost_model="analytical/1",
-        predicted_s=1e-4,
-        device_fingerprint=fingerprint,
-    )
