@@ -321,7 +321,6 @@ def served_plan(rank: int, world: int, cache_dir: str) -> dict:
     the output equal to the block's own."""
     import warnings
 
-    from planner.distributed import tp_realize
     from planner.hardware import device_fingerprint
     from planner.plans.cache import PlanCache
     from planner.plans.plan import TPChoice
@@ -341,15 +340,7 @@ def served_plan(rank: int, world: int, cache_dir: str) -> dict:
         device_fingerprint=device_fingerprint(torch.device("cpu")),
         tensor_parallel=TPChoice(2, True, sites),
     )
-    applied: list[bool] = []
-    realize_tp = tp_realize.realize_tp
-
-    def spy(*args, **kwargs):
-        r = realize_tp(*args, **kwargs)
-        applied.append(r.applied)
-        return r
-
-    tp_realize.realize_tp = spy
+    applied = _recording_applied()
     with (
         PlanCache(f"{cache_dir}/rank{rank}.db") as cache,
         warnings.catch_warnings(record=True) as w,
@@ -365,6 +356,23 @@ def served_plan(rank: int, world: int, cache_dir: str) -> dict:
         "exact": backend.stats.exact,
         "warnings": [str(m.message) for m in w if "fusion-planner" in str(m.message)],
     }
+
+
+def _recording_applied() -> list[bool]:
+    """A list that records, from now on in this rank's process, whether each
+    `tp_realize.realize_tp` call applied its decision (the function is wrapped in place)."""
+    from planner.distributed import tp_realize
+
+    applied: list[bool] = []
+    realize_tp = tp_realize.realize_tp
+
+    def spy(*args, **kwargs):
+        r = realize_tp(*args, **kwargs)
+        applied.append(r.applied)
+        return r
+
+    tp_realize.realize_tp = spy
+    return applied
 
 
 def _tp_tune_config(world: int):
@@ -549,7 +557,6 @@ def served_dtensor_plan(rank: int, world: int, cache_dir: str) -> dict:
     block; then in grad mode, the gradients against the DTensor model's."""
     import warnings
 
-    from planner.distributed import tp_realize
     from planner.hardware import device_fingerprint
     from planner.plans.cache import PlanCache
     from planner.plans.plan import TPChoice
@@ -573,15 +580,7 @@ def served_dtensor_plan(rank: int, world: int, cache_dir: str) -> dict:
     x2 = torch.randn(B, 2 * S, D)
     with torch.no_grad():
         fused = default_plan(export_model(model, (x2,)).graph, torch.device("cpu"))
-    applied: list[bool] = []
-    realize_tp = tp_realize.realize_tp
-
-    def spy(*args, **kwargs):
-        r = realize_tp(*args, **kwargs)
-        applied.append(r.applied)
-        return r
-
-    tp_realize.realize_tp = spy
+    applied = _recording_applied()
     out: dict = {
         "sites": list(sites),
         "planned_groups": sum(len(g.nodes) > 1 for g in fused.groups),
