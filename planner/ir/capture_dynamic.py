@@ -33,6 +33,13 @@ from planner.realize.graph import _is_op_node
 DimRanges = Mapping[int, Mapping[int, tuple[int, int]]]
 
 
+def _symbolic_low(lo: int, hi: int) -> int | None:
+    """The lowest size an axis ranging over [lo, hi] is exported symbolic from (export
+    specializes sizes 0 and 1), or None where the axis stays static."""
+    low = max(int(lo), 2)
+    return low if hi > low else None
+
+
 def _dynamic_shapes(args: tuple[Any, ...], dims: DimRanges, auto: bool) -> tuple[Any, ...]:
     specs: list[Any] = []
     for i, a in enumerate(args):
@@ -46,8 +53,8 @@ def _dynamic_shapes(args: tuple[Any, ...], dims: DimRanges, auto: bool) -> tuple
                     f"input {i} axis {axis} has size {size}, outside its range [{lo}, {hi}]: "
                     "export at a shape inside the bucket (its representative)"
                 )
-            lo2 = max(int(lo), 2)
-            if hi <= lo2:
+            lo2 = _symbolic_low(lo, hi)
+            if lo2 is None:
                 continue  # a single size (or sizes 0/1 only): static
             if auto:
                 spec[axis] = torch.export.Dim.AUTO(min=lo2, max=int(hi))
@@ -255,8 +262,8 @@ def one_step_inside(args: tuple[Any, ...], dims: DimRanges) -> tuple[Any, ...] |
         t = out[i]
         for axis, (lo, hi) in dict(axes).items():
             n = int(t.shape[axis])
-            lo2 = max(int(lo), 2)
-            if hi <= lo2:
+            lo2 = _symbolic_low(lo, hi)
+            if lo2 is None:
                 continue  # static (see _dynamic_shapes)
             if n - 1 >= lo2:
                 t = t.narrow(axis, 0, n - 1)
