@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.models import gpt2, llama  # noqa: E402
+from planner.errors import first_line  # noqa: E402
 from planner.runtime.backend import fusion_planner_backend  # noqa: E402
 
 MODELS = {"gpt2": gpt2, "llama": llama}
@@ -99,8 +100,7 @@ def _divergence(ref: Any, out: Any, ids_len: int) -> tuple[int, int | None, floa
 
 def _reason(e: BaseException) -> str:
     """The first line of an exception, with its type, for a failed contender's row."""
-    first = (str(e).strip().splitlines() or [""])[0]
-    return f"{type(e).__name__}: {first[:300]}"
+    return f"{type(e).__name__}: {first_line(e)}"
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -6,6 +6,13 @@ Messages say what was expected, what came, and what to do about it.
 from __future__ import annotations
 
 
+def first_line(text: object, limit: int = 300) -> str:
+    """The first line of `text` (an exception's message, say), stripped, cut to `limit`
+    characters: "" for an empty message."""
+    lines = str(text).strip().splitlines()
+    return lines[0][:limit] if lines else ""
+
+
 class FusionPlannerError(Exception):
     """Root of every error this project raises on purpose."""
 

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from planner.errors import FusionPlannerError
+from planner.errors import FusionPlannerError, first_line
 from planner.hardware import cache_dir
 from planner.ir.graph import OpGraph
 
@@ -150,7 +150,7 @@ def make_storage(
     except FusionPlannerError:
         raise
     except Exception as e:  # a URL that does not parse, a missing driver, a server down
-        first = (str(e).strip().splitlines() or [""])[0][:300]
+        first = first_line(e)
         down = type(e).__name__ in ("OperationalError", "InterfaceError")
         raise FusionPlannerError(
             f"{UNREACHABLE if down else 'cannot open Optuna storage'} {_safe(url)}: "
@@ -310,7 +310,7 @@ def _child(conn: Any, target: Callable[..., Any], index: int, args: tuple[Any, .
     try:
         msg: tuple[str, Any] = ("ok", target(index, *args))
     except BaseException as e:
-        msg = ("error", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")
+        msg = ("error", f"{type(e).__name__}: {first_line(e)}")
     conn.send(msg)
     conn.close()
 

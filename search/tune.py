@@ -44,7 +44,7 @@ from learned_cost.online import Observation
 from planner import progress as progress_bars
 from planner import units
 from planner.cost import CostModel
-from planner.errors import CacheError, FusionPlannerError, is_out_of_memory
+from planner.errors import CacheError, FusionPlannerError, first_line, is_out_of_memory
 from planner.fusion.partition import Partition
 from planner.fusion.realization import realizations_of
 from planner.hardware import cache_dir, device_fingerprint, local_device_name
@@ -642,7 +642,7 @@ def tune(
                 tune_bucket(cfg, spec, b, cost_model, cache, progress=progress, runner=runner)
             )
         except Exception as e:
-            why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+            why = f"{type(e).__name__}: {first_line(e)}"
             if is_out_of_memory(e):
                 why = f"out of memory at {spec.representative_params(b)} ({why})"
             progress(f"  bucket {spec.label(b)} failed: {why}")

@@ -19,6 +19,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from planner.errors import first_line
+
 REFERENCE_DTYPE = torch.float64
 
 
@@ -162,7 +164,7 @@ def run_in_high_precision(
     except Exception as e:  # the reference is a check's aid: its absence is not an error
         n = interp.node
         where = f" at {n.name} ({n.target})" if n is not None else ""
-        msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+        msg = first_line(e, 160)
         return HighRun(
             None, None, f"the program fails in {dtype}{where}: {type(e).__name__}: {msg}"
         )

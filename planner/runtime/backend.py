@@ -40,7 +40,7 @@ import torch
 import torch.fx as fx
 from torch._dynamo.backends.registry import lookup_backend
 
-from planner.errors import FusionPlannerError, PlanError
+from planner.errors import FusionPlannerError, PlanError, first_line
 from planner.fusion.fuse_rules import default_partition as _rule_based_partition
 from planner.fusion.partition import Partition
 from planner.hardware import device_fingerprint, local_device_name
@@ -592,7 +592,7 @@ class _PlannedGraph:
                     why = e2
             if fitted is None:
                 if not default:
-                    reason = f"{plan.strategy} plan: {str(why).splitlines()[0][:240]}"
+                    reason = f"{plan.strategy} plan: {first_line(why, 240)}"
                     self.backend.stats.unfitted.append(reason)
                     _warn_once(
                         f"unfitted:{plan.structure_key}",
@@ -619,8 +619,7 @@ class _PlannedGraph:
                     whole_bucket = True
                 except Exception as e:  # no dynamic export: this shape alone, statically
                     self._per_shape.add(bucket.key)  # its other shapes do not try again
-                    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-                    reason = f"{bucket.key}: {type(e).__name__}: {first}"
+                    reason = f"{bucket.key}: {type(e).__name__}: {first_line(e, 200)}"
                     self.backend.stats.per_shape.append(reason)
                     _warn_once(
                         f"per-shape:{self.lifted.module.__class__.__name__}",
