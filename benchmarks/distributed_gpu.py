@@ -223,21 +223,10 @@ def tp_rank(
             checks[name] = {"error": f"{type(e).__name__}: {e}"[:2000], "ok": False}
 
     def run_planned(dec, comm: bool = True):
-        def f():
-            planned.decision, planned.collectives = dec, comm
-            return planned(x)
-
-        return f
+        return lambda: _call_fixed(planned, dec, comm, x)
 
     def run_eager(comm: bool = True):
-        def f():
-            block.collectives = comm
-            try:
-                return block(x)
-            finally:
-                block.collectives = True
-
-        return f
+        return lambda: _call_fixed(block, None, comm, x)
 
     graphed: dict[str, Any] = {}  # name -> GraphedTP, captured at its first call
     if graphs:
@@ -292,22 +281,27 @@ def tp_rank(
     return out
 
 
+def _call_fixed(module: Any, decision: Any, collectives: bool, x: torch.Tensor) -> Any:
+    """`module(x)` (a TPBlock, or a PlannedTPBlock run with `decision`) with its collectives
+    on or off for this call."""
+    if decision is not None:
+        module.decision = decision
+    module.collectives = collectives
+    try:
+        return module(x)
+    finally:
+        module.collectives = True
+
+
 class _Fixed(torch.nn.Module):
-    """`module` (a TPBlock, or a PlannedTPBlock run with `decision`) with its collectives
-    on or off, set at every call: the form a CUDA graph records once."""
+    """`_call_fixed` as a module: the form a CUDA graph (GraphedTP) records once."""
 
     def __init__(self, module: torch.nn.Module, decision: Any, collectives: bool):
         super().__init__()
         self.module, self.decision, self.collectives = module, decision, collectives
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.decision is not None:
-            self.module.decision = self.decision
-        self.module.collectives = self.collectives
-        try:
-            return self.module(x)
-        finally:
-            self.module.collectives = True
+        return _call_fixed(self.module, self.decision, self.collectives, x)
 
 
 def tp_row(a: argparse.Namespace, shape, rows, timeout_s: float) -> dict[str, Any]:
