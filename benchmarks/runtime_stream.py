@@ -173,7 +173,8 @@ def parse_range(text: str) -> tuple[int, int]:
 
 # ---- one contender ----------------------------------------------------------------------
 def _counts(be: Any) -> tuple[int, ...]:
-    """What a compile changes: dynamo frames, Inductor graphs, planner realizations."""
+    """What a compile changes: dynamo frames, Inductor graphs, planner realizations and
+    graphs, static specializations built or tried."""
     from torch._dynamo.utils import counters
 
     ind = counters["inductor"]
@@ -182,8 +183,14 @@ def _counts(be: Any) -> tuple[int, ...]:
         ind["fxgraph_cache_miss"] + ind["fxgraph_cache_hit"] + ind["fxgraph_cache_bypass"],
         be.stats.realized if be is not None else 0,
         be.stats.graphs if be is not None else 0,
-        be.stats.static + len(be.stats.static_failed) if be is not None else 0,
+        _specializations_tried(be.stats) if be is not None else 0,
     )
+
+
+def _specializations_tried(stats: Any) -> int:
+    """Static specializations the backend built or tried to: `static_failed` also holds
+    one entry saying the budget is spent, which built nothing."""
+    return stats.static + len(stats.static_failed) - min(stats.static_skipped, 1)
 
 
 def _realize_unfused(captured: Any, plan: Any) -> Any:

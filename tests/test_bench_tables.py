@@ -108,6 +108,15 @@ def test_stream_per_pass_table_gives_each_pass_median_call_and_total():
     assert "backend" not in table  # a contender that failed has no row
 
 
+def test_stream_counts_static_specializations_tried_not_the_spent_budget():
+    from planner.runtime.backend import RuntimeStats
+
+    st = RuntimeStats(static=8, static_failed=["(1,): failed", "(2,): budget spent"])
+    assert runtime_stream._specializations_tried(st) == 10
+    st.static_skipped = 3  # the last entry is the budget's, which built nothing
+    assert runtime_stream._specializations_tried(st) == 9
+
+
 def test_every_stream_contender_has_a_title_and_every_compile_mode_a_contender():
     assert set(runtime_stream.TITLES) == set(runtime_stream.CONTENDERS)
     assert set(runtime_stream.COMPILE_MODES.values()) == {
