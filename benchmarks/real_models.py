@@ -492,9 +492,8 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
     for r in rows:
         t = r.get("timing", {})
 
-        best_alt = min((t[n]["median_s"] for n in ALTERNATIVES if n in t), default=None)
         planner = t.get("planner", {}).get("median_s")
-        vs = planner / best_alt if planner and best_alt else None
+        vs = _vs_best(t)
         if vs:
             ratios.append(vs)
         stored = r.get("stored_measured_s")
@@ -577,10 +576,9 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             + " |"
         )
     if ratios:
-        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
         lines += [
             "",
-            f"Planner vs best alternative: geometric mean {geo:.3f}x over {len(ratios)} "
+            f"Planner vs best alternative: geometric mean {_geomean(ratios):.3f}x over {len(ratios)} "
             f"cell(s), worst {max(ratios):.2f}x.",
         ]
     if other_ratios:
@@ -639,6 +637,18 @@ def _say(msg: str) -> None:
     print(f"[real_models] {msg}", file=sys.stderr, flush=True)
 
 
+def _vs_best(t: dict[str, Any], suffix: str = "") -> float | None:
+    """The planner's median over the fastest alternative's, among the timings `t` (at the
+    other shape with `suffix`); None where either is missing."""
+    best = min((t[n + suffix]["median_s"] for n in ALTERNATIVES if n + suffix in t), default=None)
+    mine = t.get("planner" + suffix, {}).get("median_s")
+    return mine / best if mine and best else None
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
 CHART_NAMES = {
     "planner": "plan",
     "eager": "eager",
@@ -668,21 +678,19 @@ def html_view(rows: list[dict[str, Any]], command: str) -> str:
             }
             if not times:
                 continue
-            best = min((t[n + suffix]["median_s"] for n in ALTERNATIVES if n + suffix in t),
-                       default=None)  # fmt: skip
-            mine = t.get("planner" + suffix, {}).get("median_s")
+            vs = _vs_best(t, suffix)
             shape = r.get("other_shape") if suffix else r.get("shape")
             label = r["cell"].split(":")[0] + ":" + "x".join(f"{k}{v}" for k, v in shape.items())
-            if mine and best:
-                label += f" ({mine / best:.2f}x)"
+            if vs:
+                label += f" ({vs:.2f}x)"
                 if not suffix:
-                    ratios.append(mine / best)
+                    ratios.append(vs)
             bands.append(BucketTimes(label, times))
     summary = ""
     if ratios:
-        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         summary = (
-            f"Planner vs best alternative at the cells' own shapes: geometric mean {geo:.3f}x "
+            "Planner vs best alternative at the cells' own shapes: geometric mean "
+            f"{_geomean(ratios):.3f}x "
             f"over {len(ratios)} cell(s), worst {max(ratios):.2f}x. "
         )
     devices = sorted({r.get("device", "") for r in latest.values()} - {""})
