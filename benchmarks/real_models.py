@@ -36,7 +36,9 @@ length for text, the batch for vision: an image model serves one image size; a c
 bucket would hold sizes below 2, e.g. a vision cell at B=1, is tuned at its one shape and
 compiled as such), every compiled contender has `dynamic=True`, and every contender is also called at a second shape of the
 bucket (its size 3v/4, inputs built like the cell's): `<mode>@other`. The planner gets
-`static_after` calls at each shape and its static specializations are waited for; then both
+three calls at each shape (its backend has `static_after=3`: a shape served long enough gets
+its static specialization under the default policy too, once it pays) and its static
+specializations are waited for; then both
 shapes' contenders are timed in the same interleaved rounds, and the table adds served / tuned
 at the other shape.
 
@@ -263,7 +265,9 @@ def contenders(
         elif mode == "compile":
             out[mode] = torch.compile(module, dynamic=dynamic)
         elif mode == "planner":
-            backend = fusion_planner_backend(db, device=device)
+            # static_after=3: the steady state of a shape served long enough for its static
+            # specialization to pay for itself (the default policy's end state), made now
+            backend = fusion_planner_backend(db, device=device, static_after=3)
             base = backend.realizer
 
             def recording(captured: Any, plan: Any, base: Any = base, **options: Any) -> Any:

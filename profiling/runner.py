@@ -55,6 +55,9 @@ STEADY_TIMER: dict[str, Any] = {"rounds": 15, "round_s": 0.025, "warmup": 3}
 # Dynamo's limits while the serving executor compiles: a tuning job compiles the same
 # model once per candidate, which must not run into the recompile limit (dynamo would
 # then run the model eagerly, and the timing would be eager's).
+# calls of the timed shape before its static specialization is made (a served shape that
+# recurs long enough gets one under the backend's default policy)
+STEADY_AFTER = 3
 _DYNAMO_LIMITS = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 << 20}
 
 
@@ -186,8 +189,14 @@ class ServedExecutor:
             else:
                 shapes = job.captured.graph.input_shapes
                 cache.store_exact(plan, shapes, device_fp=dev_fp, replace="always")
+            # the shape recurs while it is timed, as a shape served long enough does: its
+            # static specialization (which the default policy makes once it pays) is made now
             backend = FusionPlannerBackend(
-                cache, device=device, compile_budget=self.compile_budget, record_misses=False
+                cache,
+                device=device,
+                compile_budget=self.compile_budget,
+                record_misses=False,
+                static_after=STEADY_AFTER,
             )
             made: list[tuple[Captured, Any]] = []
             base = backend.realizer
@@ -209,7 +218,7 @@ class ServedExecutor:
                 compiled(*inputs)
                 # the shape recurs while it is timed: the backend's static specialization
                 # of the bucket's plan is what serves it, so make it before timing
-                for _ in range((backend.static_after or 1) - 1):
+                for _ in range(STEADY_AFTER - 1):
                     compiled(*inputs)
                 backend.wait_static()
             compile_s = time.perf_counter() - t0

@@ -108,13 +108,21 @@ def test_stream_per_pass_table_gives_each_pass_median_call_and_total():
     assert "backend" not in table  # a contender that failed has no row
 
 
-def test_stream_counts_static_specializations_tried_not_the_spent_budget():
+def test_stream_says_what_static_specializations_cost_and_saved():
+    from dataclasses import asdict
+
     from planner.runtime.backend import RuntimeStats
 
-    st = RuntimeStats(static=8, static_failed=["(1,): failed", "(2,): budget spent"])
-    assert runtime_stream._specializations_tried(st) == 10
-    st.static_skipped = 3  # the last entry is the budget's, which built nothing
-    assert runtime_stream._specializations_tried(st) == 9
+    st = RuntimeStats(
+        static=2,
+        static_build_s=6.5,
+        static_gains=[0.25, -0.1],
+        static_failed=["(1,): budget spent", "(9,): RuntimeError: no"],
+        static_skipped=3,
+    )
+    text = runtime_stream._static_text(asdict(st))
+    assert "2 built (6.50 s)" in text and "+25%, -10%" in text
+    assert "3 skipped" in text and "1 not made, first: `(9,): RuntimeError: no`" in text
 
 
 def test_every_stream_contender_has_a_title_and_every_compile_mode_a_contender():

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ from planner.plans.plan import Plan
 from planner.realize.realizer import realize
 from planner.runtime.grad import PlannedForward, needs_grad, recompute_blocker
 from planner.runtime.graph import LiftedGraph, lift_graph
+from planner.runtime.specialize import Compared, Ledger, Recurring
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +223,10 @@ class RuntimeStats:
     static: int = 0  # recurring shapes given a static specialization of their bucket's plan
     static_failed: list[str] = field(default_factory=list)  # why a specialization was not made
     static_skipped: int = 0  # recurring shapes left unspecialized, the static budget spent
+    static_build_s: float = 0.0  # seconds spent building static specializations
+    # share of a call each specialization saved, timed against its bucket realization's
+    # calls at that shape (static_after="auto"); one that lost (< 0) was dropped again
+    static_gains: list[float] = field(default_factory=list)
     # cached plans that did not fit the ops the model traced into at a call's shapes (the
     # default plan ran instead)
     unfitted: list[str] = field(default_factory=list)
@@ -244,7 +250,7 @@ class FusionPlannerBackend:
         record_misses: bool = True,
         realizer: Realizer | None = None,
         exporter: Exporter | None = None,
-        static_after: int | None = 3,
+        static_after: int | str | None = "auto",
         static_budget: int = 8,
         static_background: bool | None = None,
     ):
@@ -257,8 +263,14 @@ class FusionPlannerBackend:
         self.record_misses = record_misses
         self.realizer: Realizer = realizer or _default_realizer
         self.exporter: Exporter = exporter or _default_exporter
-        if static_after is not None and static_after < 1:
-            raise ValueError(f"static_after must be >= 1 or None, got {static_after}")
+        if (
+            static_after != "auto"
+            and static_after is not None
+            and (not isinstance(static_after, int) or static_after < 1)
+        ):
+            raise ValueError(
+                f"static_after must be 'auto', an int >= 1 or None, got {static_after!r}"
+            )
         self.static_after = static_after
         self.static_budget = static_budget
         self.static_background = static_background
@@ -370,8 +382,10 @@ def fusion_planner_backend(
 
     `bucket_policy`: a BucketSpec over the model's inputs, or one Policy for every
     dynamic dim; None uses the spec the tuning job stored for the model, else pow2.
-    Keyword options of FusionPlannerBackend: `static_after` (calls of one shape before it
-    gets a static specialization of its bucket's plan; None: never), `static_budget` (how
+    Keyword options of FusionPlannerBackend: `static_after` (when a shape that recurs gets a
+    static specialization of its bucket's plan: "auto", once its calls have taken as long
+    as building one would, at the share of a call one saves, both measured as it serves
+    (planner.runtime.specialize); an int: at that call; None: never), `static_budget` (how
     many specializations the process pays for), `static_background` (declined with a
     warning: specializations build in the calling thread, see
     FusionPlannerBackend.background_for).
@@ -407,6 +421,8 @@ class _PlannedGraph:
         self._first_static: Captured | None = None  # the capture made to identify the model
         self._default: Plan | None = None  # the model's default plan (fuse_rules)
         self._broken = False
+        self.ledger = Ledger()  # what static specializations of this graph cost and save
+        self._gave_up = False
 
     def __call__(self, *args: Any) -> Any:
         if self._consts and not self.lifted.fits(args):  # another value of an int argument
@@ -441,8 +457,16 @@ class _PlannedGraph:
             fn = self._memo.get(sizes)
             if fn is None:
                 fn, plan = self._choose(args)
-                if plan is not None and self.backend.static_after is not None:
-                    fn = _Recurring(self, sizes, fn, plan)
+                after = self.backend.static_after
+                if plan is not None and after is not None:
+                    fn = Recurring(
+                        sizes,
+                        fn,
+                        plan,
+                        after=after,
+                        ledger=self.ledger,
+                        specialize=self._specialize,
+                    )
                 if len(self._memo) >= MEMO_MAX:
                     self._memo.clear()
                 self._memo[sizes] = fn
@@ -517,10 +541,13 @@ class _PlannedGraph:
             )
             self._realized[key] = self._eager
             return self._eager, None
+        t0 = time.perf_counter()
         fn, whole_bucket, static, fitted = self._realize(plan, region, user)
         if static or not whole_bucket or fn == self._eager or fitted is None:
             self._realized[exact if not whole_bucket else key] = fn
             return fn, None
+        # what a static build of this plan is taken to cost before one has been timed
+        self.ledger.realizations.append(time.perf_counter() - t0)
         self._realized[key] = fn
         self._bucket_plans[key] = fitted
         return fn, fitted
@@ -660,7 +687,7 @@ class _PlannedGraph:
         return run
 
     # -- static specialization of a recurring shape --
-    def _specialize(self, rec: _Recurring, args: tuple[Any, ...]) -> None:
+    def _specialize(self, rec: Recurring, args: tuple[Any, ...]) -> None:
         """Realize `rec`'s plan statically at its shape (layouts propagated across groups,
         static-only epilogues, one CUDA graph), in a background thread on CUDA; the shape
         keeps being served by its bucket's realization until the specialization is ready."""
@@ -684,43 +711,41 @@ class _PlannedGraph:
             backend.background_for(device)  # warns once where static_background was asked
         self._build_static(rec, user)
 
-    def _build_static(self, rec: _Recurring, user: tuple[Any, ...]) -> None:
-        """The static specialization of `rec`'s shape, built in the calling thread."""
+    def _build_static(self, rec: Recurring, user: tuple[Any, ...]) -> None:
+        """The static specialization of `rec`'s shape, built in the calling thread; with
+        static_after="auto" its first calls are timed against the bucket realization's
+        (planner.runtime.specialize.Compared), and the faster one serves the shape."""
         stats = self.backend.stats
+        t0 = time.perf_counter()
         try:
             with _REALIZE_LOCK, torch.no_grad():
                 captured = export_model(self.lifted.module, user, name="runtime-static")
                 fitted = self._fit(rec.plan, captured.graph)
                 realized = self.backend.realizer(captured, fitted)
         except Exception as e:  # the bucket's realization goes on serving this shape
-            reason = (
-                f"{rec.sizes}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            )
+            reason = f"{rec.sizes}: {type(e).__name__}: {first_line(e, 200)}"
             stats.static_failed.append(reason)
             log.info("no static specialization for %s", reason)
             return
-        self._memo[rec.sizes] = self._runner(realized, rec.fn)
+        finally:
+            built_s = time.perf_counter() - t0
+            self.ledger.builds.append(built_s)
+            stats.static_build_s += built_s
+        runner = self._runner(realized, rec.fn)
         stats.static += 1
+        if rec.after != "auto":
+            self._memo[rec.sizes] = runner
+            return
 
+        def decide(gain: float) -> None:
+            self.ledger.gains.append(gain)
+            stats.static_gains.append(round(gain, 4))
+            self._memo[rec.sizes] = runner if gain > 0 else rec.fn
+            if self.ledger.given_up() and not self._gave_up:
+                self._gave_up = True
+                stats.static_failed.append(
+                    f"{self._label()}: specializations saved {self.ledger.expected_gain():.1%} "
+                    "of a call on average: no more are built for this graph"
+                )
 
-class _Recurring:
-    """A new shape served by its bucket's realization, counting its calls: at the
-    backend's `static_after`-th call it asks for a static specialization."""
-
-    __slots__ = ("calls", "fn", "graph", "plan", "sizes")
-
-    def __init__(
-        self,
-        graph: _PlannedGraph,
-        sizes: tuple[int, ...],
-        fn: Callable[[tuple[Any, ...]], Any],
-        plan: Plan,
-    ):
-        self.graph, self.sizes, self.fn, self.plan = graph, sizes, fn, plan
-        self.calls = 0
-
-    def __call__(self, args: tuple[Any, ...]) -> Any:
-        self.calls += 1
-        if self.calls == self.graph.backend.static_after:
-            self.graph._specialize(self, args)
-        return self.fn(args)
+        self._memo[rec.sizes] = Compared(rec, runner, decide)
