@@ -98,6 +98,11 @@ def _divergence(ref: Any, out: Any, ids_len: int) -> tuple[int, int | None, floa
     return count, step, float(scores[a[row, step]] - scores[b[row, step]])
 
 
+def _say(text: str) -> None:
+    """A progress line on stderr (the rows go to stdout once a model is done)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
 def _reason(e: BaseException) -> str:
     """The first line of an exception, with its type, for a failed contender's row."""
     return f"{type(e).__name__}: {first_line(e)}"
@@ -144,6 +149,7 @@ def _run_model(
             )
 
         _sync(cuda)
+        _say(f"{name}: {kind}: first generate (compiles)")
         t0 = time.perf_counter()
         try:
             with torch.no_grad(), warnings.catch_warnings():
@@ -152,8 +158,10 @@ def _run_model(
             _sync(cuda)
         except Exception as e:  # a contender that cannot generate is reported, not timed
             failed[kind] = _reason(e)
+            _say(f"{name}: {kind}: failed after {time.perf_counter() - t0:.1f} s: {failed[kind]}")
             continue
         compile_s[kind] = time.perf_counter() - t0
+        _say(f"{name}: {kind}: first generate took {compile_s[kind]:.1f} s")
         if kind == "planner" and not backends[kind].stats.graphs:
             failed[kind] = "the backend was never called (dynamo ran forward eagerly)"
             continue
@@ -163,6 +171,7 @@ def _run_model(
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for r in range(args.warmup + args.rounds):
+            _say(f"{name}: round {r + 1} of {args.warmup + args.rounds}")
             for k in order[r % len(order) :] + order[: r % len(order)]:
                 if k in failed:
                     continue

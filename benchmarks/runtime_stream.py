@@ -192,7 +192,9 @@ def _counts(be: Any) -> tuple[int, ...]:
 def _static_text(st: dict[str, Any]) -> str:
     """What the backend spent on static specializations and what they saved."""
     gains = st.get("static_gains") or []
-    text = f"{st.get('static', 0)} built ({st.get('static_build_s', 0.0):.2f} s)"
+    text = f"{st.get('static', 0)} built"
+    if "static_build_s" in st:  # rows from before builds were timed lack it
+        text += f" ({st['static_build_s']:.2f} s)"
     if gains:
         text += ", share of a call saved: " + ", ".join(f"{g:+.0%}" for g in gains)
     if st.get("static_skipped"):
