@@ -1,21 +1,16 @@
 """The default static-specialization policy (static_after="auto"): a recurring shape is
 specialized once its calls have taken as long as a build would, at the share of a call a
 specialization saves, and a specialization that is slower than its bucket realization is
-dropped (planner.runtime.specialize)."""
+dropped (planner.runtime.specialize); through the backend in tests/test_runtime_static.py."""
 
 from __future__ import annotations
 
 import types
 
 import pytest
-import torch
 
-from planner.plans.cache import PlanCache
 from planner.runtime import specialize
-from planner.runtime.backend import fusion_planner_backend
 from planner.runtime.specialize import SAMPLES, WARM_CALLS, Compared, Ledger, Recurring
-from tests.backend_helpers import small_block
-from tests.test_runtime_static import Shapes, call, store_plan
 
 
 class Clock:
@@ -116,61 +111,3 @@ def test_a_specialization_is_timed_against_its_bucket_realization(clock, static_
         cmp(())
     assert gains == [pytest.approx(1 - static_s / 1e-3)]
     assert (gains[0] > 0) == kept
-
-
-# -- through the backend (torch.compile on the CPU, a realizer that runs the program) ----
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-@pytest.fixture
-def cache(tmp_path):
-    return PlanCache(str(tmp_path / "plans.sqlite"))
-
-
-def test_a_stream_of_shapes_that_recur_a_few_times_builds_nothing(cache):
-    """The default policy: the CPU calls of a small block take well under a millisecond and
-    a build takes what the bucket's realization took, so a few calls per shape never pay."""
-    module = small_block()
-    store_plan(module, cache)
-    rec = Shapes()
-    be = fusion_planner_backend(cache, realizer=rec)
-    assert be.static_after == "auto"
-    compiled = torch.compile(module, backend=be, dynamic=True)
-    for _ in range(8):
-        for s in (40, 33, 50, 61):
-            call(compiled, module, s)
-    assert rec.kinds == ["bucket"] and be.stats.static == 0 and not be.stats.static_failed
-
-
-def test_a_shape_that_pays_is_specialized_then_kept_or_dropped_by_its_time(cache, monkeypatch):
-    """With builds made free, a shape is specialized right after its calls are timed; the
-    specialization's own calls are timed, the share saved recorded, and the shape served
-    correctly throughout by whichever was faster."""
-    monkeypatch.setattr(Ledger, "build_estimate", lambda self: 0.0)
-    module = small_block()
-    store_plan(module, cache)
-    rec = Shapes()
-    be = fusion_planner_backend(cache, realizer=rec)
-    compiled = torch.compile(module, backend=be, dynamic=True)
-    for _ in range(WARM_CALLS + SAMPLES + 1):
-        call(compiled, module, 40)
-    assert rec.kinds == ["bucket", "static"] and be.stats.static == 1
-    assert be.stats.static_build_s > 0 and be.stats.static_gains == []
-    for _ in range(1 + SAMPLES + 1):
-        call(compiled, module, 40)
-    assert len(be.stats.static_gains) == 1
-    for _ in range(3):
-        call(compiled, module, 40)
-    assert rec.kinds == ["bucket", "static"]  # built once, whichever serves it now
-
-
-def test_static_after_is_checked():
-    for bad in (0, -1, "sometimes", 2.5):
-        with pytest.raises(ValueError, match="static_after"):
-            fusion_planner_backend(static_after=bad)

@@ -18,6 +18,7 @@ from planner.plans.plan import Plan
 from planner.realize.realizer import realize
 from planner.runtime import backend as runtime
 from planner.runtime.backend import fusion_planner_backend
+from planner.runtime.specialize import SAMPLES, WARM_CALLS, Ledger
 from tests.backend_helpers import PositionSlice, small_block
 
 SPEC = "S=8..64"
@@ -301,3 +302,49 @@ def test_a_cached_plan_that_does_not_fit_gives_way_to_the_default_plan(cache):
         stats, seen = _serve(module, cache, (16, 12))
     assert not stats.fallbacks and len(stats.unfitted) == 1, stats
     assert [k for k, _, _ in seen] == ["default"]
+
+
+# -- the default policy, static_after="auto" (planner.runtime.specialize) --------------
+
+
+def test_a_stream_of_shapes_that_recur_a_few_times_builds_nothing(cache):
+    """The default policy: the CPU calls of a small block take well under a millisecond and
+    a build takes what the bucket's realization took, so a few calls per shape never pay."""
+    module = small_block()
+    store_plan(module, cache)
+    rec = Shapes()
+    be = fusion_planner_backend(cache, realizer=rec)
+    assert be.static_after == "auto"
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    for _ in range(8):
+        for s in (40, 33, 50, 61):
+            call(compiled, module, s)
+    assert rec.kinds == ["bucket"] and be.stats.static == 0 and not be.stats.static_failed
+
+
+def test_a_shape_that_pays_is_specialized_then_kept_or_dropped_by_its_time(cache, monkeypatch):
+    """With builds made free, a shape is specialized right after its calls are timed; the
+    specialization's own calls are timed, the share saved recorded, and the shape served
+    correctly throughout by whichever was faster."""
+    monkeypatch.setattr(Ledger, "build_estimate", lambda self: 0.0)
+    module = small_block()
+    store_plan(module, cache)
+    rec = Shapes()
+    be = fusion_planner_backend(cache, realizer=rec)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    for _ in range(WARM_CALLS + SAMPLES + 1):
+        call(compiled, module, 40)
+    assert rec.kinds == ["bucket", "static"] and be.stats.static == 1
+    assert be.stats.static_build_s > 0 and be.stats.static_gains == []
+    for _ in range(1 + SAMPLES + 1):
+        call(compiled, module, 40)
+    assert len(be.stats.static_gains) == 1
+    for _ in range(3):
+        call(compiled, module, 40)
+    assert rec.kinds == ["bucket", "static"]  # built once, whichever serves it now
+
+
+def test_static_after_is_checked():
+    for bad in (0, -1, "sometimes", 2.5):
+        with pytest.raises(ValueError, match="static_after"):
+            fusion_planner_backend(static_after=bad)
