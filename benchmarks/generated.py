@@ -382,7 +382,7 @@ def _generate(name: str) -> Callable[[], str]:
 GENERATED: tuple[Generated, ...] = (
     *(
         Generated(f"benchmarks/results/{n}.md", _generate(n), "python benchmarks/generated.py")
-        for n in ("generate_h100", "generate_gpt2_h100")
+        for n in ("generate_h100", "generate_gpt2_h100", "generate_llama_h100")
     ),
     Generated(
         "benchmarks/results/e2e_h100.md",
