@@ -655,7 +655,7 @@ def run_jobs(
             row["ok"] = True
         except Exception as e:
             row["ok"] = False
-            row["error"] = f"{type(e).__name__}: {e}"[-4000:]
+            row["error"] = f"{type(e).__name__}: {e}"[-8000:]
             row["traceback"] = traceback.format_exc()[-4000:]
         row["elapsed_s"] = time.monotonic() - t0
         append_row(path, row)

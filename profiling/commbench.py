@@ -19,6 +19,7 @@ import contextlib
 import copy
 import ctypes
 import datetime
+import faulthandler
 import gc
 import importlib
 import itertools
@@ -108,6 +109,9 @@ def _rank_main(spec: str) -> None:
     """One rank's process: join the group, run the function, write rank 0's result."""
     job = json.loads(spec)
     _die_with_parent()
+    # a rank still running near the deadline writes every thread's Python stack to its log,
+    # so a hang's report says where each rank waits
+    faulthandler.dump_traceback_later(max(5.0, job["timeout_s"] - 15.0), exit=False)
     module, _, name = job["fn"].partition(":")
     fn = getattr(importlib.import_module(module), name)
     rank, world = job["rank"], job["world"]
@@ -208,7 +212,7 @@ def run_ranks(
             return json.loads(Path(out).read_text())
         if timed_out or any(codes) or not os.path.exists(out):
             failed = next((r for r, c in enumerate(codes) if c not in (0, -9)), 0)
-            tail = Path(tmp, f"rank{failed}.log").read_text()[-2000:]
+            tail = Path(tmp, f"rank{failed}.log").read_text()[-6000:]
             why = f"still ran after {timeout_s:.0f} s" if timed_out else f"exited with {codes}"
             raise CommBenchError(
                 f"{world_size} {backend} ranks {why}; rank {failed}'s output:\n{tail}"

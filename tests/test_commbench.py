@@ -29,6 +29,14 @@ def test_a_result_written_before_the_ranks_hang_is_kept() -> None:
         assert run_ranks(2, "tests.tp_ranks:rank_then_stall", timeout_s=10) == [0.0, 2.0]
 
 
+def test_a_hang_reports_where_each_rank_waits() -> None:
+    """A rank still running near the deadline writes its Python stack to its log, and the
+    error quotes it: the function and line the rank is stuck in."""
+    with pytest.raises(CommBenchError, match="still ran after") as e:
+        run_ranks(2, "tests.tp_ranks:both_stall", timeout_s=8)
+    assert "in both_stall" in str(e.value) and "tp_ranks.py" in str(e.value)
+
+
 def test_a_failing_rank_is_a_clear_error() -> None:
     with pytest.raises(CommBenchError, match="commbench measures all_reduce"):
         measure_collective(2, [1024], "no_such_collective", reps=1)

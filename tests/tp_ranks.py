@@ -635,3 +635,11 @@ def rank_then_stall(rank: int, world: int) -> list[float]:
     if rank == 1:
         time.sleep(120)
     return [float(rank), float(world)]
+
+
+def both_stall(rank: int, world: int) -> list[float]:
+    """Every rank stalls before its result: a hang, whose report should say where."""
+    import time
+
+    time.sleep(120)
+    return [float(rank), float(world)]
