@@ -530,7 +530,12 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             f"new shapes served by an exact plan {st['exact']}, by a bucket plan "
             f"{st['bucket']}, by the default plan (miss) {st['default']}; over budget "
             f"{st['over_budget']}, fallbacks {st['fallbacks']}, misses queued {st['queued']}; "
-            f"static specializations {_static_text(st)}."
+            + (
+                f"buckets served by a neighbour's realization (same plan) {st['joined']}; "
+                if "joined" in st
+                else ""
+            )
+            + f"static specializations {_static_text(st)}."
             f"{' Fallback reasons:' + reasons if reasons else ''}\n"
         )
     loaded = sorted({m for r in results if "modules" in r for m, v in r["modules"].items() if v})

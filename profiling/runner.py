@@ -197,6 +197,7 @@ class ServedExecutor:
                 compile_budget=self.compile_budget,
                 record_misses=False,
                 static_after=STEADY_AFTER,
+                join_buckets=False,  # the bucket measured alone, whatever its neighbours hold
             )
             made: list[tuple[Captured, Any]] = []
             base = backend.realizer

@@ -348,3 +348,81 @@ def test_static_after_is_checked():
     for bad in (0, -1, "sometimes", 2.5):
         with pytest.raises(ValueError, match="static_after"):
             fusion_planner_backend(static_after=bad)
+
+
+# -- adjacent tuned buckets with the same plan share one realization (planner.runtime.spans) --
+
+
+def _store_for(cache, module, s: int, plan_of) -> None:
+    """`plan_of(graph)` as the tuned plan of the bucket holding S=s (spec S=8..64)."""
+    spec = parse_dynamic(SPEC, {"B": (0, 0), "S": (0, 1)})
+    bucket = spec.bucket_of([(2, s, 32)])
+    (rep,) = bucket.representative()
+    graph = export_model(module, (torch.randn(*rep),)).graph
+    cache.store(plan_of(graph).with_measurement(9e-5), bucket)
+    cache.set_bucket_spec(graph.structure_key, spec, cache.device_fp)
+
+
+class Ranges:
+    """The backend's exporter, recording each range it was asked to export over."""
+
+    def __init__(self, fail_wide: bool = False):
+        self.asked: list[dict] = []
+        self.fail_wide = fail_wide
+
+    def __call__(self, module, inputs, dims):
+        self.asked.append(dims)
+        (lo, hi) = dims[0][1]
+        if self.fail_wide and hi - lo > 32:
+            raise RuntimeError("no export over so wide a range")
+        return runtime._default_exporter(module, inputs, dims)
+
+
+def test_adjacent_buckets_with_the_same_plan_are_realized_once(cache):
+    """S=8..64 in pow2 buckets; 17-32 and 33-64 hold the same tuned plan, 9-16 another:
+    S=40 realizes one program over 17..64, S=20 is served by it, S=12 gets its own."""
+    module = small_block()
+    same = lambda g: cpu_plan(merged_after(g, "softmax"), cache.device_fp)  # noqa: E731
+    for s in (20, 40):
+        _store_for(cache, module, s, same)
+    _store_for(
+        cache, module, 12, lambda g: cpu_plan(merged_after(g, "layer_norm"), cache.device_fp)
+    )
+    rec, ranges = Shapes(), Ranges()
+    be = fusion_planner_backend(cache, realizer=rec, exporter=ranges, static_after=None)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    for s in (40, 20, 33, 17, 12, 40):
+        call(compiled, module, s)
+    assert [r[0][1] for r in ranges.asked] == [(17, 64), (9, 16)]
+    assert be.stats.realized == 2 and be.stats.joined == 1 and be.stats.bucket == 5
+    assert rec.kinds == ["bucket", "bucket"] and not be.stats.fallbacks
+
+
+def test_a_joined_range_that_does_not_export_falls_back_to_the_bucket(cache):
+    module = small_block()
+    same = lambda g: cpu_plan(merged_after(g, "softmax"), cache.device_fp)  # noqa: E731
+    for s in (12, 20, 40):
+        _store_for(cache, module, s, same)
+    rec, ranges = Shapes(), Ranges(fail_wide=True)
+    be = fusion_planner_backend(cache, realizer=rec, exporter=ranges, static_after=None)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    for s in (40, 20):
+        call(compiled, module, s)
+    # 9..64 refused (once); 33..64 alone, then 17..32 alone: never a shape realized alone
+    assert [r[0][1] for r in ranges.asked] == [(9, 64), (33, 64), (17, 32)]
+    assert be.stats.realized == 2 and be.stats.joined == 0 and not be.stats.per_shape
+
+
+def test_buckets_are_not_joined_when_asked_not_to(cache):
+    module = small_block()
+    same = lambda g: cpu_plan(merged_after(g, "softmax"), cache.device_fp)  # noqa: E731
+    for s in (20, 40):
+        _store_for(cache, module, s, same)
+    ranges = Ranges()
+    be = fusion_planner_backend(
+        cache, realizer=Shapes(), exporter=ranges, static_after=None, join_buckets=False
+    )
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    for s in (40, 20):
+        call(compiled, module, s)
+    assert [r[0][1] for r in ranges.asked] == [(33, 64), (17, 32)]

@@ -49,11 +49,12 @@ from planner.ir.capture import Captured, export_model
 from planner.ir.capture_dynamic import export_dynamic
 from planner.ir.graph import OpGraph
 from planner.plans.buckets import Bucket, BucketSpec, DynamicDim, Policy, Pow2, exact_key
-from planner.plans.cache import DEFAULT, EXACT, LookupResult, PlanCache
+from planner.plans.cache import BUCKET, DEFAULT, EXACT, LookupResult, PlanCache
 from planner.plans.plan import Plan
 from planner.realize.realizer import realize
 from planner.runtime.grad import PlannedForward, needs_grad, recompute_blocker
 from planner.runtime.graph import LiftedGraph, lift_graph
+from planner.runtime.spans import joined
 from planner.runtime.specialize import Compared, Ledger, Recurring
 
 log = logging.getLogger(__name__)
@@ -231,6 +232,9 @@ class RuntimeStats:
     # default plan ran instead)
     unfitted: list[str] = field(default_factory=list)
     declined: list[str] = field(default_factory=list)  # grad-mode graphs given to Inductor: why
+    # tuned buckets served by the realization of an adjacent bucket with the same plan,
+    # exported over their joint range (planner.runtime.spans): compiles not paid
+    joined: int = 0
     # buckets that could not be exported over their range, so each of their shapes is
     # realized alone (a compile per shape, against the budget): the bucket and why
     per_shape: list[str] = field(default_factory=list)
@@ -253,6 +257,7 @@ class FusionPlannerBackend:
         static_after: int | str | None = "auto",
         static_budget: int = 8,
         static_background: bool | None = None,
+        join_buckets: bool = True,
     ):
         self._cache_arg = cache
         self._cache: PlanCache | None = None
@@ -274,6 +279,7 @@ class FusionPlannerBackend:
         self.static_after = static_after
         self.static_budget = static_budget
         self.static_background = static_background
+        self.join_buckets = join_buckets
         self._background_declined = False
         self.stats = RuntimeStats()
         self._lock = threading.Lock()
@@ -388,7 +394,9 @@ def fusion_planner_backend(
     (planner.runtime.specialize); an int: at that call; None: never), `static_budget` (how
     many specializations the process pays for), `static_background` (declined with a
     warning: specializations build in the calling thread, see
-    FusionPlannerBackend.background_for).
+    FusionPlannerBackend.background_for), `join_buckets` (default True: adjacent tuned
+    buckets with the same plan are realized once, over their joint range;
+    planner.runtime.spans).
     """
     return FusionPlannerBackend(
         cache,
@@ -415,6 +423,7 @@ class _PlannedGraph:
         self._traced: dict[str, OpGraph] = {}
         self._missed: dict[str, int] = {}  # new shapes met per bucket without a plan
         self._per_shape: set[str] = set()  # bucket keys whose export over the range failed
+        self._unjoinable: set[str] = set()  # joined ranges whose export failed
         self._lock = threading.RLock()
         self._identity: tuple[str, str, BucketSpec] | None = None
         self._spec_settled = True  # False while the bucket spec could not be read
@@ -542,14 +551,30 @@ class _PlannedGraph:
             self._realized[key] = self._eager
             return self._eager, None
         t0 = time.perf_counter()
-        fn, whole_bucket, static, fitted = self._realize(plan, region, user)
-        if static or not whole_bucket or fn == self._eager or fitted is None:
-            self._realized[exact if not whole_bucket else key] = fn
+        covered: tuple[Bucket, ...] = ()
+        wider = None
+        if region is not None and result.source == BUCKET and self.backend.join_buckets:
+            try:  # adjacent tuned buckets with this plan: one realization over them all
+                wider, covered = joined(
+                    region, plan, shapes, cache=cache, model_key=model_key, device_fp=dev, spec=spec
+                )
+            except Exception as e:  # a courtesy: the bucket alone is realized as before
+                log.info("buckets not joined: %s", first_line(e))
+            if wider is not None and wider.key in self._unjoinable:
+                wider = None
+        fn, over, static, fitted = self._realize(plan, region, user, wider=wider)
+        if static or over is None or fn == self._eager or fitted is None:
+            self._realized[exact if over is None else key] = fn
             return fn, None
         # what a static build of this plan is taken to cost before one has been timed
         self.ledger.realizations.append(time.perf_counter() - t0)
-        self._realized[key] = fn
-        self._bucket_plans[key] = fitted
+        keys = [key]
+        if over is wider and wider is not region:
+            keys += [f"{BUCKET}:{b.key}" for b in covered if b.key != region.key]
+            stats.joined += len(keys) - 1
+        for k in keys:
+            self._realized[k] = fn
+            self._bucket_plans[k] = fitted
         return fn, fitted
 
     def _label(self) -> str:
@@ -632,18 +657,30 @@ class _PlannedGraph:
         return fitted
 
     def _realize(
-        self, plan: Plan, bucket: Bucket | None, user: tuple[Any, ...]
-    ) -> tuple[Callable[..., Any], bool, bool, Plan | None]:
-        """(callable over dynamo's args, whether it serves the whole bucket, whether it was
-        realized for static shapes: a bucket of one shape, or a shape realized alone, and
-        the plan as fitted to the graph realized: None where it fell back)."""
-        whole_bucket = False
+        self,
+        plan: Plan,
+        bucket: Bucket | None,
+        user: tuple[Any, ...],
+        wider: Bucket | None = None,
+    ) -> tuple[Callable[..., Any], Bucket | None, bool, Plan | None]:
+        """(callable over dynamo's args, the range it serves: `wider` when exported over it,
+        else `bucket`, None when realized for this shape alone; whether it was realized
+        for static shapes: a bucket of one shape, or a shape realized alone; the plan as
+        fitted to the graph realized: None where it fell back)."""
+        over: Bucket | None = None
         try:
             captured = None
-            if bucket is not None and bucket.key not in self._per_shape:
+            if wider is not None and wider is not bucket:
+                try:
+                    captured = self.backend.exporter(self.lifted.module, user, wider.ranges())
+                    over = wider
+                except Exception as e:  # the bucket alone, as without joining
+                    self._unjoinable.add(wider.key)  # its other buckets do not try it again
+                    log.info("no export over the joined range %s: %s", wider.key, first_line(e))
+            if captured is None and bucket is not None and bucket.key not in self._per_shape:
                 try:
                     captured = self.backend.exporter(self.lifted.module, user, bucket.ranges())
-                    whole_bucket = True
+                    over = bucket
                 except Exception as e:  # no dynamic export: this shape alone, statically
                     self._per_shape.add(bucket.key)  # its other shapes do not try again
                     reason = f"{bucket.key}: {type(e).__name__}: {first_line(e, 200)}"
@@ -660,9 +697,9 @@ class _PlannedGraph:
             fitted = self._fit(plan, graph)
             realized = self.backend.realizer(captured, fitted)
         except Exception as e:
-            return self._fallback("realize", e), whole_bucket, False, None
-        static = bool(getattr(realized, "static_shapes", not whole_bucket))
-        return self._runner(realized, self._eager), whole_bucket, static, fitted
+            return self._fallback("realize", e), None, False, None
+        static = bool(getattr(realized, "static_shapes", over is None))
+        return self._runner(realized, self._eager), over, static, fitted
 
     def _runner(
         self, realized: Callable[..., Any], instead: Callable[[tuple[Any, ...]], Any]
