@@ -28,7 +28,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "gpu_tests.md"
 # What the GPU tests cover: a change here wants a new recorded run.
 WATCHED = (
     "planner/realize/*.py",
-    "planner/runtime/backend.py",
+    "planner/runtime/*.py",
     "profiling/timer.py",
     "profiling/runner.py",
 )
