@@ -169,7 +169,12 @@ def tp_rank(
     x = torch.randn(b, s, d)
     block = block.to(device=device, dtype=dt).eval()
     x = x.to(device=device, dtype=dt)
-    out: dict[str, Any] = {"shape": shape, "dtype": dtype, "world": world, "device": str(device)}
+    out: dict[str, Any] = {
+        "shape": shape,
+        "dtype": dtype,
+        "world": world,
+        "rank_device": str(device),
+    }
     torch.set_grad_enabled(False)
 
     hc = host_costs(device, group, compile_call=compile_)
