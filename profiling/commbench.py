@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -45,7 +46,7 @@ import torch.distributed as dist
 import zoo
 from planner.distributed.comm_cost import link_from_collective
 from planner.distributed.links import AlphaBeta, MeasuredLink
-from planner.errors import FusionPlannerError
+from planner.errors import FusionPlannerError, first_line
 from planner.hardware import device_fingerprint
 from planner.plans.plan import now_iso
 
@@ -105,13 +106,51 @@ def release_graphs() -> None:
         torch.cuda.synchronize()
 
 
+TEARDOWN_S = 30.0  # how long a rank waits for its process group's teardown
+
+
+def leave_group(code: int, timeout_s: float = TEARDOWN_S) -> None:
+    """Destroy the default process group, and if that does not return within `timeout_s`,
+    leave the process with `code` without it (stdout and stderr flushed).
+
+    NCCL's communicator destroy can wait forever once collectives were recorded in CUDA
+    graphs (pytorch/pytorch#115388, open); freeing the graphs first (`release_graphs`) did
+    not end it for `fusion-plan tune` on two NCCL ranks. Whatever the job wrote (plans,
+    results) is written before this is called."""
+    release_graphs()
+    done = threading.Event()
+
+    def destroy() -> None:
+        dist.destroy_process_group()
+        done.set()
+
+    threading.Thread(target=destroy, name="leave-group", daemon=True).start()
+    if done.wait(timeout_s):
+        return
+    pending = sys.exc_info()[1]
+    warnings.warn(
+        f"the process group's teardown did not return within {timeout_s:.0f} s (NCCL "
+        "communicators that ran collectives recorded in CUDA graphs can wait forever: "
+        "pytorch/pytorch#115388); leaving without it, everything the job wrote is written"
+        + (
+            f" (the job failed: {type(pending).__name__}: {first_line(pending)})" if pending else ""
+        ),
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _rank_main(spec: str) -> None:
     """One rank's process: join the group, run the function, write rank 0's result."""
     job = json.loads(spec)
     _die_with_parent()
     # a rank still running near the deadline writes every thread's Python stack to its log,
     # so a hang's report says where each rank waits
-    faulthandler.dump_traceback_later(max(5.0, job["timeout_s"] - 15.0), exit=False)
+    margin = min(15.0, job["timeout_s"] / 4)
+    faulthandler.dump_traceback_later(max(0.5, job["deadline"] - margin - time.time()), exit=False)
     module, _, name = job["fn"].partition(":")
     fn = getattr(importlib.import_module(module), name)
     rank, world = job["rank"], job["world"]
@@ -136,7 +175,7 @@ def _rank_main(spec: str) -> None:
         release_graphs()
         dist.barrier()  # no rank tears down while another still talks to it
     finally:
-        dist.destroy_process_group()
+        leave_group(0 if sys.exc_info()[0] is None else 1)
     # the result is out: leave without the interpreter's teardown, where threads of
     # communication objects still alive (DDP's reducer) can abort the process
     sys.stdout.flush()
@@ -177,6 +216,7 @@ def run_ranks(
                         "args": list(args),
                         "out": out,
                         "timeout_s": timeout_s,
+                        "deadline": time.time() + timeout_s,
                         "backend": backend,
                     }
                 )

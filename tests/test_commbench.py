@@ -33,7 +33,7 @@ def test_a_hang_reports_where_each_rank_waits() -> None:
     """A rank still running near the deadline writes its Python stack to its log, and the
     error quotes it: the function and line the rank is stuck in."""
     with pytest.raises(CommBenchError, match="still ran after") as e:
-        run_ranks(2, "tests.tp_ranks:both_stall", timeout_s=8)
+        run_ranks(2, "tests.tp_ranks:both_stall", timeout_s=12)
     assert "in both_stall" in str(e.value) and "tp_ranks.py" in str(e.value)
 
 
@@ -139,3 +139,28 @@ def test_each_collective_uses_its_own_measured_fit(tmp_path, monkeypatch) -> Non
     )
     with pytest.raises(Exception, match="device-bench --comm --backend nccl"):
         get_link("local-nccl")
+
+
+def test_a_teardown_that_hangs_is_left_behind_with_the_jobs_exit_code(monkeypatch) -> None:
+    """NCCL's destroy can wait forever (pytorch/pytorch#115388): after the timeout the
+    process leaves with the job's code, saying why; a teardown that returns is waited for."""
+    import threading
+
+    from profiling import commbench
+
+    release = threading.Event()
+    monkeypatch.setattr(commbench.dist, "destroy_process_group", lambda: release.wait(5))
+
+    def leave(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(commbench.os, "_exit", leave)
+    with (
+        pytest.warns(RuntimeWarning, match="did not return within 0 s"),
+        pytest.raises(SystemExit) as e,
+    ):
+        commbench.leave_group(3, timeout_s=0.2)
+    assert e.value.code == 3
+    release.set()
+    monkeypatch.setattr(commbench.dist, "destroy_process_group", lambda: None)
+    assert commbench.leave_group(0, timeout_s=5) is None

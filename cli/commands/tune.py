@@ -6,8 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-import torch.distributed as dist
-
 from cli import fmt
 from cli.common import (
     Resolved,
@@ -22,7 +20,7 @@ from planner import progress
 from planner.hardware import get_spec, local_device_name
 from planner.plans.cache import PlanCache
 from planner.realize.check import short_reason
-from profiling.commbench import release_graphs
+from profiling.commbench import leave_group
 from search.cost_models import cost_model_for
 from search.tune import BucketResult, TuneConfig, bucket_spec, graph_varies, tune
 from search.tune_tp import init_ranks
@@ -33,11 +31,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.dist_backend:
         return _run(args)
     init_ranks(args.dist_backend)  # before anything is built: the model's group is the job's
+    code = 1
     try:
-        return _run(args)
+        code = _run(args)
+        return code
     finally:
-        release_graphs()  # NCCL's destroy can hang on collectives in a live CUDA graph
-        dist.destroy_process_group()
+        # the plans are written (the cache closed): a teardown that hangs is left behind
+        leave_group(code)
 
 
 def _run(args: argparse.Namespace) -> int:
