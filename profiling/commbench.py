@@ -150,7 +150,8 @@ def _rank_main(spec: str) -> None:
     # a rank still running near the deadline writes every thread's Python stack to its log,
     # so a hang's report says where each rank waits
     margin = min(15.0, job["timeout_s"] / 4)
-    faulthandler.dump_traceback_later(max(0.5, job["deadline"] - margin - time.time()), exit=False)
+    deadline = job.get("deadline", time.time() + job["timeout_s"])
+    faulthandler.dump_traceback_later(max(0.5, deadline - margin - time.time()), exit=False)
     module, _, name = job["fn"].partition(":")
     fn = getattr(importlib.import_module(module), name)
     rank, world = job["rank"], job["world"]
