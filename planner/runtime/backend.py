@@ -726,8 +726,8 @@ class _PlannedGraph:
     # -- static specialization of a recurring shape --
     def _specialize(self, rec: Recurring, args: tuple[Any, ...]) -> None:
         """Realize `rec`'s plan statically at its shape (layouts propagated across groups,
-        static-only epilogues, one CUDA graph), in a background thread on CUDA; the shape
-        keeps being served by its bucket's realization until the specialization is ready."""
+        static-only epilogues, one CUDA graph), in the calling thread (background_for says
+        why), within the static budget; past it the shape stays on its bucket's realization."""
         backend, stats = self.backend, self.backend.stats
         if not backend.take_static_budget():
             stats.static_skipped += 1
