@@ -107,6 +107,7 @@ def release_graphs() -> None:
 
 
 TEARDOWN_S = 30.0  # how long a rank waits for its process group's teardown
+STACK_DUMP_S = 1.0  # how long ranks that hung get to write their stacks before the kill
 
 
 def leave_group(code: int, timeout_s: float = TEARDOWN_S) -> None:
@@ -147,11 +148,9 @@ def _rank_main(spec: str) -> None:
     """One rank's process: join the group, run the function, write rank 0's result."""
     job = json.loads(spec)
     _die_with_parent()
-    # a rank still running near the deadline writes every thread's Python stack to its log,
-    # so a hang's report says where each rank waits
-    margin = min(15.0, job["timeout_s"] / 4)
-    deadline = job.get("deadline", time.time() + job["timeout_s"])
-    faulthandler.dump_traceback_later(max(0.5, deadline - margin - time.time()), exit=False)
+    # a rank the parent gives up on is sent SIGUSR1 first: it writes every thread's Python
+    # stack to its log, so a hang's report says where each rank waits
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     module, _, name = job["fn"].partition(":")
     fn = getattr(importlib.import_module(module), name)
     rank, world = job["rank"], job["world"]
@@ -217,7 +216,6 @@ def run_ranks(
                         "args": list(args),
                         "out": out,
                         "timeout_s": timeout_s,
-                        "deadline": time.time() + timeout_s,
                         "backend": backend,
                     }
                 )
@@ -236,13 +234,20 @@ def run_ranks(
                     break
                 time.sleep(0.05)
         finally:
+            alive = [p for p, _ in procs if p.poll() is None]
+            if timed_out and alive:
+                for p in alive:  # their Python stacks into their logs, then the kill
+                    p.send_signal(signal.SIGUSR1)
+                time.sleep(STACK_DUMP_S)
             for p, log in procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
                 log.close()
         codes = [p.returncode for p, _ in procs]
-        if timed_out and os.path.exists(out) and not any(c not in (0, -9) for c in codes):
+        # ended by us: the kill, or the stack request reaching a rank before its handler
+        ours = (0, -signal.SIGKILL, -signal.SIGUSR1)
+        if timed_out and os.path.exists(out) and not any(c not in ours for c in codes):
             # rank 0's result is out: the ranks hung tearing the group down, not measuring
             warnings.warn(
                 f"{world_size} {backend} ranks did not exit within {timeout_s:.0f} s after "
@@ -252,7 +257,7 @@ def run_ranks(
             )
             return json.loads(Path(out).read_text())
         if timed_out or any(codes) or not os.path.exists(out):
-            failed = next((r for r, c in enumerate(codes) if c not in (0, -9)), 0)
+            failed = next((r for r, c in enumerate(codes) if c not in ours), 0)
             tail = Path(tmp, f"rank{failed}.log").read_text()[-6000:]
             why = f"still ran after {timeout_s:.0f} s" if timed_out else f"exited with {codes}"
             raise CommBenchError(
