@@ -399,6 +399,8 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100",
             "runtime_stream_gpt2_tuned_h100_b",
             "runtime_stream_gpt2_tuned_h100_c",
+            "runtime_stream_gpt2_tuned_h100_d",
+            "runtime_stream_gpt2_tuned_h100_e",
         )
     ),
     Generated(
