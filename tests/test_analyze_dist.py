@@ -267,3 +267,30 @@ def test_plan_records_the_gradient_bucket_decision(capsys, tmp_path) -> None:
     )
     assert dp.ddp_default_predicted_s == out["data_parallel"]["ddp_default_predicted_s"]
     assert out["plan"]["data_parallel"]["bucket_bytes"] == dp.bucket_bytes
+
+
+def test_each_collective_reports_its_cheapest_algorithm(capsys) -> None:
+    # the captured all-reduce over the TP pair, and the gradient bucket over 64 DP ranks
+    argv = ["--model", "zoo:tp-mlp", "--shape", SHAPE, "--tp", "2", "--dp", "64"]
+    argv += ["--device", "h100", "--dtype", "fp32", "--interconnect", "pcie4"]
+    out = _run(capsys, *argv)["distributed"]
+    link = get_link("pcie4")
+
+    def priced(nbytes: int, p: int) -> dict[str, float]:
+        return {a: collective_time_s("all_reduce", a, nbytes, p, link) for a in ("ring", "tree")}
+
+    (c,) = out["collectives"]
+    want = priced(2 * 16 * 64 * 4, 2)  # B·S·D fp32 over the pair: ring (tree moves 2 S)
+    assert (c["bytes"], c["ranks"]) == (2 * 16 * 64 * 4, 2)
+    assert c["candidates"] == pytest.approx(want)
+    assert c["algorithm"] == min(want, key=want.__getitem__) == "ring"
+    assert out["forward"]["t_comm_s"] == pytest.approx(want["ring"])
+    (b,) = out["gradient_buckets"]["buckets"]  # 66 KB of gradients: one bucket
+    grads = priced(b["bytes"], 64)  # 126 latencies by ring against 12 by tree
+    assert b["candidates"] == pytest.approx(grads)
+    assert b["algorithm"] == min(grads, key=grads.__getitem__)
+    if link.measured is None:  # the datasheet's 5 us, 32 GB/s: latency-bound, tree
+        assert b["algorithm"] == "tree"
+    assert main(["analyze", *argv]) == 0
+    text = capsys.readouterr().out
+    assert "ring (ring" in text and "1 tree (the cheapest algorithm per bucket)" in text
