@@ -139,8 +139,7 @@ def bucket_report(
         "buckets": [{"bytes": b, **a.row()} for b, a in zip(bucket_sizes, algos)],
     }
     if override_mb is not None:
-        first_b = min(DDP_FIRST_BUCKET_BYTES, used)
-        t = dp_step_timeline(steps, used, ar, forward_s, 0.0, first_b).makespan_s
+        t = dp_step_timeline(steps, used, ar, forward_s, 0.0, first).makespan_s
         payload["override_predicted_s"] = t
         rows.append(f"  --bucket-mb   {override_mb:10.4g} MiB  step {t * 1e6:11.1f} us  <- used")
     rows.append(
