@@ -178,7 +178,12 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"link: {', '.join(known_links())} (default: nvlink on a GPU spec, else local)",
     )
-    g.add_argument("--bucket-mb", type=float, default=25.0, help="DP gradient bucket (MiB)")
+    g.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=None,
+        help="DP gradient bucket (MiB); default: searched (shown beside DDP's 25 MiB)",
+    )
     g.add_argument(
         "--ranks-per-node",
         type=int,

@@ -20,6 +20,7 @@ from planner.distributed.dp import (
     dp_step_timeline,
 )
 from planner.errors import FusionPlannerError
+from planner.plans.plan import DPChoice
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,16 @@ class BucketChoice:
     predicted_s: float
     ddp_default_predicted_s: float
     table: tuple[tuple[int, float], ...]  # (candidate bytes, predicted step seconds)
+
+    def record(self, ranks: int, link: str = "") -> DPChoice:
+        """The decision as a Plan records it (planner.plans.plan.DPChoice)."""
+        return DPChoice(
+            self.bucket_bytes, ranks, self.predicted_s, self.ddp_default_predicted_s, link
+        )
+
+    def predicted_for(self, bucket_bytes: int) -> float | None:
+        """The predicted step of a candidate in the table, None if it was not priced."""
+        return next((t for b, t in self.table if b == bucket_bytes), None)
 
 
 def candidates(steps: Sequence[BackwardStep]) -> list[int]:

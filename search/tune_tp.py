@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from planner.distributed.agree import agree_failures
 from planner.distributed.collectives import collectives
-from planner.distributed.comm_cost import collective_time_s
+from planner.distributed.comm_cost import cheapest_algorithm
 from planner.distributed.links import get_link
 from planner.distributed.tp_graph import find_tp_sites
 from planner.errors import DeviceSpecError, FusionPlannerError
@@ -153,7 +153,7 @@ def search_decision(captured: Captured, cost_model: Any, device: str) -> TPGraph
             link = get_link("pcie4")
     return search_tp_graph(
         captured,
-        lambda n: collective_time_s("all_reduce", "ring", n, ranks, link),
+        lambda n: cheapest_algorithm("all_reduce", n, ranks, link).seconds,
         cost_model,
     )
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from planner.distributed.dp import DDP_BUCKET_BYTES, BackwardStep, dp_step_timeline
+from planner.errors import PlanError
+from planner.plans.plan import GroupPlan, Plan
 from profiling.commbench import measure_ddp
 from search.bucket_search import candidates, search_bucket_size
 
@@ -52,3 +56,33 @@ def test_ddp_over_gloo_is_measured_per_bucket_cap() -> None:
     assert set(m["ddp_s"]) == {"0.001", "25.0"}
     assert all(t > 0 for t in m["ddp_s"].values())
     assert m["fwd_bwd_s"] > m["fwd_s"] > 0 and len(m["all_reduce"]) == 2
+
+
+def _plan(**kw) -> Plan:
+    return Plan("g", "s", "h100", "fp32", (GroupPlan((0,)),), "priority", "m/1", 1e-3, **kw)
+
+
+def test_plan_records_the_bucket_decision_and_reads_records_without_it() -> None:
+    steps = _steps(8, 4, 10e-3)
+    choice = search_bucket_size(steps, lambda n: 50e-6 + n / 1e9, ddp_first_bucket=False)
+    rec = choice.record(4, "ib-hdr")
+    assert (rec.bucket_bytes, rec.ranks, rec.link) == (choice.bucket_bytes, 4, "ib-hdr")
+    assert rec.ddp_default_predicted_s == choice.ddp_default_predicted_s
+    plan = _plan(data_parallel=rec)
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    old = _plan().to_json()  # a record of a plan without the decision, as written before
+    assert "data_parallel" not in old and Plan.from_json(old).data_parallel is None
+
+
+@pytest.mark.parametrize(
+    "bad", [{"bucket_bytes": 0, "ranks": 2}, {"ranks": 2}, {"bucket_bytes": 1.5, "ranks": 2}, []]
+)
+def test_malformed_bucket_decision_is_a_plan_error(bad) -> None:
+    d = _plan().to_json()
+    d["data_parallel"] = (
+        {**bad, "predicted_s": 1.0, "ddp_default_predicted_s": 1.0}
+        if isinstance(bad, dict)
+        else bad
+    )
+    with pytest.raises(PlanError):
+        Plan.from_json(d)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from planner.distributed.collectives import Collective, price
 from planner.distributed.comm_cost import (
     Algorithm,
     CollectiveKind,
     bubble_fraction,
+    cheapest_algorithm,
     collective_time_s,
     hierarchical_all_reduce_s,
     in_flight_microbatches,
@@ -125,3 +129,63 @@ def test_interleaving_shrinks_the_bubble_and_1f1b_holds_fewer_microbatches() -> 
     assert in_flight_microbatches("1f1b", 4, 16) == 4
     with pytest.raises(FusionPlannerError, match=">= 1"):
         bubble_fraction("gpipe", 0, 4)
+
+
+def _ring_tree_crossover(p: int, ab: AlphaBeta) -> float:
+    """The size where ring's 2(p-1)α + 2(p-1)/p·S·β meets tree's 2L·α + 2L·S·β, L = ⌈log2 p⌉."""
+    lg = math.ceil(math.log2(p))
+    return (2 * (p - 1) - 2 * lg) * ab.alpha_s / ((2 * lg - 2 * (p - 1) / p) * ab.beta_s_per_byte)
+
+
+def test_cheapest_all_reduce_is_tree_below_the_crossover_and_ring_above() -> None:
+    p = 64
+    cross = _ring_tree_crossover(p, AB)  # 114 α / ((12 - 126/64) β) ~ 114 KB here
+    small = cheapest_algorithm("all_reduce", cross / 2, p, AB)
+    large = cheapest_algorithm("all_reduce", cross * 2, p, AB)
+    assert small.algorithm is Algorithm.TREE and large.algorithm is Algorithm.RING
+    assert small.seconds == pytest.approx(collective_time_s("all_reduce", "tree", cross / 2, p, AB))
+    assert large.seconds == pytest.approx(collective_time_s("all_reduce", "ring", cross * 2, p, AB))
+    assert [a for a, _ in small.candidates] == [Algorithm.RING, Algorithm.TREE]
+
+
+def test_two_ranks_always_ring_and_ties_keep_ring() -> None:
+    # p = 2: both take 2 α; ring moves S, tree 2 S
+    for s in (0, 1, S):
+        assert cheapest_algorithm("all_reduce", s, 2, AB).algorithm is Algorithm.RING
+    # all-gather and reduce-scatter have ring alone; all-to-all direct
+    assert [a for a, _ in cheapest_algorithm("all_gather", S, 8, AB).candidates] == ["ring"]
+    assert cheapest_algorithm("all_to_all", S, 8, AB).algorithm is Algorithm.DIRECT
+
+
+def test_across_nodes_hierarchical_competes_with_flat_algorithms_on_the_slow_link() -> None:
+    intra = AlphaBeta(1e-6, 1 / 100e9)
+    inter = AlphaBeta(5e-6, 1 / 10e9)
+    per_node, nodes = 8, 4
+    p = per_node * nodes
+    for s in (1e3, 1e8):
+        got = cheapest_algorithm("all_reduce", s, p, intra, per_node, inter)
+        want = {
+            Algorithm.RING: collective_time_s("all_reduce", "ring", s, p, inter),
+            Algorithm.TREE: collective_time_s("all_reduce", "tree", s, p, inter),
+            Algorithm.HIERARCHICAL: hierarchical_all_reduce_s(s, per_node, nodes, intra, inter),
+        }
+        assert dict(got.candidates) == pytest.approx(want)
+        assert got.algorithm is min(want, key=want.__getitem__)
+    # a large buffer: hierarchical sends 1/per_node of it across nodes
+    big = cheapest_algorithm("all_reduce", 1e8, p, intra, per_node, inter)
+    assert big.algorithm is Algorithm.HIERARCHICAL
+    # within one node no hierarchical candidate
+    one = cheapest_algorithm("all_reduce", 1e8, per_node, intra, per_node, inter)
+    assert Algorithm.HIERARCHICAL not in dict(one.candidates)
+    with pytest.raises(FusionPlannerError, match="evenly"):
+        cheapest_algorithm("all_reduce", 1e8, 12, intra, per_node, inter)
+
+
+def test_a_fixed_algorithm_is_priced_as_fixed() -> None:
+    s = 1e8  # ring is far cheaper at this size over 64 ranks
+    free = Collective(0, CollectiveKind.ALL_REDUCE, int(s), 64, Algorithm.RING)
+    fixed = Collective(0, CollectiveKind.ALL_REDUCE, int(s), 64, Algorithm.TREE, fixed=True)
+    assert price(free, 64, AB).algorithm is Algorithm.RING
+    assert price(fixed, 64, AB).seconds == pytest.approx(
+        collective_time_s("all_reduce", "tree", s, 64, AB)
+    )

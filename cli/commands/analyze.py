@@ -1,5 +1,6 @@
 """`fusion-plan analyze`: per-op roofline table and fusion bounds of a model, and with
-`--tp/--dp/--pp/--interconnect` its distributed breakdown (analyze_dist)."""
+`--tp/--dp/--pp/--interconnect` (or for a graph that is a gradient sync) its distributed
+breakdown (analyze_dist); with `--numa` the ops placed on NUMA nodes (analyze_numa)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from cli.commands.analyze_dist import (
     distributed_report,
     wants_distributed,
 )
+from cli.commands.analyze_numa import numa_report
 from cli.common import capture_for_planning, emit, resolve
 from learned_cost.analytical import AnalyticalModel
 from learned_cost.report import analyze, format_table
+from planner.distributed.dp import gradient_sync
 from planner.hardware import get_spec
 from zoo import modelspec
 
@@ -26,9 +29,12 @@ def run(args: argparse.Namespace) -> int:
     report = analyze(graph, AnalyticalModel(spec), r.dtype_name)
     data = {"model": r.spec.label, "dtype": r.dtype_name, **report.to_dict()}
     text = format_table(report)
-    if wants_distributed(args):
+    if wants_distributed(args) or gradient_sync(graph) is not None:
         times = [row.predicted_s for row in report.rows]
         data["distributed"], dist_text = distributed_report(args, graph, times, spec.kind)
         text += "\n" + dist_text
+    if args.numa:
+        data["numa"], numa_text = numa_report(args.numa, graph, spec, r.dtype_name)
+        text += "\n" + numa_text
     emit(args, data, text)
     return 0

@@ -1,27 +1,38 @@
 """The distributed what-if of `fusion-plan analyze`: `--tp`, `--dp`, `--pp`,
 `--interconnect`, `--bucket-mb`.
 
-Prices the captured graph's collectives with the α-β model on the chosen link, puts them
-on a communication stream beside the per-op compute times, and reports T_comp, T_comm,
-R and the exposed communication of the forward pass; with `--dp`, of a training step
-whose gradient all-reduce runs in buckets during an estimated backward pass; with
-`--pp`, the pipeline bubble. docs/distributed.md says what is estimated.
+Prices the captured graph's collectives with the α-β model on the chosen link, each by
+its cheapest algorithm (listed per collective), puts them on a communication stream
+beside the per-op compute times, and reports T_comp, T_comm, R and the exposed
+communication of the forward pass; with `--dp`, of a training step whose gradient
+all-reduce runs in buckets during an estimated backward pass, the bucket size searched
+(search.bucket_search) unless `--bucket-mb` fixes it, beside DDP's default; for a graph
+that is a gradient sync (zoo:dp-grad-sync), the same bucket decision over its gradients;
+with `--pp`, the pipeline bubble. docs/distributed.md says what is estimated.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
-from planner.distributed.collectives import Collective, collectives, require_group_size
+from planner.distributed.collectives import Collective, collectives, price, require_group_size
 from planner.distributed.comm_cost import (
-    Algorithm,
-    CollectiveKind,
+    AlgorithmChoice,
     bubble_fraction,
-    collective_time_s,
-    hierarchical_all_reduce_s,
+    cheapest_algorithm,
 )
-from planner.distributed.dp import backward_steps, dp_step_timeline
+from planner.distributed.dp import (
+    DDP_BUCKET_BYTES,
+    DDP_FIRST_BUCKET_BYTES,
+    BackwardStep,
+    backward_steps,
+    dp_step_timeline,
+    gradient_sync,
+    pack,
+)
 from planner.distributed.links import LinkSpec, get_link
 from planner.distributed.overlap import Timeline, plan_tasks, schedule
 from planner.distributed.streams import evaluate_streams
@@ -31,6 +42,8 @@ from planner.fusion.partition import Partition
 from planner.ir.capture import Captured
 from planner.ir.graph import OpGraph
 from planner.objective import Objective
+from planner.plans.plan import DPChoice
+from search.bucket_search import BucketChoice, search_bucket_size
 from search.tp_search import search_tp_graph
 
 MB = 1024 * 1024
@@ -71,25 +84,91 @@ def _line(label: str, tl: Timeline) -> str:
     )
 
 
+def _all_reduce_pricer(
+    link: LinkSpec, inter: LinkSpec | None, per_node: int | None
+) -> Callable[[int, int], AlgorithmChoice]:
+    """An all-reduce of n bytes over p ranks by its cheapest algorithm (hierarchical
+    among them where p spans nodes of `per_node` ranks)."""
+
+    def price_ar(nbytes: int, p: int) -> AlgorithmChoice:
+        return cheapest_algorithm("all_reduce", nbytes, p, link, per_node, inter)
+
+    return price_ar
+
+
+def bucket_report(
+    steps: list[BackwardStep],
+    ranks: int,
+    price_ar: Callable[[int, int], AlgorithmChoice],
+    forward_s: float,
+    override_mb: float | None,
+    backward_note: str,
+) -> tuple[dict[str, Any], list[str], BucketChoice, int]:
+    """The gradient bucket size searched on the two-stream DP step beside DDP's default
+    (and `override_mb` where given): payload, text lines, the search's choice and the
+    bucket size used (the override, else the searched one)."""
+
+    def ar(nbytes: int) -> float:
+        return price_ar(nbytes, ranks).seconds
+
+    choice = search_bucket_size(steps, ar, forward_s=forward_s)
+    used = int(override_mb * MB) if override_mb is not None else choice.bucket_bytes
+    if used < 1:
+        raise ModelSpecError(f"--bucket-mb must hold at least one byte, got {override_mb}")
+    sizes = [b for s in steps for b in s.grad_bytes]
+    first = min(DDP_FIRST_BUCKET_BYTES, used)
+    bucket_sizes = [sum(sizes[i] for i in b) for b in pack(sizes, used, first)]
+    algos = [price_ar(b, ranks) for b in bucket_sizes]
+    counts = Counter(a.algorithm.value for a in algos)
+    rows = [
+        f"gradient buckets over {ranks} ranks ({sum(sizes) / MB:.2f} MiB of gradients; "
+        f"{backward_note}):",
+        f"  searched      {choice.bucket_bytes / MB:10.4g} MiB  step "
+        f"{choice.predicted_s * 1e6:11.1f} us" + ("  <- used" if override_mb is None else ""),
+        f"  DDP default   {DDP_BUCKET_BYTES / MB:10.4g} MiB  step "
+        f"{choice.ddp_default_predicted_s * 1e6:11.1f} us",
+    ]
+    payload: dict[str, Any] = {
+        "ranks": ranks,
+        "searched_bytes": choice.bucket_bytes,
+        "searched_predicted_s": choice.predicted_s,
+        "ddp_default_bytes": DDP_BUCKET_BYTES,
+        "ddp_default_predicted_s": choice.ddp_default_predicted_s,
+        "used_bytes": used,
+        "table": [{"bucket_bytes": b, "predicted_s": t} for b, t in choice.table],
+        "buckets": [{"bytes": b, **a.row()} for b, a in zip(bucket_sizes, algos)],
+    }
+    if override_mb is not None:
+        t = dp_step_timeline(steps, used, ar, forward_s, 0.0, first).makespan_s
+        payload["override_predicted_s"] = t
+        rows.append(f"  --bucket-mb   {override_mb:10.4g} MiB  step {t * 1e6:11.1f} us  <- used")
+    rows.append(
+        f"  all-reduces of the {len(bucket_sizes)} bucket(s) at the used size: "
+        + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()))
+        + " (the cheapest algorithm per bucket)"
+    )
+    return payload, rows, choice, used
+
+
 def distributed_report(
     args: argparse.Namespace, graph: OpGraph, op_time_s: list[float], device_kind: str
 ) -> tuple[dict[str, Any], str]:
+    for flag in ("tp", "dp", "pp", "ranks_per_node"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ModelSpecError(
+                f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
+            )
     link = _link(args, device_kind)
     inter = get_link(args.inter_node)
     per_node = args.ranks_per_node
-
-    def all_reduce_s(nbytes: int, p: int, algorithm: Algorithm = Algorithm.RING) -> float:
-        if per_node and p > per_node:
-            if p % per_node:
-                raise ModelSpecError(f"{p} ranks do not fill nodes of {per_node} evenly")
-            return hierarchical_all_reduce_s(nbytes, per_node, p // per_node, link, inter)
-        return collective_time_s("all_reduce", algorithm, nbytes, p, link)
+    price_ar = _all_reduce_pricer(link, inter, per_node)
+    priced: list[tuple[Collective, int, AlgorithmChoice]] = []
 
     def comm_s(c: Collective) -> float:
-        p = require_group_size(c, args.tp)
-        if c.kind is CollectiveKind.ALL_REDUCE:
-            return all_reduce_s(c.nbytes, p, c.algorithm)
-        return collective_time_s(c.kind, c.algorithm, c.nbytes, p, link)
+        p = require_group_size(c, args.tp or args.dp)
+        choice = price(c, p, link, per_node, inter)
+        priced.append((c, p, choice))
+        return choice.seconds
 
     singletons = [frozenset((n.index,)) for n in graph.nodes]
     fwd = schedule(plan_tasks(graph, singletons, lambda g: op_time_s[min(g)], comm_s))
@@ -105,25 +184,40 @@ def distributed_report(
     if per_node:
         rows.insert(1, f"  {per_node} ranks per node; across nodes {inter.name} (hierarchical)")
     out: dict[str, Any] = {"link": link.name, "forward": fwd.summary()}
-    for flag in ("tp", "dp", "pp", "ranks_per_node"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise ModelSpecError(
-                f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
-            )
-    if args.dp:
-        bucket = int(args.bucket_mb * MB)
+    if priced:
+        rows.append(_collective_lines(graph, priced))
+        out["collectives"] = [
+            {"node": graph.nodes[c.node].name, "kind": c.kind.value, "bytes": c.nbytes,
+             "ranks": p, **a.row()}
+            for c, p, a in priced
+        ]  # fmt: skip
+    sync = gradient_sync(graph)
+    if sync is not None:
+        ranks = sync.group_size or args.dp
+        if ranks is None:
+            raise ModelSpecError("the gradient sync's group size is not known: give --dp")
+        payload, lines, _, _ = bucket_report(
+            sync.steps(), ranks, price_ar, 0.0, args.bucket_mb,
+            "the graph holds no backward: every gradient is ready at the start",
+        )  # fmt: skip
+        rows += lines
+        out["gradient_buckets"] = payload
+    elif args.dp:
         steps = backward_steps(graph, lambda i: op_time_s[i])
+        payload, lines, _, bucket = bucket_report(
+            steps, args.dp, price_ar, fwd.makespan_s, args.bucket_mb,
+            "backward estimated as 2x forward per op",
+        )  # fmt: skip
 
         def ar(nbytes: int) -> float:
-            return all_reduce_s(nbytes, args.dp)
+            return price_ar(nbytes, args.dp).seconds
 
-        step = dp_step_timeline(steps, bucket, ar, forward_s=fwd.makespan_s)
+        first = min(DDP_FIRST_BUCKET_BYTES, bucket)
+        step = dp_step_timeline(steps, bucket, ar, fwd.makespan_s, 0.0, first)
         rows.append(_line(f"train dp={args.dp}", step))
-        rows.append(
-            f"  gradients {sum(b for s in steps for b in s.grad_bytes) / MB:.2f} MiB in "
-            f"{args.bucket_mb:g} MiB buckets; backward estimated as 2x forward per op"
-        )
+        rows += lines
         out["train_step"] = {**step.summary(), "dp": args.dp, "bucket_bytes": bucket}
+        out["gradient_buckets"] = payload
     if args.pp is not None:
         frac = bubble_fraction(args.schedule, args.pp, args.microbatches)
         rows.append(
@@ -137,6 +231,45 @@ def distributed_report(
             "bubble_fraction": frac,
         }
     return out, "\n".join(rows)
+
+
+def _collective_lines(graph: OpGraph, priced: list[tuple[Collective, int, AlgorithmChoice]]) -> str:
+    """One line per collective: kind, bytes, ranks, every candidate's time, the chosen."""
+    lines = [f"  {'collective':<16} {'kind':<15} {'bytes':>10} {'ranks':>5}  algorithm (us)"]
+    for c, p, a in priced:
+        cands = ", ".join(
+            f"{alg.value} {t * 1e6:.2f}{'*' if alg is a.algorithm else ''}"
+            for alg, t in a.candidates
+        )
+        lines.append(
+            f"  {graph.nodes[c.node].name:<16} {c.kind.value:<15} {c.nbytes:>10} {p:>5}  "
+            f"{a.algorithm.value} ({cands})"
+        )
+    return "\n".join(lines)
+
+
+def gradient_sync_decision(
+    args: argparse.Namespace, graph: OpGraph, device_kind: str
+) -> tuple[dict[str, Any], str, DPChoice] | None:
+    """The bucket size `plan` decides for a graph holding a gradient sync: payload, text
+    and the record (planner.plans.plan.DPChoice); None without a sync."""
+    sync = gradient_sync(graph)
+    if sync is None:
+        return None
+    ranks = sync.group_size or getattr(args, "dp", None)
+    if ranks is None:
+        raise ModelSpecError("the gradient sync's group size is not known")
+    link = _link(args, device_kind)
+    per_node = getattr(args, "ranks_per_node", None)
+    inter = get_link(getattr(args, "inter_node", None) or "ib-ndr")
+    price_ar = _all_reduce_pricer(link, inter, per_node)
+    payload, lines, choice, _ = bucket_report(
+        sync.steps(), ranks, price_ar, 0.0, None,
+        "the graph holds no backward: every gradient is ready at the start",
+    )  # fmt: skip
+    payload["link"] = link.name
+    lines[0] = lines[0].replace(" ranks (", f" ranks on {link.name} (", 1)
+    return payload, "\n".join(lines), choice.record(ranks, link.name)
 
 
 def streams_report(
@@ -171,11 +304,12 @@ def tp_report(
     ranks = sizes[0] if sizes else (args.tp or 2)
     link = _link(args, device_kind)
     plan = search_tp_graph(
-        captured, lambda n: collective_time_s("all_reduce", "ring", n, ranks, link), model
+        captured, lambda n: cheapest_algorithm("all_reduce", n, ranks, link).seconds, model
     )
     back = plan.backward
     lines = [
-        f"tensor-parallel decisions: {len(sites)} column -> row sites, all-reduce over "
+        f"tensor-parallel decisions: {len(sites)} column -> row sites, all-reduce (cheapest "
+        f"algorithm) over "
         f"{link.name}, {ranks} ranks:",
         f"{'decision':<12} {'total us':>11} {'T_comp us':>11} {'T_comm us':>11} {'exposed us':>11}",
     ]

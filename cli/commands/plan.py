@@ -5,7 +5,9 @@
         [--format json] [--html out.html] [--dot out.dot] [--save-plan plan.json]
 
 Prints each group (ops, realization, predicted time, bound, boundary bytes) in execution
-order and the totals against the unfused graph (one kernel per op). The cost model is the
+order and the totals against the unfused graph (one kernel per op). A graph that is a
+data-parallel gradient sync also gets its gradient bucket size decided (beside DDP's
+25 MiB) and recorded in the Plan (`data_parallel`). The cost model is the
 one `--cost-model` names (search.cost_models; the same default as every command).
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cli import fmt
-from cli.commands.analyze_dist import streams_report, tp_report
+from cli.commands.analyze_dist import gradient_sync_decision, streams_report, tp_report
 from cli.common import (
     capture_for_planning,
     emit,
@@ -69,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
         tp = tp_report(args, captured, model, get_spec(r.device_name).kind)
         if tp is not None:  # the plan records the chosen decision (planner.plans.plan)
             plan = dataclasses.replace(plan, tensor_parallel=tp[0].pop("record"))
+    dp = gradient_sync_decision(args, graph, get_spec(r.device_name).kind)
+    if dp is not None:  # the plan records the bucket size (planner.plans.plan.DPChoice)
+        plan = dataclasses.replace(plan, data_parallel=dp[2])
     title = f"{r.spec.label} on {r.device_name} ({r.dtype_name}), strategy {args.strategy}"
     summary = _summary_lines(result, unfused)
     if args.html:
@@ -110,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
         if tp is not None:
             payload["tensor_parallel"], tp_text = tp
             summary.append(tp_text)
+    if dp is not None:
+        payload["data_parallel"] = dp[0]
+        summary.append(dp[1])
     emit(args, payload, _table(title, rows, summary))
     return 0
 

@@ -6,7 +6,8 @@ Capture reads torch.distributed functional collectives (`_c10d_functional.all_re
 `Category.COLLECTIVE` nodes (planner.ir.taxonomy) and records the group's size as the
 attribute `group_size`; `wait_tensor` is the point where the result is first needed and
 moves nothing. The algorithm is a planning decision, not something the graph says: it is
-the attribute `algorithm` where a plan set one, else the kind's default below.
+the attribute `algorithm` where a plan set one (`fixed`), else the kind's default below,
+and `price` charges the cheapest algorithm of the kind unless one is fixed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from planner.distributed.comm_cost import Algorithm, CollectiveKind
+from planner.distributed.comm_cost import (
+    Algorithm,
+    AlgorithmChoice,
+    CollectiveKind,
+    cheapest_algorithm,
+    collective_time_s,
+    hierarchical_all_reduce_s,
+)
+from planner.distributed.links import AlphaBeta, LinkSpec
 from planner.errors import FusionPlannerError
 from planner.ir.graph import Category, OpGraph, OpNode
 from planner.ir.taxonomy import packet_of
@@ -51,6 +60,7 @@ class Collective:
     nbytes: int
     group_size: int | None  # None where capture could not resolve the group
     algorithm: Algorithm
+    fixed: bool = False  # the plan set `algorithm`; else it is the kind's default
 
 
 def group_size_of(group_name: str) -> int | None:
@@ -75,7 +85,8 @@ def collective_of(graph: OpGraph, node: OpNode) -> Collective | None:
     else:
         nbytes = graph.tensors[node.inputs[0]].nbytes if node.inputs else 0
     algorithm = Algorithm(attrs.get("algorithm", DEFAULT_ALGORITHM[kind]))
-    return Collective(node.index, kind, nbytes, int(size) if size else None, algorithm)
+    fixed = "algorithm" in attrs
+    return Collective(node.index, kind, nbytes, int(size) if size else None, algorithm, fixed)
 
 
 def collectives(graph: OpGraph) -> list[Collective]:
@@ -91,3 +102,28 @@ def require_group_size(c: Collective, default: int | None) -> int:
         f"collective node {c.node} ({c.kind.value}) has no known group size: capture it "
         "with its process group initialized, or give the size (e.g. --tp / --dp)"
     )
+
+
+def price(
+    c: Collective,
+    p: int,
+    link: LinkSpec | AlphaBeta,
+    per_node: int | None = None,
+    inter: LinkSpec | AlphaBeta | None = None,
+) -> AlgorithmChoice:
+    """The time of `c` over `p` ranks: by the algorithm the plan fixed, else by the
+    cheapest one of its kind (comm_cost.cheapest_algorithm, with `per_node` ranks per
+    node and `inter` between nodes where the group spans nodes)."""
+    if not c.fixed:
+        return cheapest_algorithm(c.kind, c.nbytes, p, link, per_node, inter)
+    if c.algorithm is Algorithm.HIERARCHICAL:
+        if not per_node or inter is None or p % per_node:
+            raise FusionPlannerError(
+                f"collective node {c.node} is fixed to hierarchical but {p} ranks are not "
+                "whole nodes of a known size (give --ranks-per-node)"
+            )
+        t = hierarchical_all_reduce_s(c.nbytes, per_node, p // per_node, link, inter)
+    else:
+        spans = bool(per_node) and p > (per_node or 0) and inter is not None
+        t = collective_time_s(c.kind, c.algorithm, c.nbytes, p, inter if spans else link)  # type: ignore[arg-type]
+    return AlgorithmChoice(c.algorithm, t, ((c.algorithm, t),))

@@ -6,6 +6,11 @@ direction. `coefficients` is the table of (a, b); `collective_time_s` evaluates 
 `link_from_collective` inverts it (a measured whole-collective fit T = α_c + S·β_c gives
 the link's α = α_c/a, β = β_c/b), so a fit measured at one p predicts another.
 
+`cheapest_algorithm` prices every algorithm an implementation offers for a collective
+(`CANDIDATES`; hierarchical all-reduce where the group spans nodes) and returns the
+cheapest: what plans and `analyze` charge for a collective whose algorithm the plan has
+not fixed.
+
 S is the size of one rank's buffer: the input of all-reduce, reduce-scatter, all-to-all,
 broadcast and send; the *output* (gathered) buffer of all-gather. Derivations are in
 docs/distributed.md; the reduction arithmetic (γ term) is left out: at link speeds below
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import math
+from dataclasses import dataclass
 
 from planner.distributed.links import AlphaBeta, LinkSpec
 from planner.errors import FusionPlannerError
@@ -111,6 +117,68 @@ def hierarchical_all_reduce_s(
     ar = collective_time_s(CollectiveKind.ALL_REDUCE, Algorithm.RING, shard, nodes, inter)
     ag = collective_time_s(CollectiveKind.ALL_GATHER, Algorithm.RING, nbytes, per_node, intra)
     return rs + ar + ag
+
+
+# The algorithms an implementation offers per collective (NCCL: ring and tree for
+# all-reduce and broadcast; ring alone for all-gather and reduce-scatter; all-to-all and
+# send/recv one way): the candidates `cheapest_algorithm` chooses from. Halving-doubling
+# (gloo, MPI) is priced by `coefficients` but not offered by default: with power-of-two
+# groups it dominates both ring and tree in the α-β model.
+CANDIDATES: dict[CollectiveKind, tuple[Algorithm, ...]] = {
+    CollectiveKind.ALL_REDUCE: (Algorithm.RING, Algorithm.TREE),
+    CollectiveKind.ALL_GATHER: (Algorithm.RING,),
+    CollectiveKind.REDUCE_SCATTER: (Algorithm.RING,),
+    CollectiveKind.ALL_TO_ALL: (Algorithm.DIRECT,),
+    CollectiveKind.BROADCAST: (Algorithm.RING, Algorithm.TREE),
+    CollectiveKind.SEND_RECV: (Algorithm.DIRECT,),
+}
+
+
+@dataclass(frozen=True)
+class AlgorithmChoice:
+    """The cheapest algorithm for one collective and every candidate's time, in
+    candidate order."""
+
+    algorithm: Algorithm
+    seconds: float
+    candidates: tuple[tuple[Algorithm, float], ...]
+
+    def row(self) -> dict[str, object]:
+        return {
+            "algorithm": self.algorithm.value,
+            "time_s": self.seconds,
+            "candidates": {a.value: t for a, t in self.candidates},
+        }
+
+
+def cheapest_algorithm(
+    kind: CollectiveKind | str,
+    nbytes: float,
+    p: int,
+    link: LinkSpec | AlphaBeta,
+    per_node: int | None = None,
+    inter: LinkSpec | AlphaBeta | None = None,
+) -> AlgorithmChoice:
+    """The algorithm of `kind` with the least α-β time for `nbytes` over `p` ranks (ties:
+    the earlier candidate, ring before tree). With `per_node` ranks per node and a group
+    that spans nodes, a flat algorithm is priced on the `inter` link (its steps cross
+    nodes, and the slowest link paces them), and an all-reduce may also run
+    hierarchically (`hierarchical_all_reduce_s`: `link` inside a node, `inter` across)."""
+    kind = CollectiveKind(kind)
+    spans = bool(per_node) and p > (per_node or 0)
+    if spans:
+        if inter is None:
+            raise FusionPlannerError("a group spanning nodes needs the link between nodes")
+        if p % per_node:  # type: ignore[operator]
+            raise FusionPlannerError(f"{p} ranks do not fill nodes of {per_node} evenly")
+    flat_link = inter if spans and inter is not None else link
+    priced = [(a, collective_time_s(kind, a, nbytes, p, flat_link)) for a in CANDIDATES[kind]]
+    if spans and kind is CollectiveKind.ALL_REDUCE and inter is not None:
+        nodes = p // per_node  # type: ignore[operator]
+        hier = hierarchical_all_reduce_s(nbytes, per_node, nodes, link, inter)  # type: ignore[arg-type]
+        priced.append((Algorithm.HIERARCHICAL, hier))
+    best = min(priced, key=lambda r: r[1])  # min keeps the first of equal times
+    return AlgorithmChoice(best[0], best[1], tuple(priced))
 
 
 def link_from_collective(

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from planner.distributed.collectives import collective_of
+from planner.distributed.comm_cost import CollectiveKind
 from planner.distributed.overlap import COMM, COMPUTE, Task, Timeline, schedule
 from planner.errors import FusionPlannerError
 from planner.ir.graph import Category, OpGraph
@@ -116,3 +118,69 @@ def backward_steps(
         if dur > 0 or grads:
             steps.append(BackwardStep(n.name, dur, grads))
     return steps
+
+
+@dataclass(frozen=True)
+class GradientSync:
+    """A data-parallel gradient synchronization found in a graph: all-reduces whose
+    buffers are packed (views, cat) from the graph's inputs only, those inputs being the
+    gradients. `grad_bytes`/`grad_names` in the order the buckets take them (DDP's ready
+    order), `bucket_bytes` the all-reduces as captured, `group_size` the ranks (None where
+    capture did not record it)."""
+
+    grad_names: tuple[str, ...]
+    grad_bytes: tuple[int, ...]
+    bucket_bytes: tuple[int, ...]
+    group_size: int | None
+
+    def steps(self) -> list[BackwardStep]:
+        """The gradients as backward steps taking no time: the graph holds no backward,
+        so each gradient is ready when the step starts."""
+        return [BackwardStep(n, 0.0, (b,)) for n, b in zip(self.grad_names, self.grad_bytes)]
+
+
+_PACKING = (Category.VIEW, Category.COPY)
+
+
+def gradient_sync(graph: OpGraph) -> GradientSync | None:
+    """The graph's gradient synchronization, or None: the all-reduces whose input is
+    made by views and copies (cat) of graph inputs alone, each input once."""
+    names: list[str] = []
+    sizes: list[int] = []
+    buckets: list[int] = []
+    groups: set[int | None] = set()
+    seen: set[int] = set()
+    for n in graph.nodes:
+        c = collective_of(graph, n)
+        if c is None or c.kind is not CollectiveKind.ALL_REDUCE:
+            continue
+        leaves = _packed_inputs(graph, n.inputs[0]) if n.inputs else None
+        if not leaves or seen & set(leaves):
+            continue
+        seen.update(leaves)
+        names += [graph.tensors[t].name for t in leaves]
+        sizes += [graph.tensors[t].nbytes for t in leaves]
+        buckets.append(graph.tensors[n.inputs[0]].nbytes)
+        groups.add(c.group_size)
+    if not buckets:
+        return None
+    group = groups.pop() if len(groups) == 1 else None
+    return GradientSync(tuple(names), tuple(sizes), tuple(buckets), group)
+
+
+def _packed_inputs(graph: OpGraph, tensor: int) -> list[int] | None:
+    """The graph inputs `tensor` is packed from, in order, or None if anything else
+    (a parameter, a computed value) goes into it."""
+    info = graph.tensors[tensor]
+    if info.producer is None:
+        return [tensor] if info.kind == "input" else None
+    node = graph.nodes[info.producer]
+    if node.category not in _PACKING:
+        return None
+    out: list[int] = []
+    for t in node.inputs:
+        leaves = _packed_inputs(graph, t)
+        if leaves is None:
+            return None
+        out += leaves
+    return out

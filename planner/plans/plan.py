@@ -115,6 +115,44 @@ class TPChoice:
             raise PlanError(f"the plan's tensor_parallel record is malformed: {e}") from e
 
 
+@dataclass(frozen=True)
+class DPChoice:
+    """The data-parallel decision a plan records for a graph whose gradients are
+    all-reduced in buckets (planner.distributed.dp): the gradient bucket size, over
+    `ranks` ranks on the link named `link`, with the step it predicts and what DDP's
+    default 25 MiB bucket predicts under the same model."""
+
+    bucket_bytes: int
+    ranks: int
+    predicted_s: float
+    ddp_default_predicted_s: float
+    link: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("bucket_bytes", "ranks"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PlanError(f"a data-parallel decision needs {name} >= 1, got {v!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> DPChoice:
+        if not isinstance(data, dict):
+            raise PlanError(f"data_parallel must be an object, got {type(data).__name__}")
+        try:
+            return cls(
+                data["bucket_bytes"],
+                data["ranks"],
+                float(data["predicted_s"]),
+                float(data["ddp_default_predicted_s"]),
+                str(data.get("link", "")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise PlanError(f"the plan's data_parallel record is malformed: {e}") from e
+
+
 def _per_site(value: Any, n: int, name: str) -> tuple[Any, ...]:
     """`value` for each of `n` sites: a single value for every site, or one per site."""
     if isinstance(value, tuple | list):
@@ -144,7 +182,9 @@ class Plan:
     `predicted_s` is the objective's value under `cost_model`; `measured_s` and
     `measured_p99_s` are filled in once the plan ran on the device (profiling).
     `tensor_parallel`: the decision for a tensor-parallel rank program's sites (None for
-    other programs, and in records written before it existed).
+    other programs, and in records written before it existed). `data_parallel`: the
+    gradient bucket decision of a graph holding a data-parallel gradient sync (None
+    otherwise, and in records written before it existed).
     """
 
     graph_key: str
@@ -163,6 +203,7 @@ class Plan:
     created_at: str = field(default_factory=now_iso)
     notes: str = ""
     tensor_parallel: TPChoice | None = None
+    data_parallel: DPChoice | None = None
 
     @classmethod
     def from_partition(
@@ -318,6 +359,10 @@ class Plan:
             del d["tensor_parallel"]
         else:
             d["tensor_parallel"] = self.tensor_parallel.to_json()
+        if self.data_parallel is None:  # written as before the field existed
+            del d["data_parallel"]
+        else:
+            d["data_parallel"] = self.data_parallel.to_json()
         d["schema"] = SCHEMA_VERSION
         return d
 
@@ -340,6 +385,8 @@ class Plan:
             )
             tp = d.get("tensor_parallel")
             d["tensor_parallel"] = None if tp is None else TPChoice.from_json(tp)
+            dp = d.get("data_parallel")
+            d["data_parallel"] = None if dp is None else DPChoice.from_json(dp)
             return cls(**d)
         except (KeyError, TypeError) as e:
             raise PlanError(f"plan record is malformed: {e}") from e

@@ -1,0 +1,109 @@
+"""`fusion-plan analyze --numa two-node|os`: the graph's ops placed on NUMA nodes.
+
+Every op is a group of its own (analyze's per-op view). The graph's inputs and parameters
+start spread over the nodes, even bytes per node (numa.interleaved_home); `planner.distributed.numa.place` puts each
+group on its cheapest node in order, migrating an input first where its remaining reads
+pay for the move. Printed: the groups and tensors on each node, the migrations, and the
+objective with the remote-access terms and without them (every read local).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from cli import fmt
+from planner.distributed.numa import (
+    NumaTopology,
+    interleaved_home,
+    local_only_s,
+    os_topology,
+    place,
+    two_node,
+)
+from planner.errors import FusionPlannerError
+from planner.hardware import DeviceSpec, get_spec
+from planner.ir.graph import OpGraph
+
+NUMA_CHOICES = ("two-node", "os")
+_SHOWN = 8  # names listed per node before "... and N more"
+
+
+def topology(kind: str, spec: DeviceSpec, dtype: str) -> NumaTopology:
+    """`two-node`: the simulated machine (100 ns local, 150 ns remote, numa.two_node's
+    figures); `os`: this machine's nodes from sysfs, each with an equal share of the CPU
+    spec's bandwidth and peak (`spec` where it is a CPU, else the `cpu` spec)."""
+    if kind == "two-node":
+        return two_node()
+    if kind != "os":
+        raise FusionPlannerError(f"unknown --numa {kind!r}; use one of {', '.join(NUMA_CHOICES)}")
+    cpu = spec if spec.kind == "cpu" else get_spec("cpu")
+    topo = os_topology(cpu.mem_bw_Bps, cpu.peak_matmul_flops(dtype))
+    n = topo.n_nodes
+    return dataclasses.replace(
+        topo, local_bw_Bps=cpu.mem_bw_Bps / n, peak_flops=cpu.peak_matmul_flops(dtype) / n
+    )
+
+
+def _names(names: list[str]) -> str:
+    more = len(names) - _SHOWN
+    return ", ".join(names[:_SHOWN]) + (f" ... and {more} more" if more > 0 else "")
+
+
+def numa_report(
+    kind: str, graph: OpGraph, spec: DeviceSpec, dtype: str
+) -> tuple[dict[str, Any], str]:
+    topo = topology(kind, spec, dtype)
+    groups = [frozenset((n.index,)) for n in graph.nodes if n.category.bound != "free"]
+    start = interleaved_home(graph, topo.n_nodes)
+    plan = place(graph, groups, topo, start)
+    local = local_only_s(graph, groups, plan, topo)
+    home = dict(plan.home)
+    home.update((t, n) for t, n in start.items() if t not in home)
+    lat = topo.latency_ns
+    rows = [
+        f"NUMA placement on {topo.n_nodes} node(s) ({topo.source}); access ns "
+        + "; ".join(f"node {i}: " + "/".join(f"{x:g}" for x in r) for i, r in enumerate(lat))
+        + "; inputs and parameters start spread evenly over the nodes",
+    ]
+    nodes: list[dict[str, Any]] = []
+    for node in range(topo.n_nodes):
+        ops = [
+            graph.nodes[min(g)].name
+            for g, n in zip(groups, plan.node_of_group, strict=True)
+            if n == node
+        ]
+        tensors = sorted(t for t, n in home.items() if n == node)
+        nbytes = sum(graph.tensors[t].nbytes for t in tensors)
+        names = [graph.tensors[t].name for t in tensors]
+        nodes.append({"node": node, "groups": ops, "tensors": names, "tensor_bytes": nbytes})
+        rows.append(f"  node {node}: {len(ops)} group(s): {_names(ops) or '-'}")
+        rows.append(
+            f"  node {node}: {len(names)} tensor(s), {fmt.bytes_(nbytes)}: {_names(names) or '-'}"
+        )
+    for m in plan.migrations:
+        rows.append(
+            f"  migrated {graph.tensors[m.tensor].name} ({fmt.bytes_(graph.tensors[m.tensor].nbytes)}) "
+            f"node {m.src} -> {m.dst}: {fmt.time_s(m.seconds)}"
+        )
+    extra = plan.cost_s / local - 1 if local else 0.0
+    rows.append(
+        f"  objective {fmt.time_s(plan.cost_s)} with remote access and migration; "
+        f"{fmt.time_s(local)} with every access local ({extra:+.1%})"
+    )
+    payload = {
+        "topology": {"source": topo.source, "latency_ns": [list(r) for r in lat]},
+        "nodes": nodes,
+        "migrations": [
+            {
+                "tensor": graph.tensors[m.tensor].name,
+                "src": m.src,
+                "dst": m.dst,
+                "seconds": m.seconds,
+            }
+            for m in plan.migrations
+        ],
+        "objective_s": plan.cost_s,
+        "local_only_s": local,
+    }
+    return payload, "\n".join(rows)
