@@ -12,8 +12,8 @@ An entry marked slow (minutes: it recaptures and plans every graph of a dataset)
 checked by the slow tests and by `--slow` only.
 
 A generated block is the text between `<!-- generated:NAME -->` and
-`<!-- /generated:NAME -->` in a document; figures in prose outside such blocks are not
-checked, so docs quote measured numbers only inside them.
+`<!-- /generated:NAME -->` in a document; docs quote measured numbers only inside them
+(tests/test_doc_figures.py fails on a figure typed into the prose outside them).
 """
 
 from __future__ import annotations
