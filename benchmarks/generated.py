@@ -12,8 +12,8 @@ An entry marked slow (minutes: it recaptures and plans every graph of a dataset)
 checked by the slow tests and by `--slow` only.
 
 A generated block is the text between `<!-- generated:NAME -->` and
-`<!-- /generated:NAME -->` in a document; figures in prose outside such blocks are not
-checked, so docs quote measured numbers only inside them.
+`<!-- /generated:NAME -->` in a document; docs quote measured numbers only inside them
+(tests/test_doc_figures.py fails on a figure typed into the prose outside them).
 """
 
 from __future__ import annotations
@@ -379,6 +379,55 @@ def _generate(name: str) -> Callable[[], str]:
     return render
 
 
+def _doc_figure(name: str, *args: str) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import doc_figures
+
+        return getattr(doc_figures, name)(*args)
+
+    return render
+
+
+def _quoted(name: str, patterns: tuple[str, ...], fenced: bool = False) -> Callable[[], str]:
+    def render() -> str:
+        from benchmarks import doc_figures
+
+        return doc_figures.quoted_lines(f"benchmarks/results/{name}", patterns, fenced)
+
+    return render
+
+
+# The lines of two results files that docs/design_notes.md quotes (regular expressions).
+PLAN_ADDITIVITY_LINES = (
+    r"plans have every group",
+    r"error: mean",
+    r"oracle regret",
+    r"^\s+mlp\s",
+)
+HELDOUT_PLANS_LINES = (
+    r"^\d+ graphs where",
+    r"^Re-timed",
+    r"^Plan-level",
+    r"^- priority under",
+)
+
+# (block, first, second): `benchmarks/timing_noise.py FIRST SECOND` quoted in design_notes.md
+TIMING_NOISE = (
+    ("timing_noise_recheck", "data/h100_recheck.parquet", "data/h100_profiles.parquet"),
+    ("timing_noise_recheck2", "data/h100_recheck2.parquet", "data/h100_profiles.parquet"),
+    (
+        "timing_noise_repeatability",
+        "data/h100_repeatability/collect2.parquet",
+        "data/h100_repeatability/collect1.parquet",
+    ),
+    (
+        "timing_noise_v3_v2",
+        "data/h100_profiles.parquet",
+        "data/h100_repeatability/collect1.parquet",
+    ),
+)
+
+
 GENERATED: tuple[Generated, ...] = (
     *(
         Generated(f"benchmarks/results/{n}.md", _generate(n), "python benchmarks/generated.py")
@@ -555,6 +604,40 @@ GENERATED: tuple[Generated, ...] = (
         _section("search_quality", "Per strategy"),
         "python benchmarks/generated.py",
         block="search_quality_per_strategy",
+    ),
+    # Figures quoted in prose, computed by benchmarks/doc_figures.py.
+    Generated(
+        "docs/architecture.md",
+        _doc_figure("e2e_speedups", "transformer-block"),
+        "python benchmarks/generated.py",
+        block="e2e_transformer_block",
+    ),
+    Generated(
+        "docs/design_notes.md",
+        _doc_figure("cost_eval_runs"),
+        "python benchmarks/generated.py",
+        block="cost_eval_h100_graph",
+    ),
+    Generated(
+        "docs/design_notes.md",
+        _quoted("plan_additivity_h100.txt", PLAN_ADDITIVITY_LINES, fenced=True),
+        "python benchmarks/generated.py",
+        block="plan_additivity_h100",
+    ),
+    Generated(
+        "docs/design_notes.md",
+        _quoted("heldout_plans_h100.md", HELDOUT_PLANS_LINES),
+        "python benchmarks/generated.py",
+        block="heldout_plans_h100",
+    ),
+    *(
+        Generated(
+            "docs/design_notes.md",
+            _doc_figure("timing_noise", first, second),
+            "python benchmarks/generated.py",
+            block=name,
+        )
+        for name, first, second in TIMING_NOISE
     ),
 )
 
