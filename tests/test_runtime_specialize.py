@@ -111,3 +111,14 @@ def test_a_specialization_is_timed_against_its_bucket_realization(clock, static_
         cmp(())
     assert gains == [pytest.approx(1 - static_s / 1e-3)]
     assert (gains[0] > 0) == kept
+
+
+@pytest.mark.parametrize("seconds, prior", [(0.0, [0.05]), (1e-3, [])])
+def test_calls_that_take_no_time_or_no_build_estimate_never_specialize(clock, seconds, prior):
+    ledger = Ledger()
+    ledger.realizations.extend(prior)
+    asked: list[int] = []
+    rec = recurring(clock.taking(seconds), ledger, asked)
+    for _ in range(100):
+        rec(())
+    assert asked == []

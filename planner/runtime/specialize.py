@@ -149,7 +149,11 @@ class Recurring:
             return self.fn(args)
         # rent or buy: build once the calls so far took as long as a build would, at the
         # share of each call a specialization saves
-        need = math.ceil(self.ledger.build_estimate() / (self.timer.median() * gain))
+        per_call, build = self.timer.median() * gain, self.ledger.build_estimate()
+        if per_call <= 0 or not math.isfinite(build):  # nothing to save, or no estimate
+            self.due = math.inf
+            return self.fn(args)
+        need = math.ceil(build / per_call)
         if self.calls < need:
             self.due = need  # the estimates are looked at again then
             return self.fn(args)
