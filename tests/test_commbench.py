@@ -26,14 +26,14 @@ def test_two_gloo_ranks_form_a_group_and_reduce() -> None:
 
 def test_a_result_written_before_the_ranks_hang_is_kept() -> None:
     with pytest.warns(RuntimeWarning, match="did not exit"):
-        assert run_ranks(2, "tests.tp_ranks:rank_then_stall", timeout_s=10) == [0.0, 2.0]
+        assert run_ranks(2, "tests.tp_ranks:rank_then_stall", timeout_s=6) == [0.0, 2.0]
 
 
 def test_a_hang_reports_where_each_rank_waits() -> None:
     """Ranks still running at the deadline are asked for their Python stacks before the
     kill, and the error quotes them: the function and line each rank is stuck in."""
     with pytest.raises(CommBenchError, match="still ran after") as e:
-        run_ranks(2, "tests.tp_ranks:both_stall", timeout_s=10)
+        run_ranks(2, "tests.tp_ranks:both_stall", timeout_s=6)
     assert "in both_stall" in str(e.value) and "tp_ranks.py" in str(e.value)
 
 

@@ -14,7 +14,7 @@ from planner.runtime.backend import fusion_planner_backend
 pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", pytest.param("llama", marks=pytest.mark.slow)])
 def test_generate_through_the_backend_plans_prefill_and_decode(name):
     from benchmarks.models import gpt2, llama
 
