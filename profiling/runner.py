@@ -52,12 +52,12 @@ PLAN_TIMER: dict[str, Any] = {"warmup": 3, "min_reps": 10, "max_reps": 100, "max
 # (benchmarks/real_models.py): the latency `tune` stores is then measured the way the
 # benchmarks measure the backend, not as isolated synchronized calls.
 STEADY_TIMER: dict[str, Any] = {"rounds": 15, "round_s": 0.025, "warmup": 3}
-# Dynamo's limits while the serving executor compiles: a tuning job compiles the same
-# model once per candidate, which must not run into the recompile limit (dynamo would
-# then run the model eagerly, and the timing would be eager's).
 # calls of the timed shape before its static specialization is made (a served shape that
 # recurs long enough gets one under the backend's default policy)
 STEADY_AFTER = 3
+# Dynamo's limits while the serving executor compiles: a tuning job compiles the same
+# model once per candidate, which must not run into the recompile limit (dynamo would
+# then run the model eagerly, and the timing would be eager's).
 _DYNAMO_LIMITS = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 << 20}
 
 
