@@ -28,6 +28,7 @@ no optuna, and `search.strategies` must import (and plan with `priority`) withou
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import inspect
 import json
@@ -247,7 +248,12 @@ def signature_of(*parts: Any) -> str:
 
 
 def run_workers(
-    n_workers: int, target: Callable[..., R], args: Sequence[Any] = (), *, storage_url: str | None
+    n_workers: int,
+    target: Callable[..., R],
+    args: Sequence[Any] = (),
+    *,
+    storage_url: str | None,
+    grace_s: float = GRACE_PERIOD_S,
 ) -> list[R]:
     """Run `target(worker_index, *args)` in `n_workers` fresh local processes; the results
     of the workers that finished, in worker order. `target` must be a module-level
@@ -257,7 +263,9 @@ def run_workers(
     A worker that dies (killed, out of memory) or raises does not take the others down:
     they finish, its running trials are failed and queued again for the study
     (`fail_trials_of_dead_workers`), and a warning says what happened. Only when no
-    worker finished is it an error."""
+    worker finished is it an error. When they have all ended, trials they left RUNNING
+    without a live owner are failed and queued too (`fail_abandoned_trials`, `grace_s`:
+    the job's heartbeat grace period)."""
     if n_workers < 1:
         raise FusionPlannerError(f"--workers must be >= 1, got {n_workers}")
     kind = storage_kind(storage_url)
@@ -295,6 +303,9 @@ def run_workers(
     if dead:
         n = fail_trials_of_dead_workers(storage_url, set(dead))
         log.warning("failed and re-queued %d trial(s) of dead worker(s) %s", n, dead)
+    n = fail_abandoned_trials(storage_url, grace_s)
+    if n:
+        log.warning("failed and re-queued %d abandoned trial(s)", n)
     results = [v for i in range(n_workers) if (k := outcomes[i])[0] == "ok" for v in [k[1]]]
     problems = [f"worker {i}: {why}" for i, (k, why) in sorted(outcomes.items()) if k != "ok"]
     for line in problems:
@@ -358,7 +369,7 @@ def fail_dead_trials(study: Any, dead: set[int] | None = None) -> int:
     Returns how many trials were failed."""
     opt = require_optuna()
     host = socket.gethostname()
-    retry = opt.storages.RetryFailedTrialCallback(max_retry=MAX_RETRY)
+    retry = _retry_callback(opt)
     n = 0
     for t in study.get_trials(deepcopy=False, states=(opt.trial.TrialState.RUNNING,)):
         tag = str(t.user_attrs.get(WORKER_ATTR, ""))
@@ -376,6 +387,67 @@ def fail_dead_trials(study: Any, dead: set[int] | None = None) -> int:
             n += 1
             retry(study, study._storage.get_trial(t._trial_id))
     return n
+
+
+def _retry_callback(opt: Any) -> Any:
+    """Optuna's callback that queues a failed trial again (MAX_RETRY times), by its
+    current name (4.9 renamed it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", opt.exceptions.ExperimentalWarning)
+        cls = getattr(opt.storages, "RetryHeartbeatStaleTrialCallback", None)
+        return (cls or opt.storages.RetryFailedTrialCallback)(max_retry=MAX_RETRY)
+
+
+def fail_abandoned_trials(storage_url: str | None, grace_s: float) -> int:
+    """Fail, and queue again once, the RUNNING trials of `storage_url`'s studies that no
+    worker keeps: on a database, those whose heartbeat is older than `grace_s` (Optuna's
+    own sweep, which otherwise runs only when a worker starts its next trial); anywhere,
+    those with no worker tag that started more than `grace_s` ago (a worker tags its trial
+    as it starts it, so one killed between taking the trial and tagging it left the trial
+    with neither tag nor heartbeat). What the parent of local workers runs when they have
+    all ended: a worker killed, or a tell lost while the server restarted, can leave such
+    a trial with no one left to sweep it. Returns how many trials were failed."""
+    opt = require_optuna()
+    kind = storage_kind(storage_url)
+    if kind not in ("rdb", "journal"):
+        return 0
+    try:
+        beats = kind == "rdb"
+        storage = make_storage(
+            storage_url,
+            heartbeat=beats,
+            heartbeat_interval_s=max(1, int(grace_s // 3)),
+            grace_period_s=max(1, int(grace_s)),
+        )
+        retry = _retry_callback(opt)
+        running = (opt.trial.TrialState.RUNNING,)
+        now = datetime.datetime.now()  # Optuna stamps trials in local time
+        n = 0
+        for s in storage.get_all_studies():
+            study = opt.load_study(study_name=s.study_name, storage=storage)
+            before = len(study.get_trials(deepcopy=False, states=running))
+            if beats:
+                opt.storages.fail_stale_trials(study)
+            n += before - len(study.get_trials(deepcopy=False, states=running))
+            for t in study.get_trials(deepcopy=False, states=running):
+                start = t.datetime_start
+                if t.user_attrs.get(WORKER_ATTR) or start is None:
+                    continue
+                if (now - start).total_seconds() < grace_s:
+                    continue
+                try:
+                    done = study._storage.set_trial_state_values(
+                        t._trial_id, opt.trial.TrialState.FAIL
+                    )
+                except Exception:  # a worker finished or failed it first
+                    continue
+                if done:
+                    n += 1
+                    retry(study, study._storage.get_trial(t._trial_id))
+        return n
+    except Exception as e:  # cleaning up is a courtesy
+        log.warning("could not sweep abandoned trials: %s", first_line(e))
+        return 0
 
 
 def fail_trials_of_dead_workers(storage_url: str | None, pids: set[int]) -> int:

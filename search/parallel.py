@@ -24,6 +24,7 @@ from planner.fusion.partition import Partition
 from planner.ir.graph import OpGraph
 from planner.objective import Objective
 from search.optuna_storage import (
+    GRACE_PERIOD_S,
     UNREACHABLE,
     fail_trials_of_dead_workers,
     run_workers,
@@ -162,4 +163,6 @@ def tune_parallel(
         seed,
         heartbeat_s,
     )
-    return run_workers(n_workers, _worker, args, storage_url=storage_url)
+    # the workers' heartbeat grace period (search.optuna_search sets it to 3 intervals)
+    grace = 3 * heartbeat_s if heartbeat_s is not None else GRACE_PERIOD_S
+    return run_workers(n_workers, _worker, args, storage_url=storage_url, grace_s=grace)

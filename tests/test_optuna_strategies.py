@@ -317,3 +317,24 @@ def test_budget_in_evaluations_is_exact_for_both():
         assert math.isfinite(r.total_s)
         r2 = get_strategy(name).plan(g, h100_objective(), Budget(max_evals=300), seed=3)
         assert r2.partition == r.partition and isinstance(r.partition, Partition)
+
+
+def test_abandoned_trials_are_failed_and_queued_again_once_no_worker_keeps_them(tmp_path):
+    """A trial RUNNING with no worker tag and older than the grace period has no owner (a
+    worker tags its trial as it starts it): the end-of-job sweep fails it and queues it
+    again; a tagged trial and a young one are left to their workers."""
+    import optuna
+
+    from search.optuna_storage import WORKER_ATTR, fail_abandoned_trials, make_storage
+
+    url = f"journal:{tmp_path / 'study.log'}"
+    storage = make_storage(url)
+    study = optuna.create_study(study_name="s", storage=storage)
+    orphan = study.ask()
+    owned = study.ask()
+    owned.set_user_attr(WORKER_ATTR, "elsewhere:1")
+    assert fail_abandoned_trials(url, grace_s=3600) == 0  # too young to call abandoned
+    assert fail_abandoned_trials(url, grace_s=0) == 1
+    states = {t.number: t.state.name for t in study.get_trials()}
+    assert states[orphan.number] == "FAIL" and states[owned.number] == "RUNNING"
+    assert "WAITING" in states.values()  # queued again once
