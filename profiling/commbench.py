@@ -172,10 +172,9 @@ def _rank_main(spec: str) -> None:
         result = fn(rank, world, *job["args"])
         if rank == 0:
             Path(job["out"]).write_text(json.dumps(result))
-        release_graphs()
         dist.barrier()  # no rank tears down while another still talks to it
     finally:
-        leave_group(0 if sys.exc_info()[0] is None else 1)
+        leave_group(0 if sys.exc_info()[0] is None else 1)  # frees the graphs first
     # the result is out: leave without the interpreter's teardown, where threads of
     # communication objects still alive (DDP's reducer) can abort the process
     sys.stdout.flush()

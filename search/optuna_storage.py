@@ -185,12 +185,9 @@ def _rdb_storage(
     params = inspect.signature(opt.storages.RDBStorage).parameters
     new_api = "heartbeat_stale_trial_callback" in params
     key = "heartbeat_stale_trial_callback" if new_api else "failed_trial_callback"
+    retry = _retry_callback(opt)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", opt.exceptions.ExperimentalWarning)
-        retry = getattr(opt.storages, "RetryHeartbeatStaleTrialCallback", None)
-        retry = (retry if new_api and retry else opt.storages.RetryFailedTrialCallback)(
-            max_retry=MAX_RETRY
-        )
         return opt.storages.RDBStorage(
             url,
             engine_kwargs=engine,
@@ -379,14 +376,21 @@ def fail_dead_trials(study: Any, dead: set[int] | None = None) -> int:
         pid = int(pid_text)
         if (pid not in dead) if dead is not None else _pid_alive(pid):
             continue
-        try:
-            done = study._storage.set_trial_state_values(t._trial_id, opt.trial.TrialState.FAIL)
-        except Exception:  # another worker failed it first
-            continue
-        if done:
-            n += 1
-            retry(study, study._storage.get_trial(t._trial_id))
+        n += _fail_and_requeue(opt, study, t, retry)
     return n
+
+
+def _fail_and_requeue(opt: Any, study: Any, trial: Any, retry: Any) -> int:
+    """Fail `trial` and queue it again through `retry`: 1, or 0 where a worker finished
+    or failed it first."""
+    try:
+        done = study._storage.set_trial_state_values(trial._trial_id, opt.trial.TrialState.FAIL)
+    except Exception:  # another worker finished or failed it first
+        return 0
+    if not done:
+        return 0
+    retry(study, study._storage.get_trial(trial._trial_id))
+    return 1
 
 
 def _retry_callback(opt: Any) -> Any:
@@ -435,15 +439,7 @@ def fail_abandoned_trials(storage_url: str | None, grace_s: float) -> int:
                     continue
                 if (now - start).total_seconds() < grace_s:
                     continue
-                try:
-                    done = study._storage.set_trial_state_values(
-                        t._trial_id, opt.trial.TrialState.FAIL
-                    )
-                except Exception:  # a worker finished or failed it first
-                    continue
-                if done:
-                    n += 1
-                    retry(study, study._storage.get_trial(t._trial_id))
+                n += _fail_and_requeue(opt, study, t, retry)
         return n
     except Exception as e:  # cleaning up is a courtesy
         log.warning("could not sweep abandoned trials: %s", first_line(e))

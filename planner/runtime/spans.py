@@ -73,24 +73,26 @@ def joined(
     want = signature(plan)
     covered = [bucket]
 
-    def neighbour(size: int) -> Bucket | None:
+    def neighbour(size: int) -> tuple[Bucket, tuple[int, int]] | None:
+        """The tuned bucket holding `size` with the same plan, and its range."""
         if size < 1:
             return None
         at = _at(shapes, positions, size)
         b = spec.bucket_of(at)
-        if b is None or _moving(b) is None:
+        moves = None if b is None else _moving(b)
+        if moves is None:
             return None
         found = cache.lookup(model_key, at, device_fp, spec=spec)
         if found.source != BUCKET or found.plan is None or signature(found.plan) != want:
             return None
-        return b
+        return b, moves[1]
 
     for step in (1, -1):
         while len(covered) < MAX_JOINED:
-            b = neighbour(hi + 1 if step > 0 else lo - 1)
-            if b is None:
+            hit = neighbour(hi + 1 if step > 0 else lo - 1)
+            if hit is None:
                 break
-            b_lo, b_hi = _moving(b)[1]  # type: ignore[index]
+            b, (b_lo, b_hi) = hit
             lo, hi = min(lo, b_lo), max(hi, b_hi)
             covered.append(b)
     if len(covered) == 1:
