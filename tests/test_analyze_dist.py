@@ -48,9 +48,9 @@ def test_tp_what_if_prices_the_all_reduce_on_the_named_link(capsys) -> None:
     assert fwd["critical_path_s"] == pytest.approx(fwd["t_comp_s"] + want)
 
 
-def test_dp_and_pp_what_if(capsys) -> None:
-    out = _run(
-        capsys,
+def _dp_argv(*extra: str) -> list[str]:
+    """analyze's flags for the 2-way TP MLP over 4 data-parallel ranks on ib-hdr, and `extra`."""
+    return [
         "--model",
         "zoo:tp-mlp",
         "--shape",
@@ -59,19 +59,18 @@ def test_dp_and_pp_what_if(capsys) -> None:
         "2",
         "--dp",
         "4",
-        "--pp",
-        "4",
-        "--microbatches",
-        "8",
         "--device",
         "h100",
         "--dtype",
         "fp32",
         "--interconnect",
         "ib-hdr",
-        "--bucket-mb",
-        "0.0625",
-    )
+        *extra,
+    ]
+
+
+def test_dp_and_pp_what_if(capsys) -> None:
+    out = _run(capsys, *_dp_argv("--pp", "4", "--microbatches", "8", "--bucket-mb", "0.0625"))
     step = out["distributed"]["train_step"]
     fwd = out["distributed"]["forward"]
     # backward is 2x forward compute; the step overlaps the gradient all-reduce with it
@@ -168,26 +167,6 @@ def test_plan_prices_the_tensor_parallel_decisions_of_a_captured_block(capsys) -
     assert table["k=2"]["t_comm_s"] > table["k=1"]["t_comm_s"]
     assert main([*args, "h100"]) == 0
     assert "<- chosen" in capsys.readouterr().out
-
-
-def _dp_argv(*extra: str) -> list[str]:
-    return [
-        "--model",
-        "zoo:tp-mlp",
-        "--shape",
-        SHAPE,
-        "--tp",
-        "2",
-        "--dp",
-        "4",
-        "--device",
-        "h100",
-        "--dtype",
-        "fp32",
-        "--interconnect",
-        "ib-hdr",
-        *extra,
-    ]
 
 
 def test_dp_bucket_size_is_searched_unless_given(capsys) -> None:

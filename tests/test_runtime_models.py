@@ -256,19 +256,26 @@ factory.dims = {"B": (0, 0), "S": (0, 1)}
 """
 
 
+def _tuned_then_served(tmp_path, name: str, factory: str, *tune_flags: str):
+    """`fusion-plan tune` of the factory file `factory` (B=2, S=9..16, greedy, one
+    candidate, fp32) into a fresh cache, then the model built at S=16 and compiled with
+    the backend on that cache: (cache url, module, compiled, backend, its realizer)."""
+    (tmp_path / f"{name}.py").write_text(factory)
+    spec, url = f"{tmp_path}/{name}.py:factory", str(tmp_path / "plans.sqlite")
+    argv = ["tune", "--model", spec, "--shape", "B=2", "--dynamic", "S=9..16"]
+    argv += ["--strategy", "greedy", "--top-k", "1", "--cache", url]
+    assert main([*argv, "--no-compile-baseline", "--dtype", "fp32", *tune_flags]) == 0
+    module, _ = resolve(spec, "B=2,S=16").build()
+    realizer = ProgramRealizer()
+    be = fusion_planner_backend(PlanCache(url), realizer=realizer)
+    return url, module, torch.compile(module, backend=be, dynamic=True), be, realizer
+
+
 def test_fusion_plan_tune_stores_a_plan_the_backend_serves(tmp_path):
     """The user's path end to end: `fusion-plan tune` on a factory file of a transformers
     LLaMA (KV cache on, as by default), then torch.compile with the backend on that cache:
     every shape of the tuned bucket is a hit, none is queued as a miss."""
-    (tmp_path / "llama.py").write_text(FACTORY)
-    spec, url = f"{tmp_path}/llama.py:factory", str(tmp_path / "plans.sqlite")
-    argv = ["tune", "--model", spec, "--shape", "B=2", "--dynamic", "S=9..16"]
-    argv += ["--strategy", "greedy", "--top-k", "1", "--cache", url]
-    assert main([*argv, "--no-compile-baseline", "--dtype", "fp32"]) == 0
-    module, _ = resolve(spec, "B=2,S=16").build()
-    realizer = ProgramRealizer()
-    be = fusion_planner_backend(PlanCache(url), realizer=realizer)
-    compiled = torch.compile(module, backend=be, dynamic=True)
+    url, module, compiled, be, realizer = _tuned_then_served(tmp_path, "llama", FACTORY)
     with torch.no_grad():
         for s in (16, 12):
             x = ids(2, s)
@@ -296,16 +303,10 @@ def test_a_plan_tuned_where_an_op_vanishes_is_found_from_the_other_shapes(tmp_pa
     at every other length of the bucket the slice is there, so the model's key differs.
     tune stores the plan for those ops too, and the backend, first called at S=12, finds
     it: hits, no miss queued."""
-    (tmp_path / "pos.py").write_text(POSITION_SLICE)
-    spec, url = f"{tmp_path}/pos.py:factory", str(tmp_path / "plans.sqlite")
-    argv = ["tune", "--model", spec, "--shape", "B=2", "--dynamic", "S=9..16"]
-    argv += ["--strategy", "greedy", "--top-k", "1", "--cache", url]
-    assert main([*argv, "--no-compile-baseline", "--dtype", "fp32", "--keep-fused"]) == 0
+    url, module, compiled, be, realizer = _tuned_then_served(
+        tmp_path, "pos", POSITION_SLICE, "--keep-fused"
+    )
     assert len(PlanCache(url).entries()) == 2  # the edge's ops and the bucket's
-    module, _ = resolve(spec, "B=2,S=16").build()
-    realizer = ProgramRealizer()
-    be = fusion_planner_backend(PlanCache(url), realizer=realizer)
-    compiled = torch.compile(module, backend=be, dynamic=True)
     with torch.no_grad():
         for s in (12, 10):
             x = torch.randn(2, s, 32)
