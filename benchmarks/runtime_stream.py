@@ -172,6 +172,15 @@ def parse_range(text: str) -> tuple[int, int]:
     return a, b
 
 
+def _static_after(text: str) -> int | str | None:
+    """--static-after as the backend's `static_after`: "auto", None (never) or a call."""
+    if text in ("auto", "never"):
+        return None if text == "never" else text
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise SystemExit(f"--static-after wants auto, never or a call number >= 1, got {text!r}")
+
+
 # ---- one contender ----------------------------------------------------------------------
 def _counts(be: Any) -> tuple[int, ...]:
     """What a compile changes: dynamo frames, Inductor graphs, planner realizations and
@@ -187,6 +196,14 @@ def _counts(be: Any) -> tuple[int, ...]:
         # time spent building static specializations: moves whenever one is built or tried
         be.stats.static_build_s if be is not None else 0.0,
     )
+
+
+def _static_setting(meta: dict[str, Any]) -> str:
+    """The run's --static-after as its report says it; nothing for runs before the option."""
+    if "static_after" not in meta:
+        return ""
+    value = meta["static_after"]
+    return f" (static_after={'never' if value is None else value})"
 
 
 def _static_text(st: dict[str, Any]) -> str:
@@ -264,6 +281,7 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         url = cfg["cache"] or os.path.join(cfg["tmp"], f"plans-{os.getpid()}.sqlite")
         cache = PlanCache(url)
         extra = {"realizer": _realize_unfused} if name == "planner-unfused" else {}
+        extra["static_after"] = cfg.get("static_after", "auto")
         be = fusion_planner_backend(cache, compile_budget=cfg["compile_budget"], **extra)
         fn = torch.compile(module, backend=be, dynamic=True)
     else:
@@ -535,7 +553,8 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
                 if "joined" in st
                 else ""
             )
-            + f"static specializations {_static_text(st)}."
+            + f"static specializations {_static_text(st)}"
+            + f"{_static_setting(meta)}."
             f"{' Fallback reasons:' + reasons if reasons else ''}\n"
         )
     loaded = sorted({m for r in results if "modules" in r for m, v in r["modules"].items() if v})
@@ -677,6 +696,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--cache", default=None, help="plan cache URL filled by fusion-plan tune")
     p.add_argument("--compile-budget", type=int, default=8)
+    p.add_argument(
+        "--static-after",
+        default="auto",
+        help="planner: when a recurring shape gets a static specialization: "
+        "auto (the backend's default), never, or the call number",
+    )
     p.add_argument("--check", type=int, default=4, help="stream entries checked against eager")
     p.add_argument("--timeout", type=float, default=None, help="seconds per contender")
     p.add_argument("--same-process", action="store_true")
@@ -704,6 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = args.shape if args.shape is not None else shape
     lo, hi = parse_range(args.seq or seq)
     n = args.n or n
+    static_after = _static_after(args.static_after)
     if args.passes < 2:
         raise SystemExit("--passes must be at least 2 (pass 1 cold, then the steady state)")
     dtype = args.dtype or ("bf16" if cuda else "fp32")
@@ -728,6 +754,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "cache": args.cache,
         "compile_budget": args.compile_budget,
+        "static_after": static_after,
         "threads": args.threads or (1 if args.quick else None),
     }
     meta = {

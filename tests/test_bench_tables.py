@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import e2e, runtime_stream
 
 
@@ -200,3 +202,15 @@ def test_real_models_table_shows_a_remeasured_cells_latest_row_only():
     assert len(rows) == 1 and rows[0]["served/tuned"] == "2.10"
     text = real_models.markdown([first, again], "")
     assert "--redo" in text and "`python benchmarks/real_models.py --bucket`" not in text
+
+
+def test_stream_static_after_option_parses_and_is_reported_only_when_recorded():
+    assert runtime_stream._static_after("auto") == "auto"
+    assert runtime_stream._static_after("never") is None
+    assert runtime_stream._static_after("3") == 3
+    for bad in ("0", "-1", "sometimes", ""):
+        with pytest.raises(SystemExit, match="--static-after"):
+            runtime_stream._static_after(bad)
+    assert runtime_stream._static_setting({}) == ""
+    assert runtime_stream._static_setting({"static_after": None}) == " (static_after=never)"
+    assert runtime_stream._static_setting({"static_after": "auto"}) == " (static_after=auto)"
