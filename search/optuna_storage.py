@@ -200,7 +200,12 @@ def _rdb_storage(
 def study_name(graph: OpGraph, bucket_id: str, signature: str = "") -> str:
     """The study of (graph, bucket); `signature` separates incomparable settings."""
     sig = hashlib.sha256(f"{graph.key}|{signature}".encode()).hexdigest()[:10]
-    return f"fusion-plan/{graph.structure_key}/{bucket_id}/{sig}"
+    return f"{study_prefix(graph, bucket_id)}{sig}"
+
+
+def study_prefix(graph: OpGraph, bucket_id: str) -> str:
+    """What the names of every study of (graph, bucket) begin with, whatever the settings."""
+    return f"fusion-plan/{graph.structure_key}/{bucket_id}/"
 
 
 def open_study(
@@ -251,6 +256,7 @@ def run_workers(
     *,
     storage_url: str | None,
     grace_s: float = GRACE_PERIOD_S,
+    studies: str = "",
 ) -> list[R]:
     """Run `target(worker_index, *args)` in `n_workers` fresh local processes; the results
     of the workers that finished, in worker order. `target` must be a module-level
@@ -262,7 +268,8 @@ def run_workers(
     (`fail_trials_of_dead_workers`), and a warning says what happened. Only when no
     worker finished is it an error. When they have all ended, trials they left RUNNING
     without a live owner are failed and queued too (`fail_abandoned_trials`, `grace_s`:
-    the job's heartbeat grace period)."""
+    the job's heartbeat grace period). Both sweeps look only at the studies whose names
+    begin with `studies` (the job's own, `study_prefix`; "" for every study)."""
     if n_workers < 1:
         raise FusionPlannerError(f"--workers must be >= 1, got {n_workers}")
     kind = storage_kind(storage_url)
@@ -298,9 +305,9 @@ def run_workers(
             p.join()
     dead = [p.pid for i, p in enumerate(procs) if outcomes[i][0] == "died" and p.pid]
     if dead:
-        n = fail_trials_of_dead_workers(storage_url, set(dead))
+        n = fail_trials_of_dead_workers(storage_url, set(dead), studies)
         log.warning("failed and re-queued %d trial(s) of dead worker(s) %s", n, dead)
-    n = fail_abandoned_trials(storage_url, grace_s)
+    n = fail_abandoned_trials(storage_url, grace_s, studies)
     if n:
         log.warning("failed and re-queued %d abandoned trial(s)", n)
     results = [v for i in range(n_workers) if (k := outcomes[i])[0] == "ok" for v in [k[1]]]
@@ -402,8 +409,15 @@ def _retry_callback(opt: Any) -> Any:
         return (cls or opt.storages.RetryFailedTrialCallback)(max_retry=MAX_RETRY)
 
 
-def fail_abandoned_trials(storage_url: str | None, grace_s: float) -> int:
-    """Fail, and queue again once, the RUNNING trials of `storage_url`'s studies that no
+def _studies(storage: Any, prefix: str) -> list[str]:
+    """The names of `storage`'s studies that begin with `prefix` (a name is cheap to list;
+    loading a study and its trials is not)."""
+    return [s.study_name for s in storage.get_all_studies() if s.study_name.startswith(prefix)]
+
+
+def fail_abandoned_trials(storage_url: str | None, grace_s: float, studies: str = "") -> int:
+    """Fail, and queue again once, the RUNNING trials of `storage_url`'s studies (those
+    whose names begin with `studies`) that no
     worker keeps: on a database, those whose heartbeat is older than `grace_s` (Optuna's
     own sweep, which otherwise runs only when a worker starts its next trial); anywhere,
     those with no worker tag that started more than `grace_s` ago (a worker tags its trial
@@ -427,8 +441,8 @@ def fail_abandoned_trials(storage_url: str | None, grace_s: float) -> int:
         running = (opt.trial.TrialState.RUNNING,)
         now = datetime.datetime.now()  # Optuna stamps trials in local time
         n = 0
-        for s in storage.get_all_studies():
-            study = opt.load_study(study_name=s.study_name, storage=storage)
+        for name in _studies(storage, studies):
+            study = opt.load_study(study_name=name, storage=storage)
             before = len(study.get_trials(deepcopy=False, states=running))
             if beats:
                 opt.storages.fail_stale_trials(study)
@@ -446,15 +460,15 @@ def fail_abandoned_trials(storage_url: str | None, grace_s: float) -> int:
         return 0
 
 
-def fail_trials_of_dead_workers(storage_url: str | None, pids: set[int]) -> int:
-    """`fail_dead_trials` over every study of `storage_url` (what the parent of local
-    workers runs when one of them died)."""
+def fail_trials_of_dead_workers(storage_url: str | None, pids: set[int], studies: str = "") -> int:
+    """`fail_dead_trials` over the studies of `storage_url` whose names begin with
+    `studies` (what the parent of local workers runs when one of them died)."""
     opt = require_optuna()
     try:
         storage = make_storage(storage_url, heartbeat=False)
         n = 0
-        for s in storage.get_all_studies():
-            study = opt.load_study(study_name=s.study_name, storage=storage)
+        for name in _studies(storage, studies):
+            study = opt.load_study(study_name=name, storage=storage)
             n += fail_dead_trials(study, pids)
         return n
     except Exception as e:  # cleaning up is a courtesy; the heartbeat is the backstop

@@ -29,6 +29,7 @@ from search.optuna_storage import (
     fail_trials_of_dead_workers,
     run_workers,
     storage_kind,
+    study_prefix,
 )
 from search.strategies import get_strategy
 from search.strategy import Budget, SearchResult
@@ -96,7 +97,9 @@ def plan_through_outages(
             time.sleep(1.0)
             continue
         if outage:  # this process runs one trial at a time: any still RUNNING is orphaned
-            fail_trials_of_dead_workers(kwargs.get("storage"), {os.getpid()})
+            bucket = kwargs.get("bucket_id", "adhoc")
+            prefix = study_prefix(graph, bucket)
+            fail_trials_of_dead_workers(kwargs.get("storage"), {os.getpid()}, prefix)
         return res
 
 
@@ -165,4 +168,11 @@ def tune_parallel(
     )
     # the workers' heartbeat grace period (search.optuna_search sets it to 3 intervals)
     grace = 3 * heartbeat_s if heartbeat_s is not None else GRACE_PERIOD_S
-    return run_workers(n_workers, _worker, args, storage_url=storage_url, grace_s=grace)
+    return run_workers(
+        n_workers,
+        _worker,
+        args,
+        storage_url=storage_url,
+        grace_s=grace,
+        studies=study_prefix(graph, bucket_id),
+    )

@@ -667,10 +667,13 @@ class OperationalError(Exception):
 def test_a_trial_cut_off_by_a_database_outage_is_not_left_running(tmp_path, monkeypatch):
     optuna = pytest.importorskip("optuna")
     from search import parallel
-    from search.optuna_storage import WORKER_ATTR, make_storage, worker_tag
+    from search.optuna_storage import WORKER_ATTR, make_storage, study_prefix, worker_tag
+    from zoo.randgraph import random_graph
 
+    g = random_graph(8, 0)
     journal = f"journal:{tmp_path / 'study.log'}"
-    study = optuna.create_study(study_name="outage", storage=make_storage(journal))
+    name = study_prefix(g, "adhoc") + "outage"  # the job's study, as its strategy names it
+    study = optuna.create_study(study_name=name, storage=make_storage(journal))
     calls: list[int] = []
 
     class CutOff:
@@ -686,8 +689,8 @@ def test_a_trial_cut_off_by_a_database_outage_is_not_left_running(tmp_path, monk
 
     monkeypatch.setattr(parallel, "get_strategy", lambda name, **kw: CutOff())
     monkeypatch.setattr(parallel.time, "sleep", lambda s: None)
-    parallel.plan_through_outages("tpe", {"storage": journal}, None, None, None, 0)
+    parallel.plan_through_outages("tpe", {"storage": journal}, g, None, None, 0)
     assert len(calls) == 2
-    trials = optuna.load_study(study_name="outage", storage=make_storage(journal)).trials
+    trials = optuna.load_study(study_name=name, storage=make_storage(journal)).trials
     states = [t.state.name for t in trials]
     assert "RUNNING" not in states and "FAIL" in states

@@ -338,3 +338,34 @@ def test_abandoned_trials_are_failed_and_queued_again_once_no_worker_keeps_them(
     states = {t.number: t.state.name for t in study.get_trials()}
     assert states[orphan.number] == "FAIL" and states[owned.number] == "RUNNING"
     assert "WAITING" in states.values()  # queued again once
+
+
+def test_end_of_job_sweeps_leave_other_jobs_studies_alone(tmp_path):
+    """A job sweeps only its own studies (those named with its prefix): an orphaned trial
+    of another study in the same storage belongs to another job, which sweeps it itself."""
+    import os
+
+    import optuna
+
+    from search.optuna_storage import (
+        fail_abandoned_trials,
+        fail_trials_of_dead_workers,
+        make_storage,
+        study_prefix,
+        worker_tag,
+    )
+
+    g = random_graph(12, 1)
+    mine = study_prefix(g, "b1")
+    url = f"journal:{tmp_path / 'study.log'}"
+    storage = make_storage(url)
+    ours = optuna.create_study(study_name=mine + "x", storage=storage)
+    theirs = optuna.create_study(study_name=study_prefix(g, "b2") + "x", storage=storage)
+    for study in (ours, theirs):
+        study.ask()  # untagged: abandoned once older than the grace period
+        study.ask().set_user_attr("fp_worker", worker_tag())  # this process, "dead"
+    assert fail_trials_of_dead_workers(url, {os.getpid()}, mine) == 1
+    assert fail_abandoned_trials(url, grace_s=0, studies=mine) == 1
+    assert {t.state.name for t in theirs.get_trials()} == {"RUNNING"}
+    assert [t.state.name for t in ours.get_trials()].count("RUNNING") == 0
+    assert fail_abandoned_trials(url, grace_s=0) == 1  # no prefix: every study
