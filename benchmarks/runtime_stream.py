@@ -734,6 +734,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--passes must be at least 2 (pass 1 cold, then the steady state)")
     dtype = args.dtype or ("bf16" if cuda else "fp32")
     names = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    if not names:
+        raise SystemExit(f"--contenders names none; known: {', '.join(CONTENDERS)}")
     if bad := [c for c in names if c not in CONTENDERS]:
         raise SystemExit(f"unknown contender(s) {bad}; known: {', '.join(CONTENDERS)}")
     lengths = make_stream(n, lo, hi, args.seed)
@@ -796,6 +798,16 @@ def main(argv: list[str] | None = None) -> int:
             res.setdefault("process_wall_s", time.perf_counter() - t0)
             _say(f"{name}: done in {res['process_wall_s']:.1f} s{' - ' + res.get('error', '')}")
             results.append(res)
+            text = _write(out_md, meta, results, lengths)  # after each: a cut-off run keeps them
+    print(text)
+    _say(f"wrote {out_md} and {out_md.with_suffix('.jsonl')}")
+    return 0 if all("error" not in r for r in results) else 1
+
+
+def _write(
+    out_md: Path, meta: dict[str, Any], results: list[dict[str, Any]], lengths: list[int]
+) -> str:
+    """Write the report and its JSON lines for the contenders run so far; the report."""
     meta["load_end"] = os.getloadavg()[0]
     text = report(meta, results)
     out_md.parent.mkdir(parents=True, exist_ok=True)
@@ -805,9 +817,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in results:
             row = {"kind": "contender", **r, "summary": summarize(r, lengths)}
             f.write(json.dumps(row) + "\n")
-    print(text)
-    _say(f"wrote {out_md} and {out_md.with_suffix('.jsonl')}")
-    return 0 if all("error" not in r for r in results) else 1
+    return text
 
 
 if __name__ == "__main__":
