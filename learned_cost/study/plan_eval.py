@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from learned_cost.corrected import default_realization
 from learned_cost.data import DESC_PREFIX, plan_groups
@@ -49,7 +50,10 @@ class GraphCache:
     A row matches a graph whose key is its graph_key, or whose key under an earlier capture
     that differed only in backend-dependent outputs is (`planner.ir.backend_forms.former_keys`:
     rows collected on a CPU carry batch norm's empty statistics). A row that matches neither
-    was captured differently in substance and gets no graph.
+    was captured differently in substance and gets no graph. The capture is tried on the
+    meta device, then the CPU, then the GPU where one is present: a model whose graph
+    depends on the device it is built on (a Hugging Face model's attention masks) matches
+    only where it was measured.
 
     `capture_fn(model, shape, dtype, device)` replaces the capture (tests pass their own)."""
 
@@ -60,7 +64,9 @@ class GraphCache:
     def get(self, row: Mapping[str, Any]) -> OpGraph | None:
         want = row.get("graph_key")
         base = (str(row.get("model")), str(row.get("shape") or ""), str(row.get("dtype")))
-        for device in ("meta", "cpu"):  # meta first; real tensors where meta keys differ
+        # meta first; real tensors where meta keys differ; the GPU where one is present (a
+        # model may build its graph by device: Hugging Face attention masks, for one)
+        for device in ("meta", "cpu", *(("cuda",) if torch.cuda.is_available() else ())):
             k = (*base, device)
             if k not in self._graphs:
                 self._graphs[k] = self._capture_fn(*base, device)
