@@ -450,6 +450,8 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_c",
             "runtime_stream_gpt2_tuned_h100_d",
             "runtime_stream_gpt2_tuned_h100_e",
+            "runtime_stream_gpt2_tuned_h100_f",
+            "runtime_stream_gpt2_tuned_h100_g",
         )
     ),
     Generated(

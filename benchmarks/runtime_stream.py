@@ -90,7 +90,7 @@ TITLES = {
     "compile-max-cg": "torch.compile(max-autotune)",
     "compile-max": "torch.compile(max-autotune-no-cudagraphs)",
     "planner": "fusion-planner backend",
-    "planner-unfused": "fusion-planner backend, unfused plan",
+    "planner-unfused": "unfused plan (fusion-planner backend)",
 }
 ALTERNATIVES = ("eager", *COMPILE_MODES)  # what the planner is compared with
 
