@@ -354,6 +354,16 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def _commands(rows: list[dict[str, Any]], command: str) -> list[str]:
+    """The commands that measured the rows, in order (`command` where no row names one)."""
+    seen = list(dict.fromkeys(r["command"] for r in rows if r.get("command"))) or [command]
+    if len(seen) == 1:
+        return [f"Command: `{seen[0]}`"]
+    return ["Commands, in the order they ran (each row was measured by one of them):", ""] + [
+        f"- `{c}`" for c in seen
+    ]
+
+
 def markdown(rows: list[dict[str, Any]], command: str) -> str:
     head = ["cell", "ops", "priority us", "greedy", "tpe", "joint-tpe", "joint-nsga2",
             "joint-rl", "best alternative", "roofline LB us", "best / LB",
@@ -361,7 +371,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
     lines = [
         "# Search quality, measured",
         "",
-        f"Command: `{command}`",
+        *_commands(rows, command),
         "",
         "Latency: median per call through the planner backend (the runner's serving path, "
         "as `tune` measures), us; strategy cells: best measured plan of the strategy's "
@@ -427,7 +437,7 @@ def tuning_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def render_jsonl(path: Path) -> str:
-    """The table of a committed search_measured.jsonl (its last row's command)."""
+    """The table of a committed search_measured.jsonl (with the commands of its rows)."""
     rows = read_rows(path)
     return markdown(rows, next((r["command"] for r in reversed(rows) if r.get("command")), ""))
 
