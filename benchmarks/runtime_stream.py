@@ -293,7 +293,7 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     after_first: tuple[int, ...] | None = None
     with torch.no_grad():
         for p in range(cfg["passes"]):
-            times, compiled = [], []
+            times, host, compiled = [], [], []
             sync()
             t_pass = time.perf_counter()
             for s in lengths:
@@ -301,14 +301,18 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
                 before = _counts(be)
                 t0 = time.perf_counter()
                 fn(*x)
+                t1 = time.perf_counter()  # the call returned: its host work is done
                 sync()
                 times.append(time.perf_counter() - t0)
+                host.append(t1 - t0)
                 now = _counts(be)
                 compiled.append(now != before)
                 if after_first is None:
                     after_first = now
             total = time.perf_counter() - t_pass
-            passes.append({"total_s": total, "times_s": times, "compiled": compiled})
+            passes.append(
+                {"total_s": total, "times_s": times, "host_s": host, "compiled": compiled}
+            )
             _say(
                 f"{name}: pass {p + 1}/{cfg['passes']} over {len(lengths)} calls: {total:.2f} s, "
                 f"{sum(compiled)} call(s) compiled"
@@ -426,10 +430,36 @@ def summarize(res: dict[str, Any], lengths: list[int]) -> dict[str, Any]:
         "compiling_calls_s": sum(t for t, _ in comp),
         "compile_estimate_s": sum(t - m for t, m in comp),
         "steady_median_ms": statistics.median(per_call) * 1e3,
+        **_host_median(later),
         "steady_bucket_median_ms": {b: m * 1e3 for b, m in steady_med.items()},
         "max_abs_err": max((c["max_abs_err"] for c in res["checks"]), default=float("nan")),
         "checks_ok": all(c["ok"] for c in res["checks"]),
     }
+
+
+def _host_median(passes: list[dict[str, Any]]) -> dict[str, float]:
+    """The steady passes' median host time per call (until the call returned, before the
+    device finished), where the rows recorded it."""
+    if not passes or not all("host_s" in q for q in passes):
+        return {}
+    per_call = [statistics.median(ts) for ts in zip(*(q["host_s"] for q in passes))]
+    return {"steady_host_median_ms": statistics.median(per_call) * 1e3}
+
+
+def _host_text(sums: dict[str, dict[str, Any]]) -> str:
+    """One line: each contender's steady median host time per call, where recorded."""
+    parts = [
+        f"{TITLES[c]} {s['steady_host_median_ms']:.3f} ms"
+        for c, s in sums.items()
+        if s and "steady_host_median_ms" in s
+    ]
+    if not parts:
+        return ""
+    return (
+        "\nHost time per call, steady median (from the call until it returned, before the "
+        "device finished; a call whose host time is near its whole time is bound by the "
+        "host): " + "; ".join(parts) + ".\n"
+    )
 
 
 def _per_pass(results: list[dict[str, Any]]) -> str:
@@ -612,7 +642,7 @@ Produced by `{meta["command"]}` on {meta["date"]}.
 Each pass, median ms per call (its total s): CUDA-graph recordings and static specializations happen in the later passes, so the last pass is the one closest to serving a recurring stream.
 
 {_per_pass(results)}
-
+{_host_text(sums)}
 Per bucket (first call of the bucket in pass 1; median call of the steady state):
 
 {bhead} |
