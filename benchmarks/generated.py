@@ -452,6 +452,10 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_e",
             "runtime_stream_gpt2_tuned_h100_f",
             "runtime_stream_gpt2_tuned_h100_g",
+            *(
+                f"runtime_stream_gpt2_ab_h100/stream_{n}"
+                for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
+            ),
         )
     ),
     Generated(
