@@ -89,7 +89,11 @@ def test_tp_mlp_all_reduce_is_fully_exposed() -> None:
 
 
 def test_pack_is_ddp_order_and_bound() -> None:
-    assert pack([10, 10, 10, 30], 25) == [[0, 1], [2], [3]]
+    # DDP's reducer closes a bucket once it holds the cap or more
+    assert pack([10, 10, 10, 30], 25) == [[0, 1, 2], [3]]
+    assert pack([10, 10, 5, 30], 25) == [[0, 1, 2], [3]]
+    assert pack([10, 10, 5, 30], 20) == [[0, 1], [2, 3]]
+    assert pack([10, 10, 30, 4], 25, first_bucket_bytes=5) == [[0], [1, 2], [3]]
     assert pack([30], 10) == [[0]]
 
 

@@ -26,10 +26,10 @@ from planner.distributed.comm_cost import (
 )
 from planner.distributed.dp import (
     DDP_BUCKET_BYTES,
-    DDP_FIRST_BUCKET_BYTES,
     BackwardStep,
     backward_steps,
     dp_step_timeline,
+    first_bucket_bytes,
     gradient_sync,
     pack,
 )
@@ -116,7 +116,7 @@ def bucket_report(
     if used < 1:
         raise ModelSpecError(f"--bucket-mb must hold at least one byte, got {override_mb}")
     sizes = [b for s in steps for b in s.grad_bytes]
-    first = min(DDP_FIRST_BUCKET_BYTES, used)
+    first = first_bucket_bytes(used)
     bucket_sizes = [sum(sizes[i] for i in b) for b in pack(sizes, used, first)]
     algos = [price_ar(b, ranks) for b in bucket_sizes]
     counts = Counter(a.algorithm.value for a in algos)
@@ -212,7 +212,7 @@ def distributed_report(
         def ar(nbytes: int) -> float:
             return price_ar(nbytes, args.dp).seconds
 
-        first = min(DDP_FIRST_BUCKET_BYTES, bucket)
+        first = first_bucket_bytes(bucket)
         step = dp_step_timeline(steps, bucket, ar, fwd.makespan_s, 0.0, first)
         rows.append(_line(f"train dp={args.dp}", step))
         rows += lines

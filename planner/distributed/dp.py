@@ -19,7 +19,7 @@ from planner.errors import FusionPlannerError
 from planner.ir.graph import Category, OpGraph
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # torch DDP's bucket_cap_mb default
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # at DDP's default cap (dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 
 @dataclass(frozen=True)
@@ -34,25 +34,33 @@ class BackwardStep:
 def pack(
     sizes_bytes: Sequence[int], bucket_bytes: int, first_bucket_bytes: int | None = None
 ) -> list[list[int]]:
-    """DDP's packing over gradients in ready order: a bucket is closed when the next
-    gradient would take it past `bucket_bytes` (`first_bucket_bytes` for the first one,
-    as DDP's 1 MiB first bucket; a gradient larger than a bucket gets a bucket of its
-    own). Indices into `sizes_bytes`."""
+    """DDP's packing over gradients in ready order: each gradient joins the open bucket,
+    and the bucket is closed once it holds `bucket_bytes` or more (`first_bucket_bytes`
+    for the first one), as DDP's reducer assigns buckets (`compute_bucket_assignment_by_size`):
+    a bucket may pass its cap by its last gradient. Indices into `sizes_bytes`."""
     if bucket_bytes <= 0:
         raise FusionPlannerError(f"a bucket must hold at least one byte, got {bucket_bytes}")
     out: list[list[int]] = []
     cur: list[int] = []
     filled = 0
     for i, size in enumerate(sizes_bytes):
-        cap = first_bucket_bytes if first_bucket_bytes and not out else bucket_bytes
-        if cur and filled + size > cap:
-            out.append(cur)
-            cur, filled = [], 0
         cur.append(i)
         filled += size
+        cap = first_bucket_bytes if first_bucket_bytes and not out else bucket_bytes
+        if filled >= cap:
+            out.append(cur)
+            cur, filled = [], 0
     if cur:
         out.append(cur)
     return out
+
+
+def first_bucket_bytes(bucket_bytes: int) -> int:
+    """The cap of the first bucket when DDP runs with `bucket_bytes` as the realization
+    passes it (planner.distributed.ddp.ddp_kwargs): DDP's default 25 MiB is left to
+    DDP, which then closes its first bucket at 1 MiB; any other size is given as
+    `bucket_cap_mb`, and DDP's first bucket then has that cap too."""
+    return DDP_FIRST_BUCKET_BYTES if bucket_bytes == DDP_BUCKET_BYTES else bucket_bytes
 
 
 def dp_step_tasks(
