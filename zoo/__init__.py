@@ -302,6 +302,14 @@ class ZooModel:
         return module, inputs
 
 
+def block_param_shapes(d: int) -> list[tuple[int, ...]]:
+    """Parameter shapes of zoo:transformer-block at width `d`, in model order (the heads
+    do not change them)."""
+    with torch.device("meta"):
+        block = TransformerBlock(d, 1)
+    return [tuple(p.shape) for p in block.parameters()]
+
+
 def _t(p: dict[str, int]) -> tuple[tuple[int, ...], ...]:
     return ((p["B"], p["S"], p["D"]),)
 
@@ -423,6 +431,20 @@ ZOO: dict[str, ZooModel] = {
                     pm.capture_group(p["DP"]),
                 ),
                 tuple(pm.mlp_param_shapes(p["D"], p["HID"], p["L"])),
+            ),
+        ),
+        ZooModel(
+            "dp-block",
+            "data-parallel gradient sync of zoo:transformer-block, bucketed all-reduce (BUCKET_KB)",
+            {"D": 768, "DP": 2, "BUCKET_KB": 25600},
+            lambda p: (
+                pm.BucketedGradSync(
+                    block_param_shapes(p["D"]),
+                    p["BUCKET_KB"] * 1024,
+                    p["DP"],
+                    pm.capture_group(p["DP"]),
+                ),
+                tuple(block_param_shapes(p["D"])),
             ),
         ),
         ZooModel(

@@ -45,6 +45,7 @@ from planner.objective import Objective
 from planner.plans.plan import DPChoice
 from search.bucket_search import BucketChoice, search_bucket_size
 from search.tp_search import search_tp_graph
+from zoo.modelspec import parse_shape
 
 MB = 1024 * 1024
 
@@ -64,6 +65,20 @@ def apply_tp(args: argparse.Namespace, params: dict[str, int]) -> None:
             "use zoo:tp-mlp or zoo:tp-block, or leave out --tp"
         )
     args.shape = ",".join(s for s in (args.shape, f"TP={args.tp}") if s)
+
+
+def apply_dp(args: argparse.Namespace, params: dict[str, int]) -> None:
+    """Put `--dp` into the shape string of a model whose gradient sync takes DP (the
+    zoo:dp-* syncs), so its all-reduces are captured over that many ranks; a shape that
+    already gives another DP is refused."""
+    if args.dp is None or "DP" not in params:
+        return
+    given = parse_shape(args.shape).get("DP")
+    if given is not None:
+        if given != args.dp:
+            raise ModelSpecError(f"--dp {args.dp} and the shape's DP={given} disagree: give one")
+        return
+    args.shape = ",".join(s for s in (args.shape, f"DP={args.dp}") if s)
 
 
 def _link(args: argparse.Namespace, device_kind: str) -> LinkSpec:
