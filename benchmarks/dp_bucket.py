@@ -5,7 +5,9 @@ gloo on local processes, the searched size against DDP's 25 MiB:
         [--out benchmarks/results/dp_bucket_cpu.json]
 
 Measured on the ranks (medians, max over ranks): forward and forward+backward of
-zoo:mlp without communication, a DDP step per bucket cap, all-reduce per message size.
+zoo:mlp without communication, a DDP step per bucket cap (DDP built by
+planner.distributed.ddp.wrap_ddp from a plan's decision of that cap, as a user realizes
+a plan), all-reduce per message size.
 Predicted: the backward split over zoo:mlp's captured ops in proportion to the analytical
 model's per-op times and scaled to the measured backward; the all-reduce from an α-β fit
 of the measured sizes; the step from planner.distributed.dp (DDP's 1 MiB first bucket).
@@ -150,5 +152,22 @@ def render_earlier(paths: list[Path]) -> str:
         lines.append(
             f"- `{path.name}` (batch {d['config']['batch']}): measured "
             f"{min(ms):.0f}-{max(ms):.0f} ms over the caps"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_runs(paths: list[Path]) -> str:
+    """Per results file: the model's error range over the caps, the searched cap's and
+    DDP's default's measured steps, and the cap measured fastest."""
+    lines = []
+    for path in paths:
+        d = json.loads(path.read_text())
+        errs = [r["rel_err"] for r in d["rows"]]
+        best = d["best_measured"]
+        lines.append(
+            f"- `{path.name}`: model error {min(errs):.0%} to {max(errs):.0%}; searched "
+            f"{d['searched_bucket_mb']:g} MiB measured {d['measured_at_searched_s'] * 1e3:.1f} ms, "
+            f"DDP's 25 MiB {d['measured_at_ddp_default_s'] * 1e3:.1f} ms; fastest measured "
+            f"{best['bucket_mb']:g} MiB ({best['measured_s'] * 1e3:.1f} ms)"
         )
     return "\n".join(lines) + "\n"

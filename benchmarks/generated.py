@@ -339,7 +339,14 @@ def _comm_cpu_runs() -> str:
 def _dp_cpu() -> str:
     from benchmarks import dp_bucket
 
-    return dp_bucket.render(RESULTS / "dp_bucket_cpu_b8.json")
+    return dp_bucket.render(RESULTS / "dp_bucket_cpu_b8_wrap.json")
+
+
+def _dp_cpu_runs() -> str:
+    from benchmarks import dp_bucket
+
+    names = ("dp_bucket_cpu_b8", "dp_bucket_cpu_b8_wrap", "dp_bucket_cpu_b8_wrap_run2")
+    return dp_bucket.render_runs([RESULTS / f"{n}.json" for n in names])
 
 
 def _dp_cpu_earlier() -> str:
@@ -554,6 +561,7 @@ GENERATED: tuple[Generated, ...] = (
             ("comm_alpha_beta_cpu", _comm_cpu),
             ("comm_alpha_beta_cpu_runs", _comm_cpu_runs),
             ("dp_bucket_cpu_b8", _dp_cpu),
+            ("dp_bucket_cpu_runs", _dp_cpu_runs),
             ("dp_bucket_cpu_earlier", _dp_cpu_earlier),
         )
     ),

@@ -45,10 +45,11 @@ import torch.distributed as dist
 
 import zoo
 from planner.distributed.comm_cost import link_from_collective
+from planner.distributed.ddp import MIB, wrap_ddp
 from planner.distributed.links import AlphaBeta, MeasuredLink
 from planner.errors import FusionPlannerError, first_line
 from planner.hardware import device_fingerprint
-from planner.plans.plan import now_iso
+from planner.plans.plan import DPChoice, now_iso
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -547,8 +548,10 @@ def _ddp_steps(
     sizes: list[int],
 ) -> dict[str, Any]:
     """On each rank: forward and forward+backward of zoo's MLP without
-    communication, a DDP training step per bucket cap, and all-reduce times per size for
-    the α-β fit; all medians, the max over ranks."""
+    communication, a DDP training step per bucket cap (MiB; DDP built by
+    planner.distributed.ddp.wrap_ddp from a decision of that cap, so 25 MiB is DDP's
+    default with its 1 MiB first bucket), and all-reduce times per size for the α-β fit;
+    all medians, the max over ranks."""
 
     device = rank_device(rank)
     torch.manual_seed(0)
@@ -567,11 +570,10 @@ def _ddp_steps(
     # module would both reduce its gradients); the plain model's forward and
     # forward+backward and every cap are stepped in rounds, so that a burst of load from
     # other processes spreads over all of them alike
+    # each built as a user builds it from a plan deciding that cap (wrap_ddp)
     ids = [rank] if device.type == "cuda" else None
     ddps = [
-        torch.nn.parallel.DistributedDataParallel(
-            copy.deepcopy(model), device_ids=ids, bucket_cap_mb=cap
-        )
+        wrap_ddp(copy.deepcopy(model), DPChoice(int(cap * MIB), world, 0.0, 0.0), device_ids=ids)
         for cap in caps_mb
     ]
     runs: list[Callable[[], None]] = [fwd, lambda: fwd_bwd(model)]
