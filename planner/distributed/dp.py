@@ -70,12 +70,21 @@ def dp_step_tasks(
     forward_s: float = 0.0,
     optimizer_s: float = 0.0,
     first_bucket_bytes: int | None = None,
+    copy_s: Callable[[int], float] | None = None,
+    serial_comm: bool = False,
 ) -> list[Task]:
     """Forward, then the backward steps with bucket all-reduces interleaved where their
-    last gradient is ready, then the optimizer step waiting for every all-reduce."""
+    last gradient is ready, then the optimizer step waiting for every all-reduce.
+
+    `copy_s(nbytes)`, where given, prices DDP's copies on the compute stream: each
+    step's gradients into their buckets as they become ready (a bucket's all-reduce
+    waits for its copy), and every bucket back into the gradients after the last
+    all-reduce. `serial_comm` puts the all-reduces on the compute stream too (a CPU
+    whose cores run the collective's copies and reductions as well as the backward)."""
     sizes = [b for s in steps for b in s.grad_bytes]
     buckets = pack(sizes, bucket_bytes, first_bucket_bytes)
     last_grad = [max(b) for b in buckets]
+    comm = COMPUTE if serial_comm else COMM
     tasks = [Task("forward", COMPUTE, forward_s)]
     comm_ids: list[int] = []
     grads_done, next_bucket = 0, 0
@@ -83,12 +92,22 @@ def dp_step_tasks(
     for step in steps:
         tasks.append(Task(step.name, COMPUTE, step.duration_s, (ready,)))
         ready = len(tasks) - 1
+        if copy_s is not None and step.grad_bytes:
+            tasks.append(
+                Task(f"{step.name}.copy_in", COMPUTE, copy_s(sum(step.grad_bytes)), (ready,))
+            )
+            ready = len(tasks) - 1
         grads_done += len(step.grad_bytes)
         while next_bucket < len(buckets) and last_grad[next_bucket] < grads_done:
             nbytes = sum(sizes[i] for i in buckets[next_bucket])
-            tasks.append(Task(f"all_reduce[{next_bucket}]", COMM, all_reduce_s(nbytes), (ready,)))
+            tasks.append(Task(f"all_reduce[{next_bucket}]", comm, all_reduce_s(nbytes), (ready,)))
             comm_ids.append(len(tasks) - 1)
+            if serial_comm:
+                ready = len(tasks) - 1
             next_bucket += 1
+    if copy_s is not None:
+        tasks.append(Task("copy_out", COMPUTE, copy_s(sum(sizes)), (ready, *comm_ids)))
+        ready = len(tasks) - 1
     tasks.append(Task("optimizer", COMPUTE, optimizer_s, (ready, *comm_ids)))
     return tasks
 
@@ -100,10 +119,16 @@ def dp_step_timeline(
     forward_s: float = 0.0,
     optimizer_s: float = 0.0,
     first_bucket_bytes: int | None = None,
+    copy_s: Callable[[int], float] | None = None,
+    serial_comm: bool = False,
 ) -> Timeline:
+    """The schedule of `dp_step_tasks` (same arguments) over the two streams."""
     return schedule(
-        dp_step_tasks(steps, bucket_bytes, all_reduce_s, forward_s, optimizer_s, first_bucket_bytes)
-    )
+        dp_step_tasks(
+            steps, bucket_bytes, all_reduce_s, forward_s, optimizer_s, first_bucket_bytes,
+            copy_s, serial_comm,
+        )
+    )  # fmt: skip
 
 
 BACKWARD_FACTOR = 2.0  # backward ≈ 2x forward: a GEMM's dX and dW are one GEMM each
