@@ -17,7 +17,7 @@ from planner.distributed import parallel_models as pm
 from planner.distributed.collectives import collectives
 from planner.distributed.comm_cost import collective_time_s
 from planner.distributed.ddp import ddp_kwargs, dp_choice, wrap_ddp
-from planner.distributed.dp import DDP_BUCKET_BYTES, first_bucket_bytes, pack
+from planner.distributed.dp import DDP_BUCKET_BYTES, first_bucket_bytes, gradient_sync, pack
 from planner.distributed.links import get_link
 from planner.errors import PlanError
 from planner.ir.capture import capture
@@ -65,6 +65,12 @@ def test_ddp_from_the_plan_gives_the_single_process_gradients_on_gloo() -> None:
     sizes = [out["param_bytes"][i] for i in order]
     want = [[order[i] for i in b] for b in pack(sizes, 8192, first_bucket_bytes(8192))]
     assert out["buckets"] == want and len(want) > 2
+    # and the buckets zoo:dp-block's sync prices for the same block at that cap
+    sync = gradient_sync(capture(*zoo.get("dp-block").build({"D": 32, "DP": 2})))
+    assert sync is not None
+    grads = sync.grad_bytes
+    planned = [sum(grads[i] for i in b) for b in pack(grads, 8192, first_bucket_bytes(8192))]
+    assert [sum(out["param_bytes"][i] for i in b) for b in out["buckets"]] == planned
 
 
 def ddp_step(rank: int, world: int, bucket_bytes: int) -> dict:
@@ -104,8 +110,9 @@ def ddp_step(rank: int, world: int, bucket_bytes: int) -> dict:
 # ---- the data-parallel transformer block ----------------------------------------------
 def test_dp_block_all_reduces_the_blocks_gradients_in_ddp_buckets() -> None:
     m, x = zoo.get("dp-block").build({"D": 64, "DP": 2, "BUCKET_KB": 16})
-    shapes = [tuple(p.shape) for p in zoo.TransformerBlock(64, 4).parameters()]
-    assert [tuple(t.shape) for t in x] == shapes
+    shapes = [tuple(t.shape) for t in x]
+    block = [tuple(p.shape) for p in zoo.TransformerBlock(64, 4).parameters()]
+    assert sorted(shapes) == sorted(block)
     cs = collectives(capture(m, x))
     sizes = [4 * torch.Size(s).numel() for s in shapes]
     assert len(cs) == len(pm.buckets_for(sizes, 16 * 1024)) > 1

@@ -302,12 +302,18 @@ class ZooModel:
         return module, inputs
 
 
+# zoo:transformer-block's layers in the order its forward first uses them
+_BLOCK_USE_ORDER = ("ln1", "q", "k", "v", "o", "ln2", "f1", "f2")
+
+
 def block_param_shapes(d: int) -> list[tuple[int, ...]]:
-    """Parameter shapes of zoo:transformer-block at width `d`, in model order (the heads
-    do not change them)."""
+    """Parameter shapes of zoo:transformer-block at width `d` (the heads do not change
+    them), weight then bias of each layer in the order the forward first uses the layers:
+    reversed, the order in which the backward makes their gradients ready, which DDP's
+    buckets follow (ln2 registered second but used after the attention)."""
     with torch.device("meta"):
-        block = TransformerBlock(d, 1)
-    return [tuple(p.shape) for p in block.parameters()]
+        params = dict(TransformerBlock(d, 1).named_parameters())
+    return [tuple(params[f"{m}.{p}"].shape) for m in _BLOCK_USE_ORDER for p in ("weight", "bias")]
 
 
 def _t(p: dict[str, int]) -> tuple[tuple[int, ...], ...]:
