@@ -49,9 +49,11 @@ def test_a_plan_without_a_data_parallel_decision_is_refused() -> None:
 
 
 def test_a_plan_for_another_number_of_ranks_is_refused() -> None:
-    pm.capture_group(2)  # this process's group: the fake one of 2 ranks unless one exists
-    with pytest.raises(PlanError, match="decided for 3 ranks"):
-        wrap_ddp(torch.nn.Linear(2, 2), DPChoice(1024, 3, 1.0, 1.0))
+    if not dist.is_initialized():
+        pm.capture_group(2)  # torch's fake group of 2 ranks, as capture uses
+    other = dist.get_world_size() + 1
+    with pytest.raises(PlanError, match=f"decided for {other} ranks"):
+        wrap_ddp(torch.nn.Linear(2, 2), DPChoice(1024, other, 1.0, 1.0))
 
 
 def test_ddp_from_the_plan_gives_the_single_process_gradients_on_gloo() -> None:
