@@ -323,6 +323,7 @@ def tp_row(a: argparse.Namespace, shape, rows, timeout_s: float) -> dict[str, An
 # ---- dp -------------------------------------------------------------------------------
 def dp_row(a: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
     import zoo
+    from benchmarks.dp_bucket import variant_predictions
     from learned_cost.analytical import AnalyticalModel
     from planner.distributed.dp import DDP_BUCKET_BYTES, backward_steps
     from planner.hardware import get_spec
@@ -365,7 +366,12 @@ def dp_row(a: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
     )
     free = search_bucket_size(steps, lambda n: predict_s(fits, n), forward_s=m["fwd_s"])
     table = [
-        {"bucket_mb": c, "predicted_s": pred, "measured_s": m["ddp_s"][str(c)]}
+        {
+            "bucket_mb": c,
+            "predicted_s": pred,
+            "measured_s": m["ddp_s"][str(c)],
+            **variant_predictions(steps, int(c * MB), lambda n: predict_s(fits, n), m),
+        }
         for (_, pred), c in zip(choice.table, caps, strict=True)
     ]
     chosen = next(c for c in caps if int(c * MB) == choice.bucket_bytes)

@@ -5,7 +5,9 @@ gloo on local processes, the searched size against DDP's 25 MiB:
         [--out benchmarks/results/dp_bucket_cpu.json]
 
 Measured on the ranks (medians, max over ranks): forward and forward+backward of
-zoo:mlp without communication, a DDP step per bucket cap, all-reduce per message size.
+zoo:mlp without communication, a DDP step per bucket cap (DDP built by
+planner.distributed.ddp.wrap_ddp from a plan's decision of that cap, as a user realizes
+a plan), all-reduce per message size.
 Predicted: the backward split over zoo:mlp's captured ops in proportion to the analytical
 model's per-op times and scaled to the measured backward; the all-reduce from an α-β fit
 of the measured sizes; the step from planner.distributed.dp (DDP's 1 MiB first bucket).
@@ -15,14 +17,22 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import zoo
 from benchmarks.comm_alpha_beta import fits_text
 from learned_cost.analytical import AnalyticalModel
-from planner.distributed.dp import DDP_BUCKET_BYTES, backward_steps
+from planner.distributed.dp import (
+    DDP_BUCKET_BYTES,
+    BackwardStep,
+    backward_steps,
+    dp_step_timeline,
+    first_bucket_bytes,
+)
 from planner.distributed.links import AlphaBeta
 from planner.hardware import get_spec
 from planner.ir.capture import capture
@@ -30,6 +40,24 @@ from profiling.commbench import fit_alpha_beta, measure_ddp, predict_s
 from search.bucket_search import search_bucket_size
 
 MB = 1024 * 1024
+
+
+def variant_predictions(
+    steps: list[BackwardStep], bucket_bytes: int, ar: Callable[[int], float], m: dict[str, Any]
+) -> dict[str, float]:
+    """The step at `bucket_bytes` under two variants of the model the search uses: with
+    DDP's copies into and out of its buckets on the compute stream (the measured copy of
+    every gradient byte, scaled to each copy's bytes), and with those copies and the
+    all-reduces all on the compute stream (cores shared, nothing overlaps)."""
+
+    def copy_s(nbytes: int) -> float:
+        return m["copy_s"] * nbytes / m["copy_bytes"]
+
+    first = first_bucket_bytes(bucket_bytes)
+    fwd = m["fwd_s"]
+    two = dp_step_timeline(steps, bucket_bytes, ar, fwd, 0.0, first, copy_s)
+    serial = dp_step_timeline(steps, bucket_bytes, ar, fwd, 0.0, first, copy_s, True)
+    return {"predicted_copies_s": two.makespan_s, "predicted_serial_s": serial.makespan_s}
 
 
 def main() -> None:
@@ -44,13 +72,19 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/dp_bucket_cpu.json")
     a = ap.parse_args()
     caps = [float(c) for c in a.caps_mb.split(",")]
-    m = measure_ddp(a.world_size, a.d, a.hid, a.layers, a.batch, caps, a.reps)
+    # all-reduce sizes for the fit: powers of 4 from 4 KiB up to the first at or above
+    # the largest bucket the caps make (every gradient in one)
+    module, inputs = zoo.get("mlp").build({"B": a.batch, "D": a.d, "HID": a.hid, "L": a.layers})
+    grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    sizes = [4096]
+    while sizes[-1] < grad_bytes:
+        sizes.append(sizes[-1] * 4)
+    m = measure_ddp(a.world_size, a.d, a.hid, a.layers, a.batch, caps, a.reps, sizes)
     fits = fit_alpha_beta([(b, t) for b, t in m["all_reduce"]])
 
     def ar(nbytes: int) -> float:
         return predict_s(fits, nbytes)
 
-    module, inputs = zoo.get("mlp").build({"B": a.batch, "D": a.d, "HID": a.hid, "L": a.layers})
     module.train()
     graph = capture(module, inputs)
     model = AnalyticalModel(get_spec("cpu"))
@@ -64,17 +98,20 @@ def main() -> None:
     rows = []
     for (_, pred), cap in zip(choice.table, caps, strict=True):
         meas = m["ddp_s"][str(cap)]
+        more = variant_predictions(steps, int(cap * MB), ar, m)
         rows.append(
             {
                 "bucket_mb": cap,
                 "predicted_s": pred,
                 "measured_s": meas,
                 "rel_err": abs(pred - meas) / meas,
+                **more,
             }
         )
         print(
-            f"bucket {cap:6.2f} MiB: predicted {pred * 1e3:8.2f} ms, measured "
-            f"{meas * 1e3:8.2f} ms ({abs(pred - meas) / meas:.1%})"
+            f"bucket {cap:6.2f} MiB: predicted {pred * 1e3:8.2f} ms (with copies "
+            f"{more['predicted_copies_s'] * 1e3:.2f}, serial {more['predicted_serial_s'] * 1e3:.2f})"
+            f", measured {meas * 1e3:8.2f} ms ({abs(pred - meas) / meas:.1%})"
         )
     chosen = choice.bucket_bytes / MB
     meas_chosen = m["ddp_s"][str(next(c for c in caps if int(c * MB) == choice.bucket_bytes))]
@@ -128,6 +165,7 @@ def render(path: Path) -> str:
         "| bucket MiB | " + " | ".join(f"{r['bucket_mb']:g}" for r in rows) + " |",
         "|---|" + "---|" * len(rows),
         "| predicted ms | " + " | ".join(f"{r['predicted_s'] * 1e3:.1f}" for r in rows) + " |",
+        *_variant_rows(rows),
         "| measured ms | " + " | ".join(f"{r['measured_s'] * 1e3:.1f}" for r in rows) + " |",
         "",
         f"The search picks {d['searched_bucket_mb']:g} MiB (predicted "
@@ -138,7 +176,41 @@ def render(path: Path) -> str:
         f"gradient's all-reduce) is {(m['fwd_bwd_s'] + ar_all) * 1e3:.0f} ms; the measured "
         f"steps range over {min(ms) * 1e3:.0f}-{max(ms) * 1e3:.0f} ms.",
     ]
+    if "copy_s" in m:
+        lines += ["", _variant_text(m, rows)]
     return "\n".join(lines) + "\n"
+
+
+_VARIANTS = (
+    ("predicted_copies_s", "with DDP's copies"),
+    ("predicted_serial_s", "copies and all-reduces on the compute stream"),
+)
+
+
+def _variant_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """Table rows of the model's variants, where the run recorded them."""
+    return [
+        f"| {label} ms | " + " | ".join(f"{r[key] * 1e3:.1f}" for r in rows) + " |"
+        for key, label in _VARIANTS
+        if all(key in r for r in rows)
+    ]
+
+
+def _err(row: dict[str, Any], key: str) -> float:
+    return abs(row[key] - row["measured_s"]) / row["measured_s"]
+
+
+def _variant_text(m: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """The measured copy and each variant's error range over the caps."""
+    gbps = m["copy_bytes"] / m["copy_s"] / 1e9
+    parts = []
+    for key, label in _VARIANTS:
+        errs = [_err(r, key) for r in rows]
+        parts.append(f"{label} {min(errs):.0%} to {max(errs):.0%}")
+    return (
+        f"One copy of every gradient byte took {m['copy_s'] * 1e3:.1f} ms ({gbps:.1f} GB/s "
+        f"read and written). Error over the caps of the model {'; '.join(parts)}."
+    )
 
 
 def render_earlier(paths: list[Path]) -> str:
@@ -152,3 +224,64 @@ def render_earlier(paths: list[Path]) -> str:
             f"{min(ms):.0f}-{max(ms):.0f} ms over the caps"
         )
     return "\n".join(lines) + "\n"
+
+
+def render_runs(paths: list[Path]) -> str:
+    """Per results file: the model's error range over the caps, the searched cap's and
+    DDP's default's measured steps, and the cap measured fastest."""
+    lines = []
+    for path in paths:
+        d = json.loads(path.read_text())
+        rows = d["rows"]
+        errs = [r["rel_err"] for r in rows]
+        best = d["best_measured"]
+        fit_mib = max(b for b, _ in d["measured"]["all_reduce"]) / MB
+        variants = "".join(
+            f", {label} "
+            f"{min(_err(r, key) for r in rows):.0%} to {max(_err(r, key) for r in rows):.0%}"
+            for key, label in _VARIANTS
+            if all(key in r for r in rows)
+        )
+        lines.append(
+            f"- `{path.name}` (all-reduce fit up to {fit_mib:g} MiB): model error "
+            f"{min(errs):.0%} to {max(errs):.0%}{variants}; searched "
+            f"{d['searched_bucket_mb']:g} MiB measured {d['measured_at_searched_s'] * 1e3:.1f} ms, "
+            f"DDP's 25 MiB {d['measured_at_ddp_default_s'] * 1e3:.1f} ms; fastest measured "
+            f"{best['bucket_mb']:g} MiB ({best['measured_s'] * 1e3:.1f} ms)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_summary(paths: list[Path]) -> str:
+    """Over several runs: the range of each model's error, the largest cap's measured
+    step against the serial variant's, and the searched cap against DDP's default."""
+
+    def span(values: list[float], fmt: str) -> str:
+        lo, hi = fmt.format(min(values)), fmt.format(max(values))
+        return lo if lo == hi else f"{lo} to {hi}"
+
+    runs = [json.loads(p.read_text()) for p in paths]
+    rows = [r for d in runs for r in d["rows"]]
+    parts = [f"the search's model {span([r['rel_err'] for r in rows], '{:.0%}')}"]
+    for key, label in _VARIANTS:
+        have = [r for r in rows if key in r]
+        if have:
+            parts.append(f"{label} {span([_err(r, key) for r in have], '{:.0%}')}")
+    lines = [f"Over these {len(runs)} runs, error over the caps: " + "; ".join(parts) + "."]
+    last = [d["rows"][-1] for d in runs if "predicted_serial_s" in d["rows"][-1]]
+    if last:
+        lines.append(
+            f"At the largest cap ({last[0]['bucket_mb']:g} MiB, one bucket: nothing can "
+            f"overlap) measured {span([r['measured_s'] * 1e3 for r in last], '{:.0f}')} ms, "
+            f"the serial variant {span([r['predicted_serial_s'] * 1e3 for r in last], '{:.0f}')} ms."
+        )
+    gain = [(d["measured_at_ddp_default_s"] - d["measured_at_searched_s"]) * 1e3 for d in runs]
+    won = [g for g in gain if g > 0]
+    lost = [-g for g in gain if g <= 0]
+    text = f"The searched cap measured faster than DDP's default in {len(won)} of {len(runs)}"
+    if won:
+        text += f" (by {span(won, '{:.0f}')} ms)"
+    if lost:
+        text += f", slower or equal in {len(lost)} (by {span(lost, '{:.0f}')} ms)"
+    lines.append(text + ".")
+    return " ".join(lines) + "\n"

@@ -339,7 +339,30 @@ def _comm_cpu_runs() -> str:
 def _dp_cpu() -> str:
     from benchmarks import dp_bucket
 
-    return dp_bucket.render(RESULTS / "dp_bucket_cpu_b8.json")
+    return dp_bucket.render(RESULTS / "dp_bucket_cpu_b8_copies_run2.json")
+
+
+def _dp_cpu_runs() -> str:
+    from benchmarks import dp_bucket
+
+    names = ("dp_bucket_cpu_b8", *_DP_WRAPPED)
+    return dp_bucket.render_runs([RESULTS / f"{n}.json" for n in names])
+
+
+# the dp_bucket runs whose DDP copies were built by wrap_ddp
+_DP_WRAPPED = (
+    "dp_bucket_cpu_b8_wrap",
+    "dp_bucket_cpu_b8_wrap_run2",
+    "dp_bucket_cpu_b8_copies",
+    "dp_bucket_cpu_b8_copies_run1",
+    "dp_bucket_cpu_b8_copies_run2",
+)
+
+
+def _dp_cpu_summary() -> str:
+    from benchmarks import dp_bucket
+
+    return dp_bucket.render_summary([RESULTS / f"{n}.json" for n in _DP_WRAPPED])
 
 
 def _dp_cpu_earlier() -> str:
@@ -560,6 +583,8 @@ GENERATED: tuple[Generated, ...] = (
             ("comm_alpha_beta_cpu", _comm_cpu),
             ("comm_alpha_beta_cpu_runs", _comm_cpu_runs),
             ("dp_bucket_cpu_b8", _dp_cpu),
+            ("dp_bucket_cpu_runs", _dp_cpu_runs),
+            ("dp_bucket_cpu_summary", _dp_cpu_summary),
             ("dp_bucket_cpu_earlier", _dp_cpu_earlier),
         )
     ),

@@ -45,10 +45,11 @@ import torch.distributed as dist
 
 import zoo
 from planner.distributed.comm_cost import link_from_collective
+from planner.distributed.ddp import MIB, wrap_ddp
 from planner.distributed.links import AlphaBeta, MeasuredLink
 from planner.errors import FusionPlannerError, first_line
 from planner.hardware import device_fingerprint
-from planner.plans.plan import now_iso
+from planner.plans.plan import DPChoice, now_iso
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -547,8 +548,11 @@ def _ddp_steps(
     sizes: list[int],
 ) -> dict[str, Any]:
     """On each rank: forward and forward+backward of zoo's MLP without
-    communication, a DDP training step per bucket cap, and all-reduce times per size for
-    the α-β fit; all medians, the max over ranks."""
+    communication, one copy of all its gradients' bytes, a DDP training step per bucket
+    cap (MiB; DDP built by
+    planner.distributed.ddp.wrap_ddp from a decision of that cap, so 25 MiB is DDP's
+    default with its 1 MiB first bucket), and all-reduce times per size for the α-β fit;
+    all medians, the max over ranks."""
 
     device = rank_device(rank)
     torch.manual_seed(0)
@@ -567,14 +571,17 @@ def _ddp_steps(
     # module would both reduce its gradients); the plain model's forward and
     # forward+backward and every cap are stepped in rounds, so that a burst of load from
     # other processes spreads over all of them alike
+    # each built as a user builds it from a plan deciding that cap (wrap_ddp)
     ids = [rank] if device.type == "cuda" else None
     ddps = [
-        torch.nn.parallel.DistributedDataParallel(
-            copy.deepcopy(model), device_ids=ids, bucket_cap_mb=cap
-        )
+        wrap_ddp(copy.deepcopy(model), DPChoice(int(cap * MIB), world, 0.0, 0.0), device_ids=ids)
         for cap in caps_mb
     ]
-    runs: list[Callable[[], None]] = [fwd, lambda: fwd_bwd(model)]
+    # one copy of every gradient's bytes: what DDP's copies into and out of its buckets
+    # cost per pass
+    grad_numel = sum(p.numel() for p in model.parameters())
+    src, dst = torch.randn(grad_numel, device=device), torch.empty(grad_numel, device=device)
+    runs: list[Callable[[], None]] = [fwd, lambda: fwd_bwd(model), lambda: dst.copy_(src)]
     runs += [lambda ddp=ddp: fwd_bwd(ddp) for ddp in ddps]
     for run in runs:
         run()
@@ -587,15 +594,16 @@ def _ddp_steps(
             sync(device)
             samples[i].append(timed_s(run, device))
     meds = [statistics.median(ts) for ts in samples]
-    out: dict[str, Any] = {"fwd_s": meds[0], "fwd_bwd_s": meds[1]}
-    out["ddp_s"] = {str(c): m for c, m in zip(caps_mb, meds[2:], strict=True)}
+    out: dict[str, Any] = {"fwd_s": meds[0], "fwd_bwd_s": meds[1], "copy_s": meds[2]}
+    out["copy_bytes"] = grad_numel * src.element_size()
+    out["ddp_s"] = {str(c): m for c, m in zip(caps_mb, meds[3:], strict=True)}
     out["all_reduce"] = _time_sizes(rank, world, "all_reduce", sizes, reps)
-    flat = [out["fwd_s"], out["fwd_bwd_s"], *out["ddp_s"].values()]
+    flat = [out["fwd_s"], out["fwd_bwd_s"], out["copy_s"], *out["ddp_s"].values()]
     t = torch.tensor(flat, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     t = t.cpu()
-    out["fwd_s"], out["fwd_bwd_s"] = t[0].item(), t[1].item()
-    out["ddp_s"] = dict(zip(out["ddp_s"], t[2:].tolist(), strict=True))
+    out["fwd_s"], out["fwd_bwd_s"], out["copy_s"] = t[0].item(), t[1].item(), t[2].item()
+    out["ddp_s"] = dict(zip(out["ddp_s"], t[3:].tolist(), strict=True))
     return out
 
 

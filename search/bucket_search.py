@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from planner.distributed.dp import (
     DDP_BUCKET_BYTES,
-    DDP_FIRST_BUCKET_BYTES,
     BackwardStep,
     dp_step_timeline,
+    first_bucket_bytes,
 )
 from planner.errors import FusionPlannerError
 from planner.plans.plan import DPChoice
@@ -61,10 +61,13 @@ def search_bucket_size(
     grid: Sequence[int] | None = None,
 ) -> BucketChoice:
     """The bucket size with the shortest predicted DP step (ties: the larger bucket,
-    fewer collectives to launch). `ddp_first_bucket` keeps DDP's 1 MiB first bucket."""
+    fewer collectives to launch). Each candidate is priced as DDP runs it when the plan
+    is realized (planner.distributed.ddp): its first bucket as
+    planner.distributed.dp.first_bucket_bytes says (1 MiB at DDP's default 25 MiB, the
+    cap itself otherwise) where `ddp_first_bucket`, else the same cap as the others."""
 
     def predict(b: int) -> float:
-        first = min(DDP_FIRST_BUCKET_BYTES, b) if ddp_first_bucket else None
+        first = first_bucket_bytes(b) if ddp_first_bucket else None
         return dp_step_timeline(steps, b, all_reduce_s, forward_s, 0.0, first).makespan_s
 
     table = tuple((b, predict(b)) for b in (grid or candidates(steps)))

@@ -58,7 +58,8 @@ def test_dp_grad_sync_has_one_all_reduce_per_bucket(bucket_kb: int) -> None:
 
 
 def test_buckets_follow_ddp_order_and_bound() -> None:
-    assert pm.buckets_for([10, 10, 10, 30], 25) == [[3], [2, 1], [0]]
+    assert pm.buckets_for([10, 10, 10, 30], 25) == [[3], [2, 1, 0]]
+    assert pm.buckets_for([10, 10, 10, 30], 40) == [[3, 2], [1, 0]]
     with pytest.raises(Exception, match="at least one byte"):
         pm.buckets_for([1], 0)
 

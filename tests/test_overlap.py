@@ -89,7 +89,11 @@ def test_tp_mlp_all_reduce_is_fully_exposed() -> None:
 
 
 def test_pack_is_ddp_order_and_bound() -> None:
-    assert pack([10, 10, 10, 30], 25) == [[0, 1], [2], [3]]
+    # DDP's reducer closes a bucket once it holds the cap or more
+    assert pack([10, 10, 10, 30], 25) == [[0, 1, 2], [3]]
+    assert pack([10, 10, 5, 30], 25) == [[0, 1, 2], [3]]
+    assert pack([10, 10, 5, 30], 20) == [[0, 1], [2, 3]]
+    assert pack([10, 10, 30, 4], 25, first_bucket_bytes=5) == [[0], [1, 2], [3]]
     assert pack([30], 10) == [[0]]
 
 
@@ -111,6 +115,31 @@ def test_bucket_size_trades_latency_against_overlap(
     assert small.makespan_s == pytest.approx(max(1 + ar(10), 2) + ar(10))
     assert large.makespan_s == pytest.approx(2 + ar(20))
     assert (small.makespan_s < large.makespan_s) == small_wins
+
+
+def test_ddp_copies_and_shared_cores_in_the_dp_step() -> None:
+    # three 10 ms steps each readying a 4 MiB gradient, a bucket each; 5 ms per
+    # all-reduce, 1 ms to copy 4 MiB
+    mib4 = 4 << 20
+    steps = [BackwardStep(f"l{i}", 10e-3, (mib4,)) for i in range(3)]
+
+    def ar(n: int) -> float:
+        return 5e-3
+
+    def copy(n: int) -> float:
+        return 1e-3 * n / mib4
+
+    # no copies: the last step ends at 30 ms, its all-reduce at 35 ms
+    assert dp_step_timeline(steps, mib4, ar).makespan_s == pytest.approx(35e-3)
+    # copies: each step 11 ms with its copy-in, the last all-reduce 33-38 ms, then
+    # 12 MiB copied back (3 ms)
+    two = dp_step_timeline(steps, mib4, ar, copy_s=copy)
+    assert two.makespan_s == pytest.approx(41e-3)
+    assert two.t_comp_s == pytest.approx(36e-3) and two.t_comm_s == pytest.approx(15e-3)
+    # the all-reduces on the compute stream too: everything in sequence
+    serial = dp_step_timeline(steps, mib4, ar, copy_s=copy, serial_comm=True)
+    assert serial.makespan_s == pytest.approx(3 * (10e-3 + 1e-3 + 5e-3) + 3e-3)
+    assert serial.t_comm_s == 0.0
 
 
 def test_partition_cost_over_two_streams_uses_the_objective_and_alpha_beta() -> None:

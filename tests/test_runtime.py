@@ -162,6 +162,7 @@ SMALL = {
     "tp-mlp": {"B": 2, "S": 16, "D": 16, "HID": 32, "TP": 2},
     "tp-block": {**BLOCK, "TP": 2},
     "dp-grad-sync": {"D": 16, "HID": 32, "L": 2, "DP": 2, "BUCKET_KB": 2},
+    "dp-block": {"D": 16, "DP": 2, "BUCKET_KB": 2},
 }
 FAST = ("transformer-block", "resnet-bottleneck", "mlp")
 

@@ -302,6 +302,20 @@ class ZooModel:
         return module, inputs
 
 
+# zoo:transformer-block's layers in the order its forward first uses them
+_BLOCK_USE_ORDER = ("ln1", "q", "k", "v", "o", "ln2", "f1", "f2")
+
+
+def block_param_shapes(d: int) -> list[tuple[int, ...]]:
+    """Parameter shapes of zoo:transformer-block at width `d` (the heads do not change
+    them), weight then bias of each layer in the order the forward first uses the layers:
+    reversed, the order in which the backward makes their gradients ready, which DDP's
+    buckets follow (ln2 registered second but used after the attention)."""
+    with torch.device("meta"):
+        params = dict(TransformerBlock(d, 1).named_parameters())
+    return [tuple(params[f"{m}.{p}"].shape) for m in _BLOCK_USE_ORDER for p in ("weight", "bias")]
+
+
 def _t(p: dict[str, int]) -> tuple[tuple[int, ...], ...]:
     return ((p["B"], p["S"], p["D"]),)
 
@@ -423,6 +437,20 @@ ZOO: dict[str, ZooModel] = {
                     pm.capture_group(p["DP"]),
                 ),
                 tuple(pm.mlp_param_shapes(p["D"], p["HID"], p["L"])),
+            ),
+        ),
+        ZooModel(
+            "dp-block",
+            "data-parallel gradient sync of zoo:transformer-block, bucketed all-reduce (BUCKET_KB)",
+            {"D": 768, "DP": 2, "BUCKET_KB": 25600},
+            lambda p: (
+                pm.BucketedGradSync(
+                    block_param_shapes(p["D"]),
+                    p["BUCKET_KB"] * 1024,
+                    p["DP"],
+                    pm.capture_group(p["DP"]),
+                ),
+                tuple(block_param_shapes(p["D"])),
             ),
         ),
         ZooModel(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from cli.commands.analyze_dist import (
+    apply_dp,
     apply_tp,
     distributed_report,
     wants_distributed,
@@ -22,7 +23,9 @@ from zoo import modelspec
 
 def run(args: argparse.Namespace) -> int:
     if wants_distributed(args):
-        apply_tp(args, modelspec.resolve(args.model, args.shape).params)
+        params = modelspec.resolve(args.model, args.shape).params
+        apply_tp(args, params)
+        apply_dp(args, params)
     r = resolve(args)
     graph = capture_for_planning(r).graph
     spec = get_spec(r.device_name)

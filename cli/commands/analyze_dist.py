@@ -26,10 +26,10 @@ from planner.distributed.comm_cost import (
 )
 from planner.distributed.dp import (
     DDP_BUCKET_BYTES,
-    DDP_FIRST_BUCKET_BYTES,
     BackwardStep,
     backward_steps,
     dp_step_timeline,
+    first_bucket_bytes,
     gradient_sync,
     pack,
 )
@@ -45,6 +45,7 @@ from planner.objective import Objective
 from planner.plans.plan import DPChoice
 from search.bucket_search import BucketChoice, search_bucket_size
 from search.tp_search import search_tp_graph
+from zoo.modelspec import parse_shape
 
 MB = 1024 * 1024
 
@@ -64,6 +65,20 @@ def apply_tp(args: argparse.Namespace, params: dict[str, int]) -> None:
             "use zoo:tp-mlp or zoo:tp-block, or leave out --tp"
         )
     args.shape = ",".join(s for s in (args.shape, f"TP={args.tp}") if s)
+
+
+def apply_dp(args: argparse.Namespace, params: dict[str, int]) -> None:
+    """Put `--dp` into the shape string of a model whose gradient sync takes DP (the
+    zoo:dp-* syncs), so its all-reduces are captured over that many ranks; a shape that
+    already gives another DP is refused."""
+    if args.dp is None or "DP" not in params:
+        return
+    given = parse_shape(args.shape).get("DP")
+    if given is not None:
+        if given != args.dp:
+            raise ModelSpecError(f"--dp {args.dp} and the shape's DP={given} disagree: give one")
+        return
+    args.shape = ",".join(s for s in (args.shape, f"DP={args.dp}") if s)
 
 
 def _link(args: argparse.Namespace, device_kind: str) -> LinkSpec:
@@ -116,7 +131,7 @@ def bucket_report(
     if used < 1:
         raise ModelSpecError(f"--bucket-mb must hold at least one byte, got {override_mb}")
     sizes = [b for s in steps for b in s.grad_bytes]
-    first = min(DDP_FIRST_BUCKET_BYTES, used)
+    first = first_bucket_bytes(used)
     bucket_sizes = [sum(sizes[i] for i in b) for b in pack(sizes, used, first)]
     algos = [price_ar(b, ranks) for b in bucket_sizes]
     counts = Counter(a.algorithm.value for a in algos)
@@ -212,7 +227,7 @@ def distributed_report(
         def ar(nbytes: int) -> float:
             return price_ar(nbytes, args.dp).seconds
 
-        first = min(DDP_FIRST_BUCKET_BYTES, bucket)
+        first = first_bucket_bytes(bucket)
         step = dp_step_timeline(steps, bucket, ar, fwd.makespan_s, 0.0, first)
         rows.append(_line(f"train dp={args.dp}", step))
         rows += lines

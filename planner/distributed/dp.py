@@ -19,7 +19,7 @@ from planner.errors import FusionPlannerError
 from planner.ir.graph import Category, OpGraph
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # torch DDP's bucket_cap_mb default
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # at DDP's default cap (dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 
 @dataclass(frozen=True)
@@ -34,25 +34,33 @@ class BackwardStep:
 def pack(
     sizes_bytes: Sequence[int], bucket_bytes: int, first_bucket_bytes: int | None = None
 ) -> list[list[int]]:
-    """DDP's packing over gradients in ready order: a bucket is closed when the next
-    gradient would take it past `bucket_bytes` (`first_bucket_bytes` for the first one,
-    as DDP's 1 MiB first bucket; a gradient larger than a bucket gets a bucket of its
-    own). Indices into `sizes_bytes`."""
+    """DDP's packing over gradients in ready order: each gradient joins the open bucket,
+    and the bucket is closed once it holds `bucket_bytes` or more (`first_bucket_bytes`
+    for the first one), as DDP's reducer assigns buckets (`compute_bucket_assignment_by_size`):
+    a bucket may pass its cap by its last gradient. Indices into `sizes_bytes`."""
     if bucket_bytes <= 0:
         raise FusionPlannerError(f"a bucket must hold at least one byte, got {bucket_bytes}")
     out: list[list[int]] = []
     cur: list[int] = []
     filled = 0
     for i, size in enumerate(sizes_bytes):
-        cap = first_bucket_bytes if first_bucket_bytes and not out else bucket_bytes
-        if cur and filled + size > cap:
-            out.append(cur)
-            cur, filled = [], 0
         cur.append(i)
         filled += size
+        cap = first_bucket_bytes if first_bucket_bytes and not out else bucket_bytes
+        if filled >= cap:
+            out.append(cur)
+            cur, filled = [], 0
     if cur:
         out.append(cur)
     return out
+
+
+def first_bucket_bytes(bucket_bytes: int) -> int:
+    """The cap of the first bucket when DDP runs with `bucket_bytes` as the realization
+    passes it (planner.distributed.ddp.ddp_kwargs): DDP's default 25 MiB is left to
+    DDP, which then closes its first bucket at 1 MiB; any other size is given as
+    `bucket_cap_mb`, and DDP's first bucket then has that cap too."""
+    return DDP_FIRST_BUCKET_BYTES if bucket_bytes == DDP_BUCKET_BYTES else bucket_bytes
 
 
 def dp_step_tasks(
@@ -62,12 +70,21 @@ def dp_step_tasks(
     forward_s: float = 0.0,
     optimizer_s: float = 0.0,
     first_bucket_bytes: int | None = None,
+    copy_s: Callable[[int], float] | None = None,
+    serial_comm: bool = False,
 ) -> list[Task]:
     """Forward, then the backward steps with bucket all-reduces interleaved where their
-    last gradient is ready, then the optimizer step waiting for every all-reduce."""
+    last gradient is ready, then the optimizer step waiting for every all-reduce.
+
+    `copy_s(nbytes)`, where given, prices DDP's copies on the compute stream: each
+    step's gradients into their buckets as they become ready (a bucket's all-reduce
+    waits for its copy), and every bucket back into the gradients after the last
+    all-reduce. `serial_comm` puts the all-reduces on the compute stream too (a CPU
+    whose cores run the collective's copies and reductions as well as the backward)."""
     sizes = [b for s in steps for b in s.grad_bytes]
     buckets = pack(sizes, bucket_bytes, first_bucket_bytes)
     last_grad = [max(b) for b in buckets]
+    comm = COMPUTE if serial_comm else COMM
     tasks = [Task("forward", COMPUTE, forward_s)]
     comm_ids: list[int] = []
     grads_done, next_bucket = 0, 0
@@ -75,12 +92,22 @@ def dp_step_tasks(
     for step in steps:
         tasks.append(Task(step.name, COMPUTE, step.duration_s, (ready,)))
         ready = len(tasks) - 1
+        if copy_s is not None and step.grad_bytes:
+            tasks.append(
+                Task(f"{step.name}.copy_in", COMPUTE, copy_s(sum(step.grad_bytes)), (ready,))
+            )
+            ready = len(tasks) - 1
         grads_done += len(step.grad_bytes)
         while next_bucket < len(buckets) and last_grad[next_bucket] < grads_done:
             nbytes = sum(sizes[i] for i in buckets[next_bucket])
-            tasks.append(Task(f"all_reduce[{next_bucket}]", COMM, all_reduce_s(nbytes), (ready,)))
+            tasks.append(Task(f"all_reduce[{next_bucket}]", comm, all_reduce_s(nbytes), (ready,)))
             comm_ids.append(len(tasks) - 1)
+            if serial_comm:
+                ready = len(tasks) - 1
             next_bucket += 1
+    if copy_s is not None:
+        tasks.append(Task("copy_out", COMPUTE, copy_s(sum(sizes)), (ready, *comm_ids)))
+        ready = len(tasks) - 1
     tasks.append(Task("optimizer", COMPUTE, optimizer_s, (ready, *comm_ids)))
     return tasks
 
@@ -92,10 +119,16 @@ def dp_step_timeline(
     forward_s: float = 0.0,
     optimizer_s: float = 0.0,
     first_bucket_bytes: int | None = None,
+    copy_s: Callable[[int], float] | None = None,
+    serial_comm: bool = False,
 ) -> Timeline:
+    """The schedule of `dp_step_tasks` (same arguments) over the two streams."""
     return schedule(
-        dp_step_tasks(steps, bucket_bytes, all_reduce_s, forward_s, optimizer_s, first_bucket_bytes)
-    )
+        dp_step_tasks(
+            steps, bucket_bytes, all_reduce_s, forward_s, optimizer_s, first_bucket_bytes,
+            copy_s, serial_comm,
+        )
+    )  # fmt: skip
 
 
 BACKWARD_FACTOR = 2.0  # backward ≈ 2x forward: a GEMM's dX and dW are one GEMM each

@@ -6,8 +6,9 @@ torch.distributed functional collectives, so capture sees the collectives as ops
 - `TPBlock`: the pre-norm transformer block with attention heads split over ranks
   (Q/K/V column-parallel, output projection row-parallel, one all-reduce) and a `TPMLP`.
 - `BucketedGradSync`: the gradient synchronization of a data-parallel step: gradients in
-  DDP's order (last layer first) packed into buckets of at most `bucket_bytes`, one
-  all-reduce per bucket, divided by the group size.
+  DDP's order (last layer first) packed into buckets as DDP packs them (a bucket closes
+  once it holds `bucket_bytes` or more), one all-reduce per bucket, divided by the group
+  size.
 
 Each runs on a real process group (gloo in tests) and, for capture only, on a single-
 process "fake" group (`capture_group`), which torch provides for tracing. Setting a TP
@@ -241,7 +242,8 @@ def buckets_for(sizes_bytes: Sequence[int], bucket_bytes: int) -> list[list[int]
 
 
 class BucketedGradSync(nn.Module):
-    """All-reduce mean of gradients of the given shapes, packed into buckets."""
+    """All-reduce mean of gradients of the given shapes (float32), packed into buckets
+    as DDP packs them at `bucket_bytes` (no separate first bucket)."""
 
     def __init__(
         self, shapes: Sequence[Sequence[int]], bucket_bytes: int, dp: int, group: dist.ProcessGroup
