@@ -475,6 +475,7 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_e",
             "runtime_stream_gpt2_tuned_h100_f",
             "runtime_stream_gpt2_tuned_h100_g",
+            "runtime_stream_gpt2_tuned_h100_all",
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
@@ -571,7 +572,11 @@ GENERATED: tuple[Generated, ...] = (
     ),
     *(
         Generated("docs/runtime.md", _stream_summary(n), "python benchmarks/generated.py", block=n)
-        for n in ("runtime_stream_h100", "runtime_stream_tuned_h100")
+        for n in (
+            "runtime_stream_h100",
+            "runtime_stream_tuned_h100",
+            "runtime_stream_gpt2_tuned_h100_all",
+        )
     ),
     *(
         Generated("docs/accuracy.md", _accuracy(t), "python docs/accuracy_figures.py", block=t)

@@ -691,6 +691,7 @@ def summary_jsonl(path: Path) -> str:
     cold = ", ".join(f"{TITLES[c]} {sums[c]['overhead_s']:.1f} s" for c in ran)
     cache = "a tuned plan cache" if meta["cache"] else "an empty plan cache (every shape a miss)"
     shares = _shares(sums).strip()
+    host = _host_text(sums).strip()
     return (
         f"- `{meta['command']}` ({meta['date']}, {meta['device_name']}, torch "
         f"{meta['torch']}): `{meta['model']}` {meta['shape']} {meta['dtype']}, "
@@ -699,6 +700,7 @@ def summary_jsonl(path: Path) -> str:
         f"- Steady pass, speed-up over eager (higher is faster): {speed or 'n/a'}.\n"
         f"- Cold pass minus a steady one (compiles, first calls): {cold}.\n"
         + (f"- {shares}\n" if shares else "")
+        + (f"- {host}\n" if host else "")
     )
 
 
