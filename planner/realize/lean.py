@@ -1,0 +1,287 @@
+"""A compiled group's lightest correct entry point for inference calls.
+
+`torch._inductor.standalone_compile` returns a callable whose every call runs AOT
+autograd's runtime wrappers before Inductor's compiled graph: the artifact's `__call__`,
+the module-level `forward` (which prepends lifted parameters), a serializable shell, and
+the runtime wrapper, which turns grad mode off around the call, applies input mutations,
+regenerates outputs that alias inputs or each other, and checks the output count. At
+small shapes on the host they cost about 2 us per group call on a CPU (against 5 us for
+the compiled graph itself: benchmarks/host_overhead.py).
+
+For the groups a realizer compiles here, those wrappers have nothing to do when the call
+runs without grad mode or autocast: the group's subgraph is functional (no op mutates
+anything) and no output is, or is a view of, an input or another output, so AOT autograd
+added no mutation, alias or intermediate-base handling; weights are inputs, so no
+parameters are prepended. `lean_entry` checks all that (the subgraph's ops, its fake
+values' storages, and each wrapper between the artifact and the compiled graph being one
+of the known kinds, with AOT autograd's metadata where torch keeps it reachable) and
+returns the compiled graph (Inductor's `CompiledFxGraph`, called boxed: a fresh list of
+the inputs), or None with the reason. `with_lean_path` then calls it directly when grad
+mode and autocast are off, and the artifact as before otherwise (an input that requires
+grad with grad mode on, autocast): the wrappers keep every case they exist for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from planner.errors import PlanError
+from planner.realize.layout import propagate
+
+# The wrappers standalone_compile puts in front of Inductor's graph (torch 2.11, 2.13), by
+# qualified name; anything else on the way (dedupe, synthetic bases, effect tokens, tensor
+# subclasses, functionalized RNG in use) leaves the group on the artifact.
+_AOT_FORWARD = "aot_module_simplified.<locals>.forward"
+_RUNTIME = "_create_runtime_wrapper.<locals>.runtime_wrapper"
+_RNG = "FunctionalizedRngRuntimeWrapper.post_compile.<locals>.wrapper"
+_SHELLS = ("SerializableCompiledFunction",)
+
+
+def _closure(fn: Any) -> dict[str, Any]:
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None) or ()
+    out: dict[str, Any] = {}
+    for name, cell in zip(code.co_freevars if code else (), cells):
+        with contextlib.suppress(ValueError):  # an empty cell
+            out[name] = cell.cell_contents
+    return out
+
+
+def _metadata_blocks(md: Any) -> str:
+    """Why AOT autograd's runtime metadata needs its wrapper ('' when it does not)."""
+    checks = (
+        ("num_mutated_inp_runtime_indices", 0, "an input is mutated"),
+        ("num_outputs_aliased", 0, "an output aliases an input or another output"),
+        ("num_intermediate_bases", 0, "outputs share an intermediate base"),
+        ("is_rng_op_functionalized", False, "functionalized RNG"),
+        ("grad_enabled_mutation", None, "the graph changes grad mode"),
+    )
+    for attr, ok, why in checks:
+        if getattr(md, attr, ok) != ok:
+            return why
+    if getattr(md, "tokens", None):
+        return "effect tokens"
+    return ""
+
+
+def _functional(gm: fx.GraphModule) -> str:
+    """'' when no node of `gm` mutates anything or runs a higher-order op, else why."""
+    for n in gm.graph.nodes:
+        if n.op in ("call_module", "get_attr"):
+            return f"{n.op} node {n.name}"
+        if n.op != "call_function":
+            continue
+        t = n.target
+        if isinstance(t, torch._ops.HigherOrderOperator):
+            return f"higher-order op {t}"
+        schema = getattr(t, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            return f"{t} mutates an argument"
+    return ""
+
+
+def _storage(t: Any) -> Any:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(t.untyped_storage())
+
+
+def _unaliased(ins: Sequence[Any], outs: Sequence[Any]) -> str:
+    """'' when no output (fake value) shares storage with an input or another output."""
+    seen = set()
+    for t in ins:
+        if isinstance(t, torch.Tensor):
+            seen.add(_storage(t))
+    for i, t in enumerate(outs):
+        if not isinstance(t, torch.Tensor):
+            return f"output {i} is not a tensor"
+        s = _storage(t)
+        if s in seen:
+            return f"output {i} aliases an input or another output"
+        seen.add(s)
+    return ""
+
+
+def lean_entry(
+    artifact: Any, module: fx.GraphModule, fakes: Sequence[Any], fake_mode: Any
+) -> tuple[Any, str]:
+    """(Inductor's compiled graph behind `artifact`, '') when calling it boxed is what the
+    artifact does with grad mode and autocast off; else (None, why not). `module` and
+    `fakes` are the group's subgraph and inputs as compiled."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    why = _functional(module)
+    if why:
+        return None, why
+    try:
+        outs = propagate(module, fakes, fake_mode)
+    except Exception as e:  # the subgraph compiled: it traces; be safe anyway
+        return None, f"fake run failed: {type(e).__name__}"
+    why = _unaliased(fakes, outs)
+    if why:
+        return None, why
+    f = getattr(artifact, "_compiled_fn", None)
+    if f is None:
+        return None, f"{type(artifact).__name__} is not standalone_compile's artifact"
+    for _ in range(16):
+        if isinstance(f, CompiledFxGraph):
+            return f, ""
+        name = getattr(f, "__qualname__", None) or type(f).__name__
+        cells = _closure(f)
+        if name == _AOT_FORWARD:
+            if cells.get("params_buffers_flat"):
+                return None, "lifted parameters are prepended"
+        elif name in (_RUNTIME, _RNG):
+            md = cells.get("runtime_metadata")
+            why = _metadata_blocks(md) if md is not None else ""
+            if why:
+                return None, why
+            if cells.get("trace_joint") or cells.get("disable_amp"):
+                return None, "a training graph, or autocast turned off around it"
+        elif type(f).__name__ not in _SHELLS:
+            return None, f"unknown wrapper {name}"
+        f = getattr(f, "__wrapped__", None)
+        if f is None:
+            return None, f"{name} wraps no further callable"
+    return None, "wrapper chain too deep"
+
+
+def with_lean_path(
+    artifact: Callable[..., Any], graph: Any, index: tuple[int, ...], n: int, switch: list[bool]
+) -> Callable[..., Any]:
+    """The group's call over its unit's `n` call inputs (the artifact's inputs at `index`):
+    `graph` called boxed while `switch[0]` holds and grad mode and autocast are off, the
+    artifact otherwise."""
+    grad_on = torch.is_grad_enabled
+    amp_on = torch._C._is_any_autocast_enabled
+    if index == tuple(range(n)):
+
+        def run(*args: Any) -> Any:
+            if switch[0] and not grad_on() and not amp_on():
+                return graph(list(args))
+            return artifact(*args)
+
+    else:
+
+        def run(*args: Any) -> Any:
+            picked = [args[i] for i in index]
+            if switch[0] and not grad_on() and not amp_on():
+                return graph(picked)
+            return artifact(*picked)
+
+    return run
+
+
+class GroupCalls:
+    """The callables a realized plan's groups run, by group index (list-like: `calls[g]`,
+    `calls[g] = fn`, `len`, iteration), held as attributes `g0`, `g1`, ... that the lean
+    program (`lean_program`) calls directly, with the plan's state tensors beside them."""
+
+    def __init__(self, fns: Sequence[Callable[..., Any]]):
+        self._n = len(fns)
+        for g, fn in enumerate(fns):
+            setattr(self, f"g{g}", fn)
+
+    def _name(self, g: int) -> str:
+        if not isinstance(g, int) or not 0 <= g < self._n:
+            raise IndexError(f"group {g!r} out of range (0..{self._n - 1})")
+        return f"g{g}"
+
+    def __getitem__(self, g: int) -> Callable[..., Any]:
+        return getattr(self, self._name(g))
+
+    def __setitem__(self, g: int, fn: Callable[..., Any]) -> None:
+        setattr(self, self._name(g), fn)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Any:
+        return (self[g] for g in range(self._n))
+
+
+def lean_program(
+    top: fx.GraphModule, runners: Sequence[Callable[..., Any]], calls: GroupCalls
+) -> Callable[..., Any]:
+    """`top`'s program (planner.realize.graph.build_top: user inputs in, group calls in
+    order, user outputs out) as straight-line code that calls group g as `calls.g<g>(...)`
+    where `top` calls `runners[g]` (which looks group g up in the plan's list), and reads
+    each state tensor from `calls` rather than through `nn.Module.__getattr__`. Returns a
+    callable over the user inputs; what it computes is `top.forward`'s."""
+    index = {id(r): g for g, r in enumerate(runners)}
+    g = fx.Graph()
+    me = g.placeholder("_calls")
+    env: dict[fx.Node, fx.Node] = {}
+    for n in top.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = g.placeholder(n.target)
+        elif n.op == "get_attr":
+            setattr(calls, n.target, getattr(top, n.target))
+            env[n] = g.call_function(getattr, (me, n.target))
+        elif n.op == "call_function" and id(n.target) in index:
+            args = tuple(env[a] for a in n.args)
+            env[n] = g.call_method(f"g{index[id(n.target)]}", (me, *args))
+        else:
+            env[n] = g.node_copy(n, lambda a: env[a])
+    gm = fx.GraphModule(torch.nn.Module(), g, class_name="LeanProgram")
+    return functools.partial(gm.forward, calls)
+
+
+class InputGuard:
+    """Checks each call's inputs against what the program was realized for: `specs[i]` =
+    (dtype, ((lo, hi) per dim)) of user input i, from its fake value and the program's
+    range constraints. A signature (type, dtype, shape per input) that passed once is
+    remembered (up to `MEMO` of them), so a recurring shape costs one set look-up."""
+
+    MEMO = 4096
+
+    def __init__(self, fakes: Sequence[Any], ranges: Any):
+        self.specs: list[tuple[torch.dtype, tuple[tuple[int, int], ...]]] = []
+        for fake in fakes:
+            dims = []
+            for d in fake.shape:
+                if isinstance(d, int):
+                    dims.append((d, d))
+                else:
+                    vr = ranges.get(d.node.expr)
+                    lo = int(vr.lower) if vr is not None else 0
+                    hi = int(vr.upper) if vr is not None and vr.upper.is_finite else 1 << 62
+                    dims.append((lo, hi))
+            self.specs.append((fake.dtype, tuple(dims)))
+        self.static = all(lo == hi for _, dims in self.specs for lo, hi in dims)
+        self._passed: set[Any] = set()
+
+    def check(self, args: Sequence[Any]) -> None:
+        try:
+            key = tuple([(type(a), a.dtype, a.shape) for a in args])
+        except AttributeError:  # not a tensor: `_check` says which
+            key = None
+        if key is not None and key in self._passed:
+            return
+        self._check(args)
+        if key is not None:
+            if len(self._passed) >= self.MEMO:
+                self._passed.clear()
+            self._passed.add(key)
+
+    def _check(self, args: Sequence[Any]) -> None:
+        if len(args) != len(self.specs):
+            raise PlanError(f"the realized plan takes {len(self.specs)} inputs, got {len(args)}")
+        for i, (a, (dtype, dims)) in enumerate(zip(args, self.specs)):
+            if not isinstance(a, torch.Tensor) or a.dtype != dtype or a.dim() != len(dims):
+                raise PlanError(
+                    f"input {i}: expected a {dtype} tensor of rank {len(dims)}, got "
+                    f"{getattr(a, 'dtype', type(a).__name__)} of rank {getattr(a, 'ndim', '-')}"
+                )
+            for axis, (size, (lo, hi)) in enumerate(zip(a.shape, dims)):
+                if not lo <= size <= hi:
+                    raise PlanError(
+                        f"input {i} dim {axis} is {size}, outside the realized range "
+                        f"[{lo}, {hi}]: realize the plan for this shape (or its bucket)"
+                    )
