@@ -14,6 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import zoo
 from planner.errors import PlanError
 from planner.ir.capture import export_model
+from planner.ir.capture_dynamic import export_dynamic
 from planner.realize.lean import GroupCalls, InputGuard, lean_entry, with_lean_path
 from planner.realize.realizer import realize
 from planner.runtime.backend import default_plan
@@ -57,8 +58,50 @@ def test_lean_calls_give_the_wrapped_calls_results(mlp):
             assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+def _group_inputs(rp, x):
+    """Each group's call inputs in one run of `rp` on x."""
+    seen, impls = {}, list(rp._impls)
+
+    def spy(g):
+        def run(*args):
+            seen[g] = args
+            return impls[g](*args)
+
+        return run
+
+    for g in range(len(impls)):
+        rp._impls[g] = spy(g)
+    try:
+        rp(x)
+    finally:
+        for g, fn in enumerate(impls):
+            rp._impls[g] = fn
+    return seen
+
+
+def test_symbolic_groups_keep_what_the_wrappers_mark():
+    module, (x,) = zoo.get("mlp").build({"B": 4, "D": 8, "HID": 16, "L": 1})
+    captured = export_dynamic(module, (x,), {0: {0: (2, 64)}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rp = realize(captured, default_plan(captured.graph, "cpu"))
+    assert not rp.static_shapes
+    x = torch.randn(7, 8)
+    with torch.no_grad():
+        seen = _group_inputs(rp, x)
+        for g, u in enumerate(rp._units):
+            if not u.compiled:
+                continue
+            got = u.run(*seen[g])
+            want = u.compiled_fn(*[seen[g][u.inputs.index(n)] for n in u.compiled_names])
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+            marks = [getattr(t, "_dynamo_propagated_dynamic_indices", None) for t in got]
+            assert marks == [getattr(t, "_dynamo_propagated_dynamic_indices", None) for t in want]
+        torch.testing.assert_close(rp(x), module(x), rtol=1e-5, atol=1e-6)
+
+
 def test_grad_mode_takes_the_wrapped_path_and_keeps_gradients(mlp):
-    module, (x,), rp = mlp
+    _, (x,), rp = mlp
     with torch.no_grad():
         want = rp(x)
     x = x.clone().requires_grad_(True)

@@ -35,12 +35,25 @@ from planner.errors import PlanError
 from planner.realize.layout import propagate
 
 # The wrappers standalone_compile puts in front of Inductor's graph (torch 2.11, 2.13), by
-# qualified name; anything else on the way (dedupe, synthetic bases, effect tokens, tensor
+# their code's qualified name; anything else on the way (dedupe, synthetic bases, effect tokens, tensor
 # subclasses, functionalized RNG in use) leaves the group on the artifact.
+_DISABLE = "DisableContext.__call__.<locals>._fn"  # torch._dynamo.disable
 _AOT_FORWARD = "aot_module_simplified.<locals>.forward"
 _RUNTIME = "_create_runtime_wrapper.<locals>.runtime_wrapper"
 _RNG = "FunctionalizedRngRuntimeWrapper.post_compile.<locals>.wrapper"
+_TOKENS = "EffectTokensWrapper.post_compile.<locals>.inner_fn"  # kept only without tokens
 _SHELLS = ("SerializableCompiledFunction",)
+# Modules of plain functions a subgraph may call besides operators (getitem, sym_max, ...).
+_OPERATOR_MODULES = ("_operator", "operator", "math", "builtins", "torch")
+
+
+def _code_name(fn: Any) -> str:
+    """A wrapper's name from its code object (`functools.wraps` copies `__qualname__` from
+    the function it wraps, the code keeps its own); a callable object's class name."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return type(fn).__name__
+    return getattr(code, "co_qualname", "") or "a function of unknown name"
 
 
 def _closure(fn: Any) -> dict[str, Any]:
@@ -71,18 +84,19 @@ def _metadata_blocks(md: Any) -> str:
 
 
 def _functional(gm: fx.GraphModule) -> str:
-    """'' when no node of `gm` mutates anything or runs a higher-order op, else why."""
+    """'' when every node of `gm` is an operator that mutates nothing, else why not."""
     for n in gm.graph.nodes:
-        if n.op in ("call_module", "get_attr"):
+        if n.op in ("call_module", "get_attr", "call_method"):
             return f"{n.op} node {n.name}"
         if n.op != "call_function":
             continue
         t = n.target
-        if isinstance(t, torch._ops.HigherOrderOperator):
-            return f"higher-order op {t}"
-        schema = getattr(t, "_schema", None)
-        if schema is not None and schema.is_mutable:
-            return f"{t} mutates an argument"
+        if isinstance(t, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            schema = getattr(t, "_schema", None)
+            if schema is not None and schema.is_mutable:
+                return f"{t} mutates an argument"
+        elif getattr(t, "__module__", None) not in _OPERATOR_MODULES:
+            return f"a call of {getattr(t, '__qualname__', t)}"
     return ""
 
 
@@ -108,6 +122,52 @@ def _unaliased(ins: Sequence[Any], outs: Sequence[Any]) -> str:
     return ""
 
 
+# What a generated runtime wrapper (torch 2.13) may refer to and still do nothing but call
+# the compiled graph and mark outputs' dynamic dims for dynamo (which `LeanGraph` repeats).
+_PLAIN_GLOBALS = {"torch", "_mark_dynamic_"}
+# Names only a training graph's wrapper uses (grad mode on, view replay, detached inputs);
+# an inference wrapper turns grad mode off around the call, which a call without grad mode
+# does not need, and a change of grad mode inside the graph is refused by `_functional`.
+_TRAINING_NAMES = {"enable_grad", "_set_view_replay_enabled", "_is_view_replay_enabled", "detach"}
+
+
+def _generated_epilogue(fn: Any) -> tuple[tuple[tuple[int, Any], ...], str]:
+    """(outputs whose dynamic dims it marks, '') for a generated runtime wrapper that only
+    calls the graph and marks outputs; else ((), why not). Read from its globals (an
+    epilogue of mutations, aliases or autocast puts its helper there) and the names its
+    code uses (a training graph's)."""
+    names = {k for k in getattr(fn, "__globals__", {}) if not k.startswith("__")}
+    other = {n for n in names if n not in _PLAIN_GLOBALS and not n.startswith("_dyn_dims_")}
+    if other:
+        return (), f"the runtime wrapper has an epilogue ({', '.join(sorted(other))})"
+    code = getattr(fn, "__code__", None)
+    if code is None or _TRAINING_NAMES & set(code.co_names):
+        return (), "the runtime wrapper is a training graph's"
+    g = fn.__globals__
+    marks = tuple(
+        (int(n[len("_dyn_dims_") :]), g[n]) for n in sorted(names) if n.startswith("_dyn_dims_")
+    )
+    if marks and not callable(g.get("_mark_dynamic_")):
+        return (), "outputs are marked by an unknown helper"
+    return tuple((i, (g["_mark_dynamic_"], dims)) for i, dims in marks), ""
+
+
+class LeanGraph:
+    """Inductor's compiled graph called boxed, then each output in `marks` given its
+    dynamic dims for dynamo as the runtime wrapper would (torch's own helper)."""
+
+    __slots__ = ("graph", "marks")
+
+    def __init__(self, graph: Any, marks: tuple[tuple[int, Any], ...] = ()):
+        self.graph, self.marks = graph, marks
+
+    def __call__(self, args: list[Any]) -> Any:
+        out = self.graph(args)
+        for i, (mark, dims) in self.marks:
+            mark(out[i], dims)
+        return out
+
+
 def lean_entry(
     artifact: Any, module: fx.GraphModule, fakes: Sequence[Any], fake_mode: Any
 ) -> tuple[Any, str]:
@@ -129,21 +189,31 @@ def lean_entry(
     f = getattr(artifact, "_compiled_fn", None)
     if f is None:
         return None, f"{type(artifact).__name__} is not standalone_compile's artifact"
+    marks: tuple[tuple[int, Any], ...] = ()
     for _ in range(16):
         if isinstance(f, CompiledFxGraph):
-            return f, ""
-        name = getattr(f, "__qualname__", None) or type(f).__name__
+            return (LeanGraph(f, marks) if marks else f), ""
+        name = _code_name(f)
         cells = _closure(f)
-        if name == _AOT_FORWARD:
+        if name == _DISABLE:
+            pass  # dynamo kept out of the call: the lean path runs no dynamo frame either
+        elif name == _AOT_FORWARD:
             if cells.get("params_buffers_flat"):
                 return None, "lifted parameters are prepended"
         elif name in (_RUNTIME, _RNG):
             md = cells.get("runtime_metadata")
             why = _metadata_blocks(md) if md is not None else ""
+            if not why and md is not None and getattr(md, "dynamic_outputs", False):
+                why = "outputs are marked for dynamo"
+            if not why and (cells.get("trace_joint") or cells.get("disable_amp")):
+                why = "a training graph, or autocast turned off around it"
+            if not why and "_codegen_runtime_wrapper" in cells:
+                marks, why = _generated_epilogue(cells["_codegen_runtime_wrapper"])
             if why:
                 return None, why
-            if cells.get("trace_joint") or cells.get("disable_amp"):
-                return None, "a training graph, or autocast turned off around it"
+        elif name == _TOKENS:
+            if cells.get("num_tokens") != 0:
+                return None, "effect tokens"
         elif type(f).__name__ not in _SHELLS:
             return None, f"unknown wrapper {name}"
         f = getattr(f, "__wrapped__", None)
