@@ -258,6 +258,8 @@ def one_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "shape": SHAPES[name],
         "groups": len(srp.realizations),
         "compiled": sum(r.compiled for r in srp.groups),
+        # why compiled groups keep their runtime wrappers ("" = they do not)
+        "lean": [getattr(r, "lean", "n/a") for r in srp.groups if r.compiled],
         "contenders": {n: med[n] for n in contenders},
         "layers": {n: med[n] for n in layers},
         "group_rows": {n: med[n] for n in groups},
@@ -277,6 +279,10 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
         out += [
             f"## zoo:{r['model']} ({shape}): {r['groups']} groups, {r['compiled']} compiled",
+            "",
+            "compiled groups called past their runtime wrappers in inference: "
+            f"{sum(w == '' for w in r['lean'])} of {len(r['lean'])}"
+            + "".join(f"; {w}" for w in sorted(set(r["lean"]) - {""})),
             "",
             "| contender | median us | p10 | p90 |",
             "|---|---:|---:|---:|",

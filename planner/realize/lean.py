@@ -1,24 +1,30 @@
-"""A compiled group's lightest correct entry point for inference calls.
+"""The host side of a realized plan's call: lean group entries, straight-line glue.
 
-`torch._inductor.standalone_compile` returns a callable whose every call runs AOT
-autograd's runtime wrappers before Inductor's compiled graph: the artifact's `__call__`,
-the module-level `forward` (which prepends lifted parameters), a serializable shell, and
-the runtime wrapper, which turns grad mode off around the call, applies input mutations,
-regenerates outputs that alias inputs or each other, and checks the output count. At
-small shapes on the host they cost about 2 us per group call on a CPU (against 5 us for
-the compiled graph itself: benchmarks/host_overhead.py).
+`torch._inductor.standalone_compile` returns a callable whose every call runs, before
+Inductor's compiled graph, a `torch._dynamo.disable` shell, AOT autograd's `forward`
+(which prepends lifted parameters), a serializable shell and the runtime wrapper (grad
+mode off around the call; input mutations applied; outputs that alias inputs or each
+other regenerated; the output count checked; on torch 2.11 also an RNG and an effect-token
+wrapper). At tiny shapes they are a large share of a group's call on the host
+(benchmarks/host_overhead.py times both entries).
 
 For the groups a realizer compiles here, those wrappers have nothing to do when the call
-runs without grad mode or autocast: the group's subgraph is functional (no op mutates
-anything) and no output is, or is a view of, an input or another output, so AOT autograd
-added no mutation, alias or intermediate-base handling; weights are inputs, so no
-parameters are prepended. `lean_entry` checks all that (the subgraph's ops, its fake
+runs without grad mode or autocast: the group's subgraph is functional (operators that
+mutate nothing) and no output is, or is a view of, an input or another output, so AOT
+autograd added no mutation, alias or intermediate-base handling; weights are inputs, so
+no parameters are prepended. `lean_entry` checks all that (the subgraph's ops, its fake
 values' storages, and each wrapper between the artifact and the compiled graph being one
-of the known kinds, with AOT autograd's metadata where torch keeps it reachable) and
-returns the compiled graph (Inductor's `CompiledFxGraph`, called boxed: a fresh list of
-the inputs), or None with the reason. `with_lean_path` then calls it directly when grad
-mode and autocast are off, and the artifact as before otherwise (an input that requires
-grad with grad mode on, autocast): the wrappers keep every case they exist for.
+of the known kinds, told by its code's name, with AOT autograd's metadata where torch
+keeps it reachable) and returns the compiled graph (Inductor's `CompiledFxGraph`, called
+boxed: a fresh list of the inputs; with the dynamic-dim marks the wrapper would set on
+its outputs, `LeanGraph`), or None with the reason. `with_lean_path` calls it when grad
+mode and autocast are off and the artifact otherwise (an input that requires grad with
+grad mode on, autocast), so the wrappers keep every case they exist for. The disable
+shell is passed too: a served plan runs inside dynamo's own disabled region.
+
+`GroupCalls` and `lean_program` give the plan's top-level program as straight-line code
+over one object holding the groups' callables and the state; `InputGuard` checks a
+call's inputs, remembering signatures that passed.
 """
 
 from __future__ import annotations
@@ -30,13 +36,14 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from planner.errors import PlanError
 from planner.realize.layout import propagate
 
 # The wrappers standalone_compile puts in front of Inductor's graph (torch 2.11, 2.13), by
-# their code's qualified name; anything else on the way (dedupe, synthetic bases, effect tokens, tensor
-# subclasses, functionalized RNG in use) leaves the group on the artifact.
+# their code's qualified name; anything else on the way (dedupe, synthetic bases, tensor
+# subclasses, effect tokens or functionalized RNG in use) leaves the group on the artifact.
 _DISABLE = "DisableContext.__call__.<locals>._fn"  # torch._dynamo.disable
 _AOT_FORWARD = "aot_module_simplified.<locals>.forward"
 _RUNTIME = "_create_runtime_wrapper.<locals>.runtime_wrapper"
@@ -101,8 +108,6 @@ def _functional(gm: fx.GraphModule) -> str:
 
 
 def _storage(t: Any) -> Any:
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     return StorageWeakRef(t.untyped_storage())
 
 
