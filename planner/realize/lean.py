@@ -157,6 +157,19 @@ def _generated_epilogue(fn: Any) -> tuple[tuple[tuple[int, Any], ...], str]:
     return tuple((i, (g["_mark_dynamic_"], dims)) for i, dims in marks), ""
 
 
+def _closure_marks(fn: Any, md: Any) -> tuple[tuple[tuple[int, Any], ...], str]:
+    """The dynamic-dim marks a runtime wrapper that keeps its metadata in its closure (torch
+    2.11) sets on its outputs, with the helper it calls (from its globals)."""
+    helper = getattr(fn, "__globals__", {}).get("maybe_mark_dynamic_helper")
+    if not callable(helper):
+        return (), "outputs are marked for dynamo by an unknown helper"
+    infos = getattr(md, "output_info", None) or ()
+    marks = tuple(
+        (i, (helper, o.dynamic_dims)) for i, o in enumerate(infos) if o.dynamic_dims is not None
+    )
+    return marks, ""
+
+
 class LeanGraph:
     """Inductor's compiled graph called boxed, then each output in `marks` given its
     dynamic dims for dynamo as the runtime wrapper would (torch's own helper)."""
@@ -208,8 +221,8 @@ def lean_entry(
         elif name in (_RUNTIME, _RNG):
             md = cells.get("runtime_metadata")
             why = _metadata_blocks(md) if md is not None else ""
-            if not why and md is not None and getattr(md, "dynamic_outputs", False):
-                why = "outputs are marked for dynamo"
+            if not why and name == _RUNTIME and getattr(md, "dynamic_outputs", False):
+                marks, why = _closure_marks(f, md)  # (the RNG wrapper marks nothing)
             if not why and (cells.get("trace_joint") or cells.get("disable_amp")):
                 why = "a training graph, or autocast turned off around it"
             if not why and "_codegen_runtime_wrapper" in cells:
