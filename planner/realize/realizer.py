@@ -72,6 +72,7 @@ from planner.realize.graph import (
     take_apart,
     user_input_fakes,
 )
+from planner.realize.lean import GroupCalls, InputGuard, lean_program
 from planner.realize.reference import HighRun, run_in_high_precision
 from planner.realize.units import (
     MODE_OPTIONS,
@@ -148,42 +149,6 @@ def _device_of(parts: ProgramParts, captured: Captured, device: Any) -> torch.de
     return dev
 
 
-class _InputGuard:
-    """Checks each call's inputs against what the program was realized for (cheap)."""
-
-    def __init__(self, parts: ProgramParts, program: torch.export.ExportedProgram):
-        self.specs: list[tuple[torch.dtype, tuple[tuple[int, int], ...]]] = []
-        ranges = program.range_constraints
-        for fake in user_input_fakes(parts):
-            dims = []
-            for d in fake.shape:
-                if isinstance(d, int):
-                    dims.append((d, d))
-                else:
-                    vr = ranges.get(d.node.expr)
-                    lo = int(vr.lower) if vr is not None else 0
-                    hi = int(vr.upper) if vr is not None and vr.upper.is_finite else 1 << 62
-                    dims.append((lo, hi))
-            self.specs.append((fake.dtype, tuple(dims)))
-        self.static = all(lo == hi for _, dims in self.specs for lo, hi in dims)
-
-    def check(self, args: tuple[Any, ...]) -> None:
-        if len(args) != len(self.specs):
-            raise PlanError(f"the realized plan takes {len(self.specs)} inputs, got {len(args)}")
-        for i, (a, (dtype, dims)) in enumerate(zip(args, self.specs)):
-            if not isinstance(a, torch.Tensor) or a.dtype != dtype or a.dim() != len(dims):
-                raise PlanError(
-                    f"input {i}: expected a {dtype} tensor of rank {len(dims)}, got "
-                    f"{getattr(a, 'dtype', type(a).__name__)} of rank {getattr(a, 'ndim', '-')}"
-                )
-            for axis, (size, (lo, hi)) in enumerate(zip(a.shape, dims)):
-                if not lo <= size <= hi:
-                    raise PlanError(
-                        f"input {i} dim {axis} is {size}, outside the realized range "
-                        f"[{lo}, {hi}]: realize the plan for this shape (or its bucket)"
-                    )
-
-
 class RealizedPlan:
     """A plan turned into code: call it like the model; it returns what the model returns
     (the captured example call's structure in, the model's output structure out).
@@ -209,32 +174,35 @@ class RealizedPlan:
         self._parts = parts
         self._units = units
         self._order = order
-        self._impls: list[Callable[..., Any]] = [u.run for u in units]
-        self._guard = _InputGuard(parts, captured.program)
+        self._impls = GroupCalls([u.run for u in units])
+        self._guard = InputGuard(user_input_fakes(parts), captured.program.range_constraints)
         # copies of state (concatenated, padded, channels-last weights) follow their sources
         self._derived = DerivedState.of_units(parts.state, units)
         # the model's compute dtype: the loosest precision any value was rounded to
         self._dtype = next((d for d, _ in self._guard.specs if d.is_floating_point), None)
         self._io = captured.io
         self._out_spec = captured.program.call_spec.out_spec
+        n_out = self._out_spec.num_leaves if self._out_spec is not None else -1
+        self._flat_out = self._out_spec == pytree.tree_structure(tuple(range(n_out)))
         self._whole_fallback: Callable[..., Any] | None = None
         self._graph: _GraphReplay | None = None
         self._shape_graphs: _ShapeGraphs | None = None
         self.verified: bool | None = None
         self.reference = ""  # what the last verify judged against (planner.realize.check)
+        runners = [self._runner(g) for g in range(len(units))]
         self.top = build_top(
             parts,
             [(u.inputs, u.group.outputs) for u in units],
             order,
-            [self._runner(g) for g in range(len(units))],
+            runners,
             {k: v for u in units for k, v in u.extra_state.items()},
         )
-        self._forward = self.top.forward
+        self._forward = lean_program(self.top, runners, self._impls)
         # user outputs whose layout a fused kernel changed (beyond padded rows): given
         # eager's order back
         self._out_orders = dict(out_orders or {})
         if self._out_orders:
-            top, fix = self.top.forward, self._out_orders
+            top, fix = self._forward, self._out_orders
 
             def forward(*args: Any) -> tuple[Any, ...]:
                 outs = list(top(*args))
@@ -289,6 +257,17 @@ class RealizedPlan:
     def static_shapes(self) -> bool:
         return self._guard.static
 
+    @property
+    def lean_calls(self) -> bool:
+        """Compiled groups that allow it skip their runtime wrappers in inference (on by
+        default; planner.realize.lean, `groups[g].lean`)."""
+        return all(u.lean_switch[0] for u in self._units)
+
+    @lean_calls.setter
+    def lean_calls(self, on: bool) -> None:
+        for u in self._units:
+            u.lean_switch[0] = bool(on)
+
     def describe(self) -> str:
         lines = [
             f"RealizedPlan: {len(self._units)} groups on {self.device}, compile "
@@ -324,8 +303,14 @@ class RealizedPlan:
             flat = self._shape_graphs(args)
         else:
             flat = self._forward(*args)
+        return self._rebuild(flat)
+
+    def _rebuild(self, flat: Sequence[Any]) -> Any:
+        """The model's output structure around the plan's flat outputs."""
         if self._io is not None:
             return self._io.rebuild_outputs(flat)
+        if self._flat_out:  # a tuple of the outputs as they are
+            return tuple(flat)
         return pytree.tree_unflatten(list(flat), self._out_spec)
 
     # ---- fallbacks and checks ----------------------------------------------------------

@@ -38,6 +38,7 @@ from planner.realize.layout import (
     propagate,
     same_strides,
 )
+from planner.realize.lean import lean_entry, with_lean_path
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,9 @@ class GroupReport:
     fallback: str = ""  # "" when the group runs as requested (else: why it runs eagerly)
     note: str = ""  # e.g. why a requested rewrite was not applied
     reuses: int | None = None  # the group whose compiled callable this one runs, uncompiled
+    # a compiled group: "" when its inference calls skip the compiler's runtime wrappers
+    # (planner.realize.lean), else why they do not
+    lean: str = ""
 
 
 class GroupUnit:
@@ -168,6 +172,12 @@ class GroupUnit:
         self.out_fakes: tuple[Any, ...] = ()
         self.module: fx.GraphModule = group.module  # what runs (compiled or not) ...
         self.module_fakes: tuple[Any, ...] = tuple(group.fakes)  # ... and its inputs
+        # a compiled group: the compiled callable, the names of its inputs, and whether its
+        # calls take the lean entry (planner.realize.lean) when legal ("" = yes, else why not)
+        self.compiled_fn: Callable[..., Any] | None = None
+        self.compiled_names: tuple[str, ...] = ()
+        self.lean = "not compiled"
+        self.lean_switch = [True]  # RealizedPlan.lean_calls turns it off for every group
 
     def predicted_outputs(self, fake_mode: Any) -> list[Any]:
         """The layouts of the outputs as the unit now runs (fake values)."""
@@ -177,12 +187,26 @@ class GroupUnit:
         index = tuple(self.inputs.index(n) for n in names)
         self.run = _pick(fn, index, len(self.inputs))
         self.realization, self.compiled, self.is_eager = realization, compiled, False
+        self.compiled_fn = fn if compiled else None
+        self.compiled_names = tuple(names) if compiled else ()
+        self.lean = "not compiled"
+
+    def use_lean(self, graph: Any) -> None:
+        """Call the compiled group through `graph` (planner.realize.lean.lean_entry's) when
+        grad mode and autocast are off."""
+        assert self.compiled_fn is not None
+        index = tuple(self.inputs.index(n) for n in self.compiled_names)
+        self.run = with_lean_path(
+            self.compiled_fn, graph, index, len(self.inputs), self.lean_switch
+        )
+        self.lean = ""
 
     def to_eager(self, reason: str) -> None:
         """Run the group's aten ops as they are (`eager_runner`) from now on. A callable
         this unit shares with other groups (SharedCompiles) stays theirs."""
         self.run = self.eager_runner()
         self.realization, self.compiled, self.is_eager = "eager", False, True
+        self.compiled_fn, self.compiled_names, self.lean = None, (), "not compiled"
         self.reuses = None
         self.fallback = reason
 
@@ -220,6 +244,7 @@ class GroupUnit:
             self.fallback,
             self.note,
             self.reuses,
+            self.lean if self.compiled else "",
         )
 
 
@@ -547,6 +572,11 @@ def prepare_unit(
         return unit
     unit.compile_s = time.perf_counter() - t0
     unit.use(label, fn, names, compiled=True)
+    graph_fn, why = lean_entry(fn, module, tuple(fakes), fake_mode)
+    if graph_fn is not None:
+        unit.use_lean(graph_fn)
+    else:
+        unit.lean = why
     if first is not None:
         unit.reuses = first
         unit.note = "; ".join(filter(None, [unit.note, f"reuses group {first}'s compiled kernel"]))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import threading
 import time
 import warnings
@@ -708,12 +709,15 @@ class _PlannedGraph:
         and after a few such shapes every call does."""
         positions = self.lifted.user_positions
         failures: list[str] = []
+        # the user's inputs among dynamo's arguments, picked without a list per call
+        pick = operator.itemgetter(*positions) if positions else (lambda args: ())
+        one = len(positions) == 1
 
         def run(args: tuple[Any, ...]) -> Any:
             if len(failures) >= MAX_RUN_FAILURES:
                 return instead(args)
             try:
-                return realized(*[args[p] for p in positions])
+                return realized(pick(args)) if one else realized(*pick(args))
             except Exception as e:
                 # This shape cannot run here (e.g. size 1 in a bucket exported from 2).
                 failures.append(str(e))
