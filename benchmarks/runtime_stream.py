@@ -47,6 +47,7 @@ scikit-learn (the runtime path; checked at the end of each contender).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -181,6 +182,23 @@ def _static_after(text: str) -> int | str | None:
     raise SystemExit(f"--static-after wants auto, never or a call number >= 1, got {text!r}")
 
 
+def _process_counts(cuda: bool) -> dict[str, int]:
+    """Running totals that a pass may move: Python's garbage collections per generation,
+    and on CUDA the caching allocator's device allocations, frees and retries."""
+    out = {f"gc{i}": st["collections"] for i, st in enumerate(gc.get_stats())}
+    if cuda:
+        stats = torch.cuda.memory_stats()
+        for k in (
+            "num_device_alloc",
+            "num_device_free",
+            "num_alloc_retries",
+            "num_sync_all_streams",
+        ):
+            if k in stats:
+                out[k] = int(stats[k])
+    return out
+
+
 # ---- one contender ----------------------------------------------------------------------
 def _counts(be: Any) -> tuple[int, ...]:
     """What a compile changes: dynamo frames, Inductor graphs, planner realizations and
@@ -196,6 +214,14 @@ def _counts(be: Any) -> tuple[int, ...]:
         # time spent building static specializations: moves whenever one is built or tried
         be.stats.static_build_s if be is not None else 0.0,
     )
+
+
+def _gc_text(meta: dict[str, Any]) -> str:
+    """A bullet for a run whose garbage collector was changed after the cold pass."""
+    how = {"freeze": "frozen (the cold pass's objects never scanned again)", "off": "off"}
+    if meta.get("gc", "on") not in how:
+        return ""
+    return f"\n- Python's garbage collector after the cold pass: {how[meta['gc']]}, a diagnostic."
 
 
 def _static_setting(meta: dict[str, Any]) -> str:
@@ -294,6 +320,12 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     with torch.no_grad():
         for p in range(cfg["passes"]):
             times, host, compiled = [], [], []
+            if p == 1 and cfg.get("gc") == "freeze":  # the cold pass's objects: never scanned
+                gc.collect()
+                gc.freeze()
+            if p == 1 and cfg.get("gc") == "off":
+                gc.disable()
+            before_pass = _process_counts(cuda)
             sync()
             t_pass = time.perf_counter()
             for s in lengths:
@@ -310,8 +342,16 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
                 if after_first is None:
                     after_first = now
             total = time.perf_counter() - t_pass
+            after_pass = _process_counts(cuda)
             passes.append(
-                {"total_s": total, "times_s": times, "host_s": host, "compiled": compiled}
+                {
+                    "total_s": total,
+                    "times_s": times,
+                    "host_s": host,
+                    "compiled": compiled,
+                    # garbage collections and CUDA allocator events during the pass
+                    "counts": {k: after_pass[k] - before_pass.get(k, 0) for k in after_pass},
+                }
             )
             _say(
                 f"{name}: pass {p + 1}/{cfg['passes']} over {len(lengths)} calls: {total:.2f} s, "
@@ -633,7 +673,7 @@ Produced by `{meta["command"]}` on {meta["date"]}.
 - Stream: {len(lengths)} calls, {meta["dim"]} in {meta["seq"][0]}..{meta["seq"][1]} (log-normal, seed {meta["seed"]}): {len(set(lengths))} distinct lengths in {len(buckets)} pow2 buckets. Each contender runs it {meta["passes"]} times: pass 1 cold, the later passes in which no call compiled are the steady state (their median; *unsettled*: every later pass compiled something, and the last one is shown).
 - Plan cache (planner): {cache_mode}.
 - Each contender ran in {where}, with {ind_cache}.
-- optuna / scikit-learn loaded by a contender: {loaded_text}.
+- optuna / scikit-learn loaded by a contender: {loaded_text}.{_gc_text(meta)}
 
 | contender | pass 1 s | steady pass s | steady speedup vs eager | pass 1 - steady s | first call s | first call per bucket, sum s | calls that compiled (their time) | steady median ms/call | dynamo compiles (recompiles) | Inductor graphs compiled | planner realizations | max abs err vs eager |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|
@@ -729,6 +769,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", default=None, help="plan cache URL filled by fusion-plan tune")
     p.add_argument("--compile-budget", type=int, default=8)
     p.add_argument(
+        "--gc",
+        choices=("on", "freeze", "off"),
+        default="on",
+        help="Python's garbage collector after the cold pass: on (as a user runs), frozen "
+        "(the cold pass's objects never scanned again) or off: a diagnostic",
+    )
+    p.add_argument(
         "--static-after",
         default="auto",
         help="planner: when a recurring shape gets a static specialization: "
@@ -789,6 +836,7 @@ def main(argv: list[str] | None = None) -> int:
         "cache": args.cache,
         "compile_budget": args.compile_budget,
         "static_after": static_after,
+        "gc": args.gc,
         "threads": args.threads or (1 if args.quick else None),
     }
     meta = {

@@ -214,3 +214,11 @@ def test_stream_static_after_option_parses_and_is_reported_only_when_recorded():
     assert runtime_stream._static_setting({}) == ""
     assert runtime_stream._static_setting({"static_after": None}) == " (static_after=never)"
     assert runtime_stream._static_setting({"static_after": "auto"}) == " (static_after=auto)"
+
+
+def test_stream_counts_collections_and_names_a_changed_collector():
+    counts = runtime_stream._process_counts(cuda=False)
+    assert {"gc0", "gc1", "gc2"} <= set(counts) and all(v >= 0 for v in counts.values())
+    assert runtime_stream._gc_text({}) == "" and runtime_stream._gc_text({"gc": "on"}) == ""
+    assert "frozen" in runtime_stream._gc_text({"gc": "freeze"})
+    assert "off" in runtime_stream._gc_text({"gc": "off"})
