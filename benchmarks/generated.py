@@ -476,6 +476,7 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_f",
             "runtime_stream_gpt2_tuned_h100_g",
             "runtime_stream_gpt2_tuned_h100_all",
+            "runtime_stream_gpt2_tuned_h100_h",
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
@@ -576,6 +577,7 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_h100",
             "runtime_stream_tuned_h100",
             "runtime_stream_gpt2_tuned_h100_all",
+            "runtime_stream_gpt2_tuned_h100_h",
         )
     ),
     *(
