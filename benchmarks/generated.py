@@ -481,6 +481,10 @@ GENERATED: tuple[Generated, ...] = (
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
             ),
+            *(
+                f"runtime_stream_gpt2_gc_h100/stream_{n}"
+                for n in ("1_gc_on", "2_gc_freeze", "3_gc_on", "4_ro")
+            ),
         )
     ),
     Generated(
