@@ -523,6 +523,12 @@ GENERATED: tuple[Generated, ...] = (
         "benchmarks/results/real_models_bucket_h100_022c30f.jsonl",
     ),
     Generated(
+        "benchmarks/results/real_models_bucket_h100_5a3c307.md",
+        _real_models("real_models_bucket_h100_5a3c307"),
+        "python benchmarks/real_models.py --from-jsonl "
+        "benchmarks/results/real_models_bucket_h100_5a3c307.jsonl",
+    ),
+    Generated(
         "benchmarks/results/real_models_bucket_h200.md",
         _real_models("real_models_bucket_h200"),
         "python benchmarks/real_models.py --from-jsonl "
