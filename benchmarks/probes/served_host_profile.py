@@ -1,0 +1,124 @@
+"""Where does a served call's host time go once its CUDA graph is recorded?
+
+    PYTHONPATH=. python benchmarks/probes/served_host_profile.py --cache plans.sqlite
+    PYTHONPATH=. python benchmarks/probes/served_host_profile.py --quick      # a CPU check
+
+One Hugging Face GPT-2 (benchmarks/models/gpt2.py) at one shape, served by
+`torch.compile(model, backend=fusion_planner_backend(cache), dynamic=True)` and by
+`torch.compile(model, mode="reduce-overhead", dynamic=True)`, each warmed up (the shape's
+CUDA graph recorded), then: the median host time per call (from the call until it
+returned, before synchronizing) and per whole call, over `--calls` calls; and cProfile over
+as many calls again, its top functions by own time and the cumulative time of the
+serving path's layers (dynamo's frame, the backend's dispatch, the realized plan's call,
+the graph replay, the outputs rebuilt). Prints Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.models import gpt2  # noqa: E402
+from planner.plans.cache import PlanCache  # noqa: E402
+from planner.runtime.backend import fusion_planner_backend  # noqa: E402
+
+# functions whose cumulative time per call is shown (file suffix, function name)
+LAYERS = (
+    ("eval_frame.py", "_fn"),
+    ("backend.py", "__call__"),
+    ("specialize.py", "__call__"),
+    ("realizer.py", "__call__"),
+    ("realizer.py", "_rebuild"),
+    ("cudagraphs.py", "__call__"),
+    ("graphs.py", "replay"),
+    ("derived.py", "refresh"),
+    ("lean.py", "check"),
+)
+
+
+def _timed(fn, args, calls: int, sync) -> tuple[float, float]:
+    host, whole = [], []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn(*args)
+        t1 = time.perf_counter()
+        sync()
+        whole.append(time.perf_counter() - t0)
+        host.append(t1 - t0)
+    return statistics.median(host) * 1e6, statistics.median(whole) * 1e6
+
+
+def _profile(fn, args, calls: int, sync, top: int) -> str:
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn(*args)
+    sync()
+    pr.disable()
+    st = pstats.Stats(pr)
+    lines = ["| layer | cumulative us per call | calls per call |", "|---|---:|---:|"]
+    for (file, line, name), (_cc, nc, _tt, ct, _callers) in sorted(st.stats.items()):
+        if any(file.endswith(f) and name == n for f, n in LAYERS):
+            lines.append(
+                f"| `{Path(file).name}:{line}({name})` | {ct / calls * 1e6:.1f} | {nc / calls:.1f} |"
+            )
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(top)
+    text = out.getvalue()
+    body = text[text.find("ncalls") :] if "ncalls" in text else text
+    return "\n".join(lines) + "\n\nTop functions by own time:\n\n```\n" + body.rstrip() + "\n```\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cache", default=None, help="a plan cache tuned for the model (else empty)")
+    p.add_argument("--shape", default="B=1,S=200", help="B and S of the call")
+    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--quick", action="store_true", help="the tiny model on this CPU")
+    args = p.parse_args(argv)
+    dims = dict(kv.split("=") for kv in args.shape.split(","))
+    b, s = int(dims["B"]), int(dims["S"])
+    cuda = torch.cuda.is_available() and not args.quick
+    dev = "cuda" if cuda else "cpu"
+    model, inputs = (gpt2.tiny if args.quick else gpt2.factory)(b, s)
+    model = model.to(dev).eval()
+    if cuda:
+        model = model.to(torch.bfloat16)
+    inputs = tuple(t.to(dev) for t in (inputs if isinstance(inputs, tuple) else (inputs,)))
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    cache = PlanCache(args.cache) if args.cache else None
+    contenders = {
+        "planner": torch.compile(model, backend=fusion_planner_backend(cache), dynamic=True),
+    }
+    if cuda:
+        contenders["reduce-overhead"] = torch.compile(model, mode="reduce-overhead", dynamic=True)
+    print(f"# Served host time per call: GPT-2 B={b},S={s} on {dev} ({torch.__version__})\n")
+    with torch.no_grad():
+        for name, fn in contenders.items():
+            for _ in range(10):  # compile, first run, graph recording, steady
+                fn(*inputs)
+            sync()
+            host, whole = _timed(fn, inputs, args.calls, sync)
+            print(f"## {name}\n\nmedian per call: host {host:.1f} us, whole call {whole:.1f} us\n")
+            print(_profile(fn, inputs, args.calls, sync, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
