@@ -357,6 +357,8 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
                 f"{name}: pass {p + 1}/{cfg['passes']} over {len(lengths)} calls: {total:.2f} s, "
                 f"{sum(compiled)} call(s) compiled"
             )
+        gc.enable()  # as it was before the passes (--gc: this contender's passes only)
+        gc.unfreeze()
         checks = []
         tol = tolerance_for(dtype)
         for s in cfg["check_lengths"]:
