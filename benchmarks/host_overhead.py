@@ -158,6 +158,11 @@ def profile_top(fn: Callable[[], Any], n: int, top: int = 18) -> str:
     for _ in range(n):
         fn()
     prof.disable()
+    return top_text(prof, top)
+
+
+def top_text(prof: cProfile.Profile, top: int) -> str:
+    """cProfile's `top` functions by own time, from its header row on."""
     s = io.StringIO()
     st = pstats.Stats(prof, stream=s).sort_stats("tottime")
     st.print_stats(top)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import pstats
 import statistics
 import sys
@@ -29,6 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.host_overhead import top_text  # noqa: E402
 from benchmarks.models import gpt2  # noqa: E402
 from planner.plans.cache import PlanCache  # noqa: E402
 from planner.runtime.backend import fusion_planner_backend  # noqa: E402
@@ -73,11 +73,8 @@ def _profile(fn, args, calls: int, sync, top: int) -> str:
             lines.append(
                 f"| `{Path(file).name}:{line}({name})` | {ct / calls * 1e6:.1f} | {nc / calls:.1f} |"
             )
-    out = io.StringIO()
-    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(top)
-    text = out.getvalue()
-    body = text[text.find("ncalls") :] if "ncalls" in text else text
-    return "\n".join(lines) + "\n\nTop functions by own time:\n\n```\n" + body.rstrip() + "\n```\n"
+    body = top_text(pr, top)
+    return "\n".join(lines) + "\n\nTop functions by own time:\n\n```\n" + body + "\n```\n"
 
 
 def main(argv: list[str] | None = None) -> int:
