@@ -417,14 +417,14 @@ def _studies(storage: Any, prefix: str) -> list[str]:
 
 def fail_abandoned_trials(storage_url: str | None, grace_s: float, studies: str = "") -> int:
     """Fail, and queue again once, the RUNNING trials of `storage_url`'s studies (those
-    whose names begin with `studies`) that no
-    worker keeps: on a database, those whose heartbeat is older than `grace_s` (Optuna's
-    own sweep, which otherwise runs only when a worker starts its next trial); anywhere,
-    those with no worker tag that started more than `grace_s` ago (a worker tags its trial
-    as it starts it, so one killed between taking the trial and tagging it left the trial
-    with neither tag nor heartbeat). What the parent of local workers runs when they have
-    all ended: a worker killed, or a tell lost while the server restarted, can leave such
-    a trial with no one left to sweep it. Returns how many trials were failed."""
+    whose names begin with `studies`) that no worker keeps: on a database, those whose
+    heartbeat is older than `grace_s` (Optuna's own sweep, which otherwise runs only when
+    a worker starts its next trial); anywhere, those with no worker tag that started more
+    than `grace_s` ago (a worker tags its trial as it starts it, so one killed between
+    taking the trial and tagging it left the trial with neither tag nor heartbeat). What
+    the parent of local workers runs when they have all ended: a worker killed, or a tell
+    lost while the server restarted, can leave such a trial with no one left to sweep it.
+    Returns how many trials were failed."""
     opt = require_optuna()
     kind = storage_kind(storage_url)
     if kind not in ("rdb", "journal"):
