@@ -200,13 +200,16 @@ def _err(row: dict[str, Any], key: str) -> float:
     return abs(row[key] - row["measured_s"]) / row["measured_s"]
 
 
+def _err_range(rows: list[dict[str, Any]], key: str) -> str:
+    """The error of the model variant `key` over the caps, lowest to highest."""
+    errs = [_err(r, key) for r in rows]
+    return f"{min(errs):.0%} to {max(errs):.0%}"
+
+
 def _variant_text(m: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """The measured copy and each variant's error range over the caps."""
     gbps = m["copy_bytes"] / m["copy_s"] / 1e9
-    parts = []
-    for key, label in _VARIANTS:
-        errs = [_err(r, key) for r in rows]
-        parts.append(f"{label} {min(errs):.0%} to {max(errs):.0%}")
+    parts = [f"{label} {_err_range(rows, key)}" for key, label in _VARIANTS]
     return (
         f"One copy of every gradient byte took {m['copy_s'] * 1e3:.1f} ms ({gbps:.1f} GB/s "
         f"read and written). Error over the caps of the model {'; '.join(parts)}."
@@ -237,8 +240,7 @@ def render_runs(paths: list[Path]) -> str:
         best = d["best_measured"]
         fit_mib = max(b for b, _ in d["measured"]["all_reduce"]) / MB
         variants = "".join(
-            f", {label} "
-            f"{min(_err(r, key) for r in rows):.0%} to {max(_err(r, key) for r in rows):.0%}"
+            f", {label} {_err_range(rows, key)}"
             for key, label in _VARIANTS
             if all(key in r for r in rows)
         )
