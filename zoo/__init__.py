@@ -320,6 +320,13 @@ def _t(p: dict[str, int]) -> tuple[tuple[int, ...], ...]:
     return ((p["B"], p["S"], p["D"]),)
 
 
+def _grad_sync(shapes: list[tuple[int, ...]], p: dict[str, int]) -> tuple[Any, ...]:
+    """A bucketed gradient all-reduce of gradients of `shapes` (BUCKET_KB, DP), and the
+    gradients' shapes as its inputs."""
+    sync = pm.BucketedGradSync(shapes, p["BUCKET_KB"] * 1024, p["DP"], pm.capture_group(p["DP"]))
+    return sync, tuple(shapes)
+
+
 _SEQ_DIMS = {"B": (0, 0), "S": (0, 1)}
 _IMG_DIMS = {"B": (0, 0), "HW": (0, 2)}
 
@@ -429,29 +436,13 @@ ZOO: dict[str, ZooModel] = {
             "dp-grad-sync",
             "data-parallel gradient sync of zoo:mlp, bucketed all-reduce (BUCKET_KB)",
             {"D": 1024, "HID": 4096, "L": 2, "DP": 2, "BUCKET_KB": 25600},
-            lambda p: (
-                pm.BucketedGradSync(
-                    pm.mlp_param_shapes(p["D"], p["HID"], p["L"]),
-                    p["BUCKET_KB"] * 1024,
-                    p["DP"],
-                    pm.capture_group(p["DP"]),
-                ),
-                tuple(pm.mlp_param_shapes(p["D"], p["HID"], p["L"])),
-            ),
+            lambda p: _grad_sync(pm.mlp_param_shapes(p["D"], p["HID"], p["L"]), p),
         ),
         ZooModel(
             "dp-block",
             "data-parallel gradient sync of zoo:transformer-block, bucketed all-reduce (BUCKET_KB)",
             {"D": 768, "DP": 2, "BUCKET_KB": 25600},
-            lambda p: (
-                pm.BucketedGradSync(
-                    block_param_shapes(p["D"]),
-                    p["BUCKET_KB"] * 1024,
-                    p["DP"],
-                    pm.capture_group(p["DP"]),
-                ),
-                tuple(block_param_shapes(p["D"])),
-            ),
+            lambda p: _grad_sync(block_param_shapes(p["D"]), p),
         ),
         ZooModel(
             "matmul",
