@@ -192,8 +192,11 @@ def run_one(
             predicted_us=made.plan.predicted_s * 1e6,
         )
         if not measure_it:  # the warm-up pass: realize (and compile) only
+            t_prep = time.perf_counter()
             with contextlib.suppress(Exception):
                 runner.executor.prepare(job, dev).close()
+            # the compile alone: the measuring pass's tuning_s counts the search again
+            emit({**rec, "setup_s": time.perf_counter() - t_prep})
             continue
         m = runner.measure_plan(job)
         rec.update(

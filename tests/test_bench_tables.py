@@ -61,6 +61,16 @@ def test_e2e_renders_a_jsonl_file(tmp_path):
     assert e2e.render_jsonl(path).startswith("# End-to-end latency on cpu")
 
 
+def test_the_warm_up_pass_records_every_plans_compile_seconds():
+    """The warm record a worker returns holds the plans' compiles, not only the modes'."""
+    job = ("transformer-block", (1, 8, 16, 2), ["eager"], ["greedy", "unfused"])
+    line, rec = e2e._warm((*job, "float32", "cpu", "realized"))
+    assert line.startswith("warmed"), line
+    by_mode = rec["setup_s_by_mode"]
+    assert set(by_mode) == {"eager", "plan-greedy", "plan-unfused"}
+    assert all(v > 0 for v in by_mode.values())
+
+
 def summary(steady_s: float) -> dict:
     return {"steady_s": steady_s}
 
