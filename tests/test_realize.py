@@ -540,6 +540,28 @@ def test_dynamic_plan_records_a_cuda_graph_per_recurring_shape():
         assert_close(got, want, tol=5e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_per_shape_graphs_compute_large_outputs_after_the_replay(monkeypatch):
+    from planner.realize import cudagraphs as cudagraphs_mod
+
+    monkeypatch.setattr(cudagraphs_mod._GraphReplay, "TAIL_MIN_BYTES", 0)
+    torch.manual_seed(0)
+    module = _Head(vocab=1024).to("cuda", torch.bfloat16)
+    x0 = torch.randn(2, 16, 64, device="cuda", dtype=torch.bfloat16)
+    c = export_dynamic(module, (x0,), dims={0: {1: (8, 64)}})
+    r = realize(c, Partition.singletons(c.graph))
+    assert not r.static_shapes
+    held = []
+    for s in (16, 16, 24, 16, 24, 24):  # two shapes recur, each gets its graph
+        x = torch.randn(2, s, 64, device="cuda", dtype=torch.bfloat16)
+        held.append((r(x), eager_out(module, (x,))))
+    graphs = list(r._shape_graphs.graphs.values())
+    assert len(graphs) == 2 and all(g.tail_impls for g in graphs)  # the head runs after
+    for got, want in held:  # outputs kept across later calls keep their values
+        assert_close(got, want, tol=5e-2)
+
+
 class _FakeReplay:
     """Stands in for a CUDA graph on the CPU: counts captures, replays `fn`."""
 

@@ -180,6 +180,10 @@ def _flat_tensors(outs: Any) -> list[Any]:
 class _ShapeGraphs:
     """One CUDA graph per recurring input shape of a plan realized over a shape range.
 
+    `fn` runs a shape without a graph; `record`, when given, is what a graph records
+    (the plan's program calling its groups through `impls`), so that large user outputs
+    can be computed after each replay rather than copied (`_GraphReplay`'s `tail`).
+
     A shape's first call runs the plan as it is (a shape seen once may never come back);
     its second call records a graph (after one warm-up run on a side stream) and every
     later call replays it. At most `limit` graphs, holding at most `max_bytes` of static
@@ -193,8 +197,26 @@ class _ShapeGraphs:
     scratch memory two graphs share is never read across replays.
     """
 
-    def __init__(self, fn: Callable[..., Any], limit: int, max_bytes: int):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        limit: int,
+        max_bytes: int,
+        *,
+        record: Callable[..., Any] | None = None,
+        tail: Sequence[int] = (),
+        impls: list[Callable[..., Any]] | None = None,
+        out_orders: Mapping[int, Sequence[int]] | None = None,
+    ):
         self.fn, self.limit, self.max_bytes = fn, limit, max_bytes
+        # what each graph records, and the groups it may run after the replay
+        # (`_GraphReplay`'s `tail`, `impls`, `out_orders`)
+        self.record = record or fn
+        self.replay_kw: dict[str, Any] = (
+            {"tail": tuple(tail), "impls": impls, "out_orders": out_orders}
+            if record is not None
+            else {}
+        )
         self.graphs: OrderedDict[tuple[Any, ...], _GraphReplay] = OrderedDict()
         self.bytes = 0
         self.seen: set[tuple[Any, ...]] = set()
@@ -217,7 +239,9 @@ class _ShapeGraphs:
             try:
                 if self.pool is None:
                     self.pool = torch.cuda.graph_pool_handle()
-                g = _GraphReplay(self.fn, args, True, warmup=1, pool=self.pool)
+                g = _GraphReplay(
+                    self.record, args, True, warmup=1, pool=self.pool, **self.replay_kw
+                )
             except Exception as e:  # an optimization: never fail the call for it
                 self.failed.add(key)
                 warnings.warn(

@@ -525,7 +525,7 @@ class RealizedPlan:
             self.capture_cuda_graph(old.static_in, old.copy_outputs)
         if self._shape_graphs is not None:
             s = self._shape_graphs
-            self._shape_graphs = _ShapeGraphs(self._forward, s.limit, s.max_bytes)
+            self._shape_graphs = self._new_shape_graphs(s.limit, s.max_bytes)
 
     def _tail_candidates(self) -> tuple[int, ...]:
         """Groups that may run after a CUDA graph's replay instead of inside it: each of
@@ -572,8 +572,21 @@ class RealizedPlan:
         """Dynamic plans on CUDA: a CUDA graph per recurring input shape (see `_ShapeGraphs`)."""
         if self.device.type != "cuda" or self._guard.static or self._whole_fallback:
             return False
-        self._shape_graphs = _ShapeGraphs(self._forward, limit, max_bytes)
+        self._shape_graphs = self._new_shape_graphs(limit, max_bytes)
         return True
+
+    def _new_shape_graphs(self, limit: int, max_bytes: int) -> _ShapeGraphs:
+        """Per-shape graphs that run large user outputs' groups after each replay (as
+        `capture_cuda_graph` does), outside a graph through the plan's lean program."""
+        return _ShapeGraphs(
+            self._forward,
+            limit,
+            max_bytes,
+            record=self.top.forward,
+            tail=self._tail_candidates(),
+            impls=self._impls,
+            out_orders=self._out_orders,
+        )
 
 
 def _padded_fake(got: Any, eager: Any) -> bool:
