@@ -257,8 +257,19 @@ def retime_cell(
                 alt_fn: Any = realize(captured, p, realizations=reals, cuda_graphs=False)
             else:
                 alt_fn = baseline_fn(alt, model, module, shape, dtype, device)
+            sides = {"plan": lambda: plan_fn(*inputs), "alt": lambda: alt_fn(*inputs)}
+            for side, call in sides.items():  # alone first: a fault is reported by side
+                try:
+                    for _ in range(RETIME["warmup"]):
+                        call()
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                except Exception as e:
+                    raise RuntimeError(
+                        f"{side} ({rec[side]}) alone: {type(e).__name__}: {e}"
+                    ) from e
             got = measure_interleaved(
-                {"plan": lambda: plan_fn(*inputs), "alt": lambda: alt_fn(*inputs)},
+                sides,
                 device=device,
                 rounds=RETIME["rounds"],
                 round_s=RETIME["round_s"],
@@ -307,6 +318,82 @@ def _warm(
     if "error" in rec:
         return f"warming {model} {shape} failed: {rec['error']}", rec
     return f"warmed {model} {shape} in {rec['wall_s']:.0f} s", rec
+
+
+Cell = tuple[str, tuple[int, ...], list[str], list[str], str, str, str]
+
+
+def measure_cell(cell: Cell, emit: Callable[[dict[str, Any]], None], records: list) -> None:
+    """One (model, shape): every mode and plan (run_one), then the re-timed winner."""
+    model, shape, modes, strats, dname, device, executor = cell
+    dtype = getattr(torch, dname)
+    with contextlib.suppress(torch.cuda.OutOfMemoryError):
+        run_one(model, shape, modes, strats, dtype, device, emit, executor=executor)  # type: ignore[arg-type]
+        key = ",".join(map(str, shape))
+        again = retime_cell(
+            model, shape, _cells(records).get((model, key, dname), {}), dtype, device
+        )  # type: ignore[arg-type]
+        if again is not None:
+            emit({"model": model, "shape": key, "dtype": dname, **again})
+
+
+def _emitter(
+    jsonl: Path, dev_name: str, records: list[dict[str, Any]]
+) -> Callable[[dict[str, Any]], None]:
+    """Records go to `records`, are appended to `jsonl` at once, and shown as a line."""
+
+    def emit(rec: dict[str, Any]) -> None:
+        rec = {**rec, "device": dev_name, "torch": torch.__version__.split("+")[0]}
+        records.append(rec)
+        with jsonl.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if rec["mode"] in ("run", "warm"):
+            return
+        med = rec.get("median_us", rec.get("plan_us"))
+        print(
+            f"{rec['model']:>18} {rec['shape']:>16} {rec['mode']:<16} "
+            + (f"{med:10.1f} us" if med is not None else f"   {rec.get('error', '-')[:100]}"),
+            flush=True,
+        )
+
+    return emit
+
+
+def _cell_process(cell: Cell, jsonl: str, dev_name: str) -> None:
+    """A spawned process's work: one cell, its records appended to `jsonl`."""
+    warnings.simplefilter("ignore")
+    records: list[dict[str, Any]] = []
+    measure_cell(cell, _emitter(Path(jsonl), dev_name, records), records)
+
+
+def _isolated(
+    cell: Cell,
+    jsonl: Path,
+    dev_name: str,
+    records: list[dict[str, Any]],
+    emit: Callable[[dict[str, Any]], None],
+) -> None:
+    """`measure_cell` in its own process: a fault that ends the process (a CUDA error
+    leaves its context unusable) costs this cell only, and is recorded as a "crash"."""
+    before = len(jsonl.read_text().splitlines()) if jsonl.exists() else 0
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_cell_process, args=(cell, str(jsonl), dev_name)
+    )
+    proc.start()
+    proc.join()
+    lines = jsonl.read_text().splitlines()[before:] if jsonl.exists() else []
+    records.extend(json.loads(line) for line in lines if line.strip())
+    if proc.exitcode != 0:
+        model, shape, *_rest = cell
+        emit(
+            {
+                "model": model,
+                "shape": ",".join(map(str, shape)),
+                "dtype": cell[4],
+                "mode": "crash",
+                "error": f"the cell's process ended with exit code {proc.exitcode}",
+            }
+        )
 
 
 def _dname(dtype: torch.dtype) -> str:
@@ -369,7 +456,8 @@ def table(records: list[dict[str, Any]], device: str) -> str:
         "both timed again in fresh interleaved rounds. tuning s = search + realize + "
         "measure over every plan, plus the warm-up workers' compiles of those plans "
         "(* where the run did not record them). — = not measured in this run; "
-        "err = failed (the JSON lines say why).",
+        "err = failed (the JSON lines say why); crash = the cell's process ended before "
+        "measuring it (a CUDA fault; `--isolate` runs each cell in its own process).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -384,7 +472,9 @@ def table(records: list[dict[str, Any]], device: str) -> str:
             v = med(mode)
             if v is not None:
                 return f"{v:.0f}"
-            return "err" if "error" in recs.get(mode, {}) else "—"
+            if "error" in recs.get(mode, {}):
+                return "err"
+            return "crash" if mode not in recs and "crash" in recs else "—"
 
         cells = [model, shape, dtype]
         cells += [shown(m) for m in (*BASELINES, *plan_modes, f"plan-{UNFUSED}")]
@@ -407,7 +497,9 @@ def table(records: list[dict[str, Any]], device: str) -> str:
         cells.append(_ratio(tuned[0] if tuned else None, best_alt))
         cells.append(_ratio(unfused, best_alt))
         cells.append(_ratio(tuned[0] if tuned else None, unfused))
-        cells.append(_ratio(again.get("plan_us"), again.get("alt_us")))
+        cells.append(
+            "err" if "error" in again else _ratio(again.get("plan_us"), again.get("alt_us"))
+        )
         cells.append(f"{lb:.0f}" if lb else "—")
         cells.append(f"{tuning:.0f}" + ("" if complete else "*"))
         lines.append("| " + " | ".join(cells) + " |")
@@ -450,6 +542,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", default="benchmarks/results")
     p.add_argument("--warm-workers", type=int, default=0)
     p.add_argument("--max-seconds", type=float, default=None, help="stop starting new shapes")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="measure each (model, shape) in its own process: a CUDA fault loses that cell only",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument(
         "--from-jsonl", default=None, help="only re-render this JSON-lines file's table (stdout)"
@@ -475,20 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict[str, Any]] = []
     md = out / f"e2e_{dev_name}.md"
 
-    def emit(rec: dict[str, Any]) -> None:
-        rec = {**rec, "device": dev_name, "torch": torch.__version__.split("+")[0]}
-        records.append(rec)
-        with jsonl.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
-        if rec["mode"] in ("run", "warm"):
-            return
-        med = rec.get("median_us", rec.get("plan_us"))
-        print(
-            f"{rec['model']:>18} {rec['shape']:>16} {rec['mode']:<16} "
-            + (f"{med:10.1f} us" if med is not None else f"   {rec.get('error', '-')[:100]}"),
-            flush=True,
-        )
-
+    emit = _emitter(jsonl, dev_name, records)
     emit({"mode": "run", "warm_workers": args.warm_workers, "argv": sys.argv[1:]})
     t0 = time.perf_counter()
     if args.warm_workers > 0:
@@ -505,19 +589,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_seconds is not None and time.perf_counter() - t0 > args.max_seconds:
             print("stopping: --max-seconds reached", flush=True)
             break
-        with contextlib.suppress(torch.cuda.OutOfMemoryError):
-            run_one(model, shape, modes, strats, dtype, device, emit, executor=args.executor)
-            cell = _cells(records).get((model, ",".join(map(str, shape)), _dname(dtype)), {})
-            again = retime_cell(model, shape, cell, dtype, device)
-            if again is not None:
-                emit(
-                    {
-                        "model": model,
-                        "shape": ",".join(map(str, shape)),
-                        "dtype": _dname(dtype),
-                        **again,
-                    }
-                )
+        cell = (model, shape, modes, strats, _dname(dtype), device, args.executor)
+        if args.isolate:
+            _isolated(cell, jsonl, dev_name, records, emit)
+        else:
+            measure_cell(cell, emit, records)
         md.write_text(table(records, dev_name))  # after every job: a cut-off run keeps a table
     print(md.read_text())
     return 0

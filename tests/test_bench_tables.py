@@ -71,6 +71,19 @@ def test_the_warm_up_pass_records_every_plans_compile_seconds():
     assert all(v > 0 for v in by_mode.values())
 
 
+def test_an_isolated_cell_whose_process_dies_is_recorded_as_a_crash(tmp_path):
+    """A cell's process that ends with an error leaves a "crash" record; the run goes on."""
+    jsonl = tmp_path / "e2e_cpu.jsonl"
+    records: list = []
+    emit = e2e._emitter(jsonl, "cpu", records)
+    cell = ("no-such-model", (1, 8, 16, 2), ["eager"], ["unfused"], "float32", "cpu", "realized")
+    e2e._isolated(cell, jsonl, "cpu", records, emit)
+    assert [r["mode"] for r in records] == ["crash"]
+    assert "exit code 1" in records[0]["error"]
+    assert e2e.read_jsonl(jsonl) == records
+    assert row_of(e2e.table(records, "cpu"))["eager"] == "crash"
+
+
 def summary(steady_s: float) -> dict:
     return {"steady_s": steady_s}
 
