@@ -60,16 +60,24 @@ def link_backend(link: LinkSpec) -> str | None:
 
 def step_model_for(link: LinkSpec, device_kind: str, override: str | None = None) -> StepModel:
     """The step model for ranks of `device_kind` ("cpu", "gpu") communicating over
-    `link`: `override` where given (one of STEP_MODELS); else `serial` for gloo (the
-    backend the link was measured with, or, for a datasheet link, the one CPU ranks
-    use), `two-stream` for NCCL (measured so, or GPU ranks)."""
+    `link`: `step_model_for_backend` with the backend the link was measured with (None
+    for a datasheet link), `link.name` in its reason."""
+    return step_model_for_backend(link_backend(link), device_kind, override, link.name)
+
+
+def step_model_for_backend(
+    backend: str | None, device_kind: str, override: str | None = None, link: str = ""
+) -> StepModel:
+    """`override` where given (one of STEP_MODELS); else `serial` for gloo (`backend`,
+    or, where it is None, the backend CPU ranks use) and `two-stream` for NCCL (`backend`,
+    or GPU ranks)."""
     if override:
         return StepModel(override, "chosen by the caller")
-    backend = link_backend(link)
+    on = f"{link} measured with" if link else "ranks on"
     if backend == "gloo":
-        return StepModel(SERIAL, f"{link.name} measured with gloo: the ranks' cores run it")
+        return StepModel(SERIAL, f"{on} gloo: the ranks' cores run the all-reduces")
     if backend == "nccl":
-        return StepModel(TWO_STREAM, f"{link.name} measured with NCCL: its own stream")
+        return StepModel(TWO_STREAM, f"{on} NCCL: the all-reduces run on its own stream")
     if device_kind == "cpu":
         return StepModel(SERIAL, "CPU ranks: gloo runs the all-reduces on the backward's cores")
     return StepModel(TWO_STREAM, "GPU ranks: NCCL runs the all-reduces on its own stream")
