@@ -149,3 +149,6 @@ def test_plan_numa_reports_the_placement_of_the_groups_it_searched(capsys, tmp_p
     assert "with every access local" in capsys.readouterr().out
     assert main(["plan", *MLP, "--numa", "two-node", "--cost-model", "analytical"]) == 2
     assert "leave --cost-model out" in capsys.readouterr().err
+    gpu = ["plan", *MLP[:-4], "--device", "h100", "--dtype", "fp32", "--numa", "two-node"]
+    assert main(gpu) == 2
+    assert "plan for a CPU --device" in capsys.readouterr().err

@@ -143,6 +143,10 @@ def _cost_model(args: argparse.Namespace, device: str, dtype: str) -> CostModel:
             f"--numa {args.numa} prices groups with the NUMA objective; leave --cost-model out"
         )
     spec = get_spec(device)
+    if spec.kind != "cpu":
+        raise FusionPlannerError(
+            f"--numa prices CPU memory nodes; {device} is a {spec.kind}: plan for a CPU --device"
+        )
     return NumaCostModel(topology(args.numa, spec, dtype), spec=spec, label=args.numa)
 
 
