@@ -1,5 +1,5 @@
 """The NUMA objective in the search: strategies price partitions with NumaCostModel on
-exercise 7.5's simulated two-node machine (100 ns local, 150 ns remote)."""
+the simulated two-node machine (numa.two_node: 100 ns local, 150 ns remote)."""
 
 from __future__ import annotations
 
