@@ -302,11 +302,17 @@ def render_summary(paths: list[Path]) -> str:
 
     runs = [json.loads(p.read_text()) for p in paths]
     rows = [r for d in runs for r in d["rows"]]
-    models = sorted({_model(d) for d in runs})
+    # runs written before the search chose its step model searched on two streams: named
+    # so where other runs name theirs
+    mixed = any(_model(d) for d in runs)
+
+    def label(d: dict[str, Any]) -> str:
+        return _model(d) or (" (two-stream)" if mixed else "")
+
     parts = [
         f"the search's model{name} "
-        + span([r["rel_err"] for d in runs if _model(d) == name for r in d["rows"]], "{:.0%}")
-        for name in models
+        + span([r["rel_err"] for d in runs if label(d) == name for r in d["rows"]], "{:.0%}")
+        for name in sorted({label(d) for d in runs})
     ]
     for key, label in _VARIANTS:
         have = [r for r in rows if key in r]
