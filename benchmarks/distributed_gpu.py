@@ -325,7 +325,7 @@ def dp_row(a: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
     import zoo
     from benchmarks.dp_bucket import variant_predictions
     from learned_cost.analytical import AnalyticalModel
-    from planner.distributed.dp import DDP_BUCKET_BYTES, backward_steps
+    from planner.distributed.dp import DDP_BUCKET_BYTES, backward_steps, step_model_for_backend
     from planner.hardware import get_spec
     from planner.ir.capture import capture
     from profiling.commbench import measure_ddp
@@ -361,10 +361,15 @@ def dp_row(a: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
     scale = bwd / total if total else 0.0
     steps = [type(st)(st.name, st.duration_s * scale, st.grad_bytes) for st in steps]
     grid = [int(c * MB) for c in caps]
+    # the step model the planner picks for this backend on these ranks (NCCL on GPUs:
+    # two streams; gloo on CPU ranks: serial)
+    step_model = step_model_for_backend(a.backend, "gpu" if a.device == "cuda" else "cpu")
     choice = search_bucket_size(
-        steps, lambda n: predict_s(fits, n), forward_s=m["fwd_s"], grid=grid
+        steps, lambda n: predict_s(fits, n), forward_s=m["fwd_s"], grid=grid, step_model=step_model
     )
-    free = search_bucket_size(steps, lambda n: predict_s(fits, n), forward_s=m["fwd_s"])
+    free = search_bucket_size(
+        steps, lambda n: predict_s(fits, n), forward_s=m["fwd_s"], step_model=step_model
+    )
     table = [
         {
             "bucket_mb": c,
@@ -382,6 +387,7 @@ def dp_row(a: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
         "fwd_bwd_s": m["fwd_bwd_s"],
         "all_reduce_fits": [f.__dict__ for f in fits],
         "table": table,
+        "step_model": step_model.name,
         "searched_mb": chosen,
         "searched_unrestricted_mb": free.bucket_bytes / MB,
         "measured_searched_s": m["ddp_s"][str(chosen)],
@@ -562,7 +568,8 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
             f"{r['grad_bytes'] / MB:.1f} MiB of gradients; forward {_us(r['fwd_s'])} µs, "
             f"forward+backward without communication {_us(r['fwd_bwd_s'])} µs."
         )
-        out += ["", "| bucket MiB | predicted ms | measured ms |", "|---|---|---|"]
+        model = f" ({r['step_model']})" if r.get("step_model") else ""
+        out += ["", f"| bucket MiB | predicted{model} ms | measured ms |", "|---|---|---|"]
         for row in r["table"]:
             tag = " (searched)" if row["bucket_mb"] == r["searched_mb"] else ""
             tag += " (DDP default)" if row["bucket_mb"] == 25.0 else ""

@@ -1,8 +1,10 @@
-"""The DP gradient bucket size: predicted by the two-stream model, measured with DDP over
-gloo on local processes, the searched size against DDP's 25 MiB:
+"""The DP gradient bucket size: predicted by the step model the search uses for gloo on
+CPU ranks (planner.distributed.dp.step_model_for_backend: serial, unless `--step-model`
+names one), measured with DDP over gloo on local processes, the searched size against
+DDP's 25 MiB:
 
     python benchmarks/dp_bucket.py [--world-size 2] [--d 512 --hid 2048 --layers 3 --batch 32]
-        [--out benchmarks/results/dp_bucket_cpu.json]
+        [--step-model two-stream|serial] [--out benchmarks/results/dp_bucket_cpu.json]
 
 Measured on the ranks (medians, max over ranks): forward and forward+backward of
 zoo:mlp without communication, a DDP step per bucket cap (DDP built by
@@ -10,7 +12,10 @@ planner.distributed.ddp.wrap_ddp from a plan's decision of that cap, as a user r
 a plan), all-reduce per message size.
 Predicted: the backward split over zoo:mlp's captured ops in proportion to the analytical
 model's per-op times and scaled to the measured backward; the all-reduce from an α-β fit
-of the measured sizes; the step from planner.distributed.dp (DDP's 1 MiB first bucket).
+of the measured sizes; the step from planner.distributed.dp (DDP's 1 MiB first bucket)
+under the search's step model, and beside it the two-stream step and the variants with
+DDP's copies. Results written before the search chose its step model priced (and
+searched) on two streams; their files hold no `step_model`.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from benchmarks.comm_alpha_beta import fits_text
 from learned_cost.analytical import AnalyticalModel
 from planner.distributed.dp import (
     DDP_BUCKET_BYTES,
+    STEP_MODELS,
     BackwardStep,
     backward_steps,
     dp_step_timeline,
     first_bucket_bytes,
+    step_model_for_backend,
 )
 from planner.distributed.links import AlphaBeta
 from planner.hardware import get_spec
@@ -45,10 +52,10 @@ MB = 1024 * 1024
 def variant_predictions(
     steps: list[BackwardStep], bucket_bytes: int, ar: Callable[[int], float], m: dict[str, Any]
 ) -> dict[str, float]:
-    """The step at `bucket_bytes` under two variants of the model the search uses: with
+    """The step at `bucket_bytes` on two streams, and under two variants of it: with
     DDP's copies into and out of its buckets on the compute stream (the measured copy of
     every gradient byte, scaled to each copy's bytes), and with those copies and the
-    all-reduces all on the compute stream (cores shared, nothing overlaps)."""
+    all-reduces all in sequence with the compute (cores shared, nothing overlaps)."""
 
     def copy_s(nbytes: int) -> float:
         return m["copy_s"] * nbytes / m["copy_bytes"]
@@ -57,7 +64,12 @@ def variant_predictions(
     fwd = m["fwd_s"]
     two = dp_step_timeline(steps, bucket_bytes, ar, fwd, 0.0, first, copy_s)
     serial = dp_step_timeline(steps, bucket_bytes, ar, fwd, 0.0, first, copy_s, True)
-    return {"predicted_copies_s": two.makespan_s, "predicted_serial_s": serial.makespan_s}
+    plain = dp_step_timeline(steps, bucket_bytes, ar, fwd, 0.0, first)
+    return {
+        "predicted_two_stream_s": plain.makespan_s,
+        "predicted_copies_s": two.makespan_s,
+        "predicted_serial_s": serial.makespan_s,
+    }
 
 
 def main() -> None:
@@ -69,6 +81,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--caps-mb", default="0.25,1,4,8,16,25,64")
+    ap.add_argument(
+        "--step-model",
+        choices=STEP_MODELS,
+        default=None,
+        help="the search's DP step model (default: what the planner chooses for gloo on CPU)",
+    )
     ap.add_argument("--out", default="benchmarks/results/dp_bucket_cpu.json")
     a = ap.parse_args()
     caps = [float(c) for c in a.caps_mb.split(",")]
@@ -94,7 +112,8 @@ def main() -> None:
     scale = bwd_measured / sum(s.duration_s for s in steps)
     steps = [type(s)(s.name, s.duration_s * scale, s.grad_bytes) for s in steps]
     grid = [int(c * MB) for c in caps]
-    choice = search_bucket_size(steps, ar, forward_s=m["fwd_s"], grid=grid)
+    step_model = step_model_for_backend("gloo", "cpu", a.step_model)
+    choice = search_bucket_size(steps, ar, forward_s=m["fwd_s"], grid=grid, step_model=step_model)
     rows = []
     for (_, pred), cap in zip(choice.table, caps, strict=True):
         meas = m["ddp_s"][str(cap)]
@@ -109,16 +128,18 @@ def main() -> None:
             }
         )
         print(
-            f"bucket {cap:6.2f} MiB: predicted {pred * 1e3:8.2f} ms (with copies "
-            f"{more['predicted_copies_s'] * 1e3:.2f}, serial {more['predicted_serial_s'] * 1e3:.2f})"
-            f", measured {meas * 1e3:8.2f} ms ({abs(pred - meas) / meas:.1%})"
+            f"bucket {cap:6.2f} MiB: predicted ({step_model.name}) {pred * 1e3:8.2f} ms "
+            f"(two streams {more['predicted_two_stream_s'] * 1e3:.2f}, with copies "
+            f"{more['predicted_copies_s'] * 1e3:.2f}, copies and all-reduces serial "
+            f"{more['predicted_serial_s'] * 1e3:.2f}), measured {meas * 1e3:8.2f} ms "
+            f"({abs(pred - meas) / meas:.1%})"
         )
     chosen = choice.bucket_bytes / MB
     meas_chosen = m["ddp_s"][str(next(c for c in caps if int(c * MB) == choice.bucket_bytes))]
     meas_ddp = m["ddp_s"][str(float(DDP_BUCKET_BYTES // MB))]
     best_measured = min(rows, key=lambda r: r["measured_s"])
     print(
-        f"searched bucket {chosen:g} MiB: measured {meas_chosen * 1e3:.2f} ms; DDP's 25 MiB: "
+        f"searched bucket {chosen:g} MiB ({step_model.name} step model): measured {meas_chosen * 1e3:.2f} ms; DDP's 25 MiB: "
         f"{meas_ddp * 1e3:.2f} ms; best measured {best_measured['bucket_mb']:g} MiB "
         f"{best_measured['measured_s'] * 1e3:.2f} ms"
     )
@@ -130,6 +151,7 @@ def main() -> None:
         "measured": m,
         "alpha_beta_fits": [f.__dict__ for f in fits],
         "rows": rows,
+        "step_model": step_model.name,
         "searched_bucket_mb": chosen,
         "measured_at_searched_s": meas_chosen,
         "measured_at_ddp_default_s": meas_ddp,
@@ -164,11 +186,13 @@ def render(path: Path) -> str:
         "",
         "| bucket MiB | " + " | ".join(f"{r['bucket_mb']:g}" for r in rows) + " |",
         "|---|" + "---|" * len(rows),
-        "| predicted ms | " + " | ".join(f"{r['predicted_s'] * 1e3:.1f}" for r in rows) + " |",
+        f"| predicted{_model(d)} ms | "
+        + " | ".join(f"{r['predicted_s'] * 1e3:.1f}" for r in rows)
+        + " |",
         *_variant_rows(rows),
         "| measured ms | " + " | ".join(f"{r['measured_s'] * 1e3:.1f}" for r in rows) + " |",
         "",
-        f"The search picks {d['searched_bucket_mb']:g} MiB (predicted "
+        f"The search picks {d['searched_bucket_mb']:g} MiB{_model(d, 'under its ')} (predicted "
         f"{chosen['predicted_s'] * 1e3:.1f} ms against {ddp['predicted_s'] * 1e3:.1f} ms for "
         f"DDP's 25 MiB); measured {chosen['measured_s'] * 1e3:.1f} ms against "
         f"{ddp['measured_s'] * 1e3:.1f} ms. The model's error over the caps: "
@@ -182,9 +206,19 @@ def render(path: Path) -> str:
 
 
 _VARIANTS = (
+    ("predicted_two_stream_s", "two streams"),
     ("predicted_copies_s", "with DDP's copies"),
     ("predicted_serial_s", "copies and all-reduces on the compute stream"),
 )
+
+
+def _model(d: dict[str, Any], before: str = "") -> str:
+    """ " (serial)"-style naming of the run's search step model; "" for runs written
+    before the search chose one (they searched on two streams)."""
+    name = d.get("step_model")
+    if not name:
+        return ""
+    return f" ({name})" if not before else f" {before}{name} step model"
 
 
 def _variant_rows(rows: list[dict[str, Any]]) -> list[str]:
@@ -209,7 +243,11 @@ def _err_range(rows: list[dict[str, Any]], key: str) -> str:
 def _variant_text(m: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """The measured copy and each variant's error range over the caps."""
     gbps = m["copy_bytes"] / m["copy_s"] / 1e9
-    parts = [f"{label} {_err_range(rows, key)}" for key, label in _VARIANTS]
+    parts = [
+        f"{label} {_err_range(rows, key)}"
+        for key, label in _VARIANTS
+        if all(key in r for r in rows)
+    ]
     return (
         f"One copy of every gradient byte took {m['copy_s'] * 1e3:.1f} ms ({gbps:.1f} GB/s "
         f"read and written). Error over the caps of the model {'; '.join(parts)}."
@@ -245,7 +283,7 @@ def render_runs(paths: list[Path]) -> str:
             if all(key in r for r in rows)
         )
         lines.append(
-            f"- `{path.name}` (all-reduce fit up to {fit_mib:g} MiB): model error "
+            f"- `{path.name}` (all-reduce fit up to {fit_mib:g} MiB): model{_model(d)} error "
             f"{min(errs):.0%} to {max(errs):.0%}{variants}; searched "
             f"{d['searched_bucket_mb']:g} MiB measured {d['measured_at_searched_s'] * 1e3:.1f} ms, "
             f"DDP's 25 MiB {d['measured_at_ddp_default_s'] * 1e3:.1f} ms; fastest measured "
@@ -264,7 +302,18 @@ def render_summary(paths: list[Path]) -> str:
 
     runs = [json.loads(p.read_text()) for p in paths]
     rows = [r for d in runs for r in d["rows"]]
-    parts = [f"the search's model {span([r['rel_err'] for r in rows], '{:.0%}')}"]
+    # runs written before the search chose its step model searched on two streams: named
+    # so where other runs name theirs
+    mixed = any(_model(d) for d in runs)
+
+    def label(d: dict[str, Any]) -> str:
+        return _model(d) or (" (two-stream)" if mixed else "")
+
+    parts = [
+        f"the search's model{name} "
+        + span([r["rel_err"] for d in runs if label(d) == name for r in d["rows"]], "{:.0%}")
+        for name in sorted({label(d) for d in runs})
+    ]
     for key, label in _VARIANTS:
         have = [r for r in rows if key in r]
         if have:

@@ -191,6 +191,7 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
         help="ranks per node: an all-reduce over more ranks runs hierarchically",
     )
     g.add_argument("--inter-node", default="ib-ndr", help="link between nodes (default ib-ndr)")
+    add_step_model_arg(g)
 
 
 def add_link_arg(p: argparse.ArgumentParser) -> None:
@@ -198,6 +199,22 @@ def add_link_arg(p: argparse.ArgumentParser) -> None:
         "--interconnect",
         default=None,
         help="link pricing the graph's collectives (default: nvlink on a GPU spec, else local)",
+    )
+    add_step_model_arg(p)
+
+
+# planner.distributed.dp.STEP_MODELS, spelled out so the parsers need no torch
+DP_STEP_MODELS = ("two-stream", "serial")
+
+
+def add_step_model_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--dp-step-model",
+        default=None,
+        choices=DP_STEP_MODELS,
+        help="how the DP step that prices gradient buckets runs its all-reduces: two-stream "
+        "(beside the backward, as NCCL on GPUs) or serial (on the backward's cores, as "
+        "gloo on CPU ranks); default: chosen from the link's backend, else the device",
     )
 
 

@@ -243,6 +243,40 @@ def test_plan_records_the_gradient_bucket_decision(capsys, tmp_path) -> None:
     assert dp.predicted_s == pytest.approx(_sync_all_reduce(total))
     assert dp.ddp_default_predicted_s == out["data_parallel"]["ddp_default_predicted_s"]
     assert out["plan"]["data_parallel"]["bucket_bytes"] == dp.bucket_bytes
+    assert dp.step_model == "two-stream"  # GPU ranks on a datasheet link: NCCL
+    assert out["data_parallel"]["step_model"]["name"] == "two-stream"
+
+
+MLP = ["--model", "zoo:mlp", "--shape", "B=8,D=64,HID=256", "--dtype", "fp32", "--dp", "2"]
+
+
+@pytest.mark.parametrize(
+    ("device", "flag", "model"),
+    [
+        ("cpu", (), "serial"),  # CPU ranks: gloo on the backward's cores
+        ("h100", (), "two-stream"),  # GPU ranks: NCCL on its own stream
+        ("h100", ("--dp-step-model", "serial"), "serial"),
+        ("cpu", ("--dp-step-model", "two-stream"), "two-stream"),
+    ],
+)
+def test_the_dp_step_model_is_chosen_by_the_ranks_unless_named(capsys, device, flag, model) -> None:
+    argv = [*MLP, "--device", device, "--interconnect", "ib-hdr", *flag]
+    out = _run(capsys, *argv)["distributed"]
+    gb, step = out["gradient_buckets"], out["train_step"]
+    assert gb["step_model"]["name"] == step["step_model"] == model
+    # the training step reported is the searched size's price under that model
+    assert step["critical_path_s"] == pytest.approx(gb["searched_predicted_s"])
+    if model == "serial":  # nothing overlaps: every all-reduce is exposed
+        assert step["exposed_comm_s"] == pytest.approx(step["t_comm_s"])
+
+
+def test_plan_records_the_step_model_that_priced_the_bucket_size(capsys, tmp_path) -> None:
+    path = tmp_path / "plan.json"
+    argv = ["plan", "--model", "zoo:dp-grad-sync", "--shape", "D=64,HID=256,L=1,DP=2"]
+    assert main([*argv, "--device", "cpu", "--dtype", "fp32", "--save-plan", str(path)]) == 0
+    assert "step model serial" in capsys.readouterr().out
+    dp = Plan.from_json(json.loads(path.read_text())).data_parallel
+    assert dp is not None and dp.step_model == "serial"
 
 
 def test_each_collective_reports_its_cheapest_algorithm(capsys) -> None:

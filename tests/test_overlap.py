@@ -136,10 +136,12 @@ def test_ddp_copies_and_shared_cores_in_the_dp_step() -> None:
     two = dp_step_timeline(steps, mib4, ar, copy_s=copy)
     assert two.makespan_s == pytest.approx(41e-3)
     assert two.t_comp_s == pytest.approx(36e-3) and two.t_comm_s == pytest.approx(15e-3)
-    # the all-reduces on the compute stream too: everything in sequence
+    # the all-reduces in sequence with the compute: everything in sequence, every
+    # all-reduce exposed
     serial = dp_step_timeline(steps, mib4, ar, copy_s=copy, serial_comm=True)
     assert serial.makespan_s == pytest.approx(3 * (10e-3 + 1e-3 + 5e-3) + 3e-3)
-    assert serial.t_comm_s == 0.0
+    assert serial.t_comm_s == pytest.approx(15e-3) and serial.t_comp_s == pytest.approx(36e-3)
+    assert serial.exposed_comm_s == pytest.approx(serial.t_comm_s)
 
 
 def test_partition_cost_over_two_streams_uses_the_objective_and_alpha_beta() -> None:

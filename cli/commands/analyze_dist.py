@@ -1,12 +1,14 @@
 """The distributed what-if of `fusion-plan analyze`: `--tp`, `--dp`, `--pp`,
-`--interconnect`, `--bucket-mb`.
+`--interconnect`, `--bucket-mb`, `--dp-step-model`.
 
 Prices the captured graph's collectives with the α-β model on the chosen link, each by
 its cheapest algorithm (listed per collective), puts them on a communication stream
 beside the per-op compute times, and reports T_comp, T_comm, R and the exposed
 communication of the forward pass; with `--dp`, of a training step whose gradient
 all-reduce runs in buckets during an estimated backward pass, the bucket size searched
-(search.bucket_search) unless `--bucket-mb` fixes it, beside DDP's default; for a graph
+(search.bucket_search) unless `--bucket-mb` fixes it, beside DDP's default, under the
+step model the link's backend runs (planner.distributed.dp.step_model_for: serial for gloo
+on CPU ranks, two streams for NCCL on GPUs) unless `--dp-step-model` names one; for a graph
 that is a gradient sync (zoo:dp-grad-sync), the same bucket decision over its gradients;
 with `--pp`, the pipeline bubble. docs/distributed.md says what is estimated.
 """
@@ -27,11 +29,13 @@ from planner.distributed.comm_cost import (
 from planner.distributed.dp import (
     DDP_BUCKET_BYTES,
     BackwardStep,
+    StepModel,
     backward_steps,
     dp_step_timeline,
     first_bucket_bytes,
     gradient_sync,
     pack,
+    step_model_for,
 )
 from planner.distributed.links import LinkSpec, get_link
 from planner.distributed.overlap import Timeline, plan_tasks, schedule
@@ -111,6 +115,10 @@ def _all_reduce_pricer(
     return price_ar
 
 
+def _step_model(args: argparse.Namespace, link: LinkSpec, device_kind: str) -> StepModel:
+    return step_model_for(link, device_kind, getattr(args, "dp_step_model", None))
+
+
 def bucket_report(
     steps: list[BackwardStep],
     ranks: int,
@@ -118,15 +126,16 @@ def bucket_report(
     forward_s: float,
     override_mb: float | None,
     backward_note: str,
+    model: StepModel,
 ) -> tuple[dict[str, Any], list[str], BucketChoice, int]:
-    """The gradient bucket size searched on the two-stream DP step beside DDP's default
-    (and `override_mb` where given): payload, text lines, the search's choice and the
-    bucket size used (the override, else the searched one)."""
+    """The gradient bucket size searched on the DP step under `model` beside DDP's
+    default (and `override_mb` where given): payload, text lines, the search's choice and
+    the bucket size used (the override, else the searched one)."""
 
     def ar(nbytes: int) -> float:
         return price_ar(nbytes, ranks).seconds
 
-    choice = search_bucket_size(steps, ar, forward_s=forward_s)
+    choice = search_bucket_size(steps, ar, forward_s=forward_s, step_model=model)
     used = int(override_mb * MB) if override_mb is not None else choice.bucket_bytes
     if used < 1:
         raise ModelSpecError(f"--bucket-mb must hold at least one byte, got {override_mb}")
@@ -137,7 +146,7 @@ def bucket_report(
     counts = Counter(a.algorithm.value for a in algos)
     rows = [
         f"gradient buckets over {ranks} ranks ({sum(sizes) / MB:.2f} MiB of gradients; "
-        f"{backward_note}):",
+        f"{backward_note}; step model {model.name}: {model.reason}):",
         f"  searched      {choice.bucket_bytes / MB:10.4g} MiB  step "
         f"{choice.predicted_s * 1e6:11.1f} us" + ("  <- used" if override_mb is None else ""),
         f"  DDP default   {DDP_BUCKET_BYTES / MB:10.4g} MiB  step "
@@ -145,6 +154,7 @@ def bucket_report(
     ]
     payload: dict[str, Any] = {
         "ranks": ranks,
+        "step_model": {"name": model.name, "reason": model.reason},
         "searched_bytes": choice.bucket_bytes,
         "searched_predicted_s": choice.predicted_s,
         "ddp_default_bytes": DDP_BUCKET_BYTES,
@@ -154,7 +164,9 @@ def bucket_report(
         "buckets": [{"bytes": b, **a.row()} for b, a in zip(bucket_sizes, algos)],
     }
     if override_mb is not None:
-        t = dp_step_timeline(steps, used, ar, forward_s, 0.0, first).makespan_s
+        t = dp_step_timeline(
+            steps, used, ar, forward_s, 0.0, first, serial_comm=model.serial
+        ).makespan_s
         payload["override_predicted_s"] = t
         rows.append(f"  --bucket-mb   {override_mb:10.4g} MiB  step {t * 1e6:11.1f} us  <- used")
     rows.append(
@@ -214,24 +226,30 @@ def distributed_report(
         payload, lines, _, _ = bucket_report(
             sync.steps(), ranks, price_ar, 0.0, args.bucket_mb,
             "the graph holds no backward: every gradient is ready at the start",
+            _step_model(args, link, device_kind),
         )  # fmt: skip
         rows += lines
         out["gradient_buckets"] = payload
     elif args.dp:
         steps = backward_steps(graph, lambda i: op_time_s[i])
+        model = _step_model(args, link, device_kind)
         payload, lines, _, bucket = bucket_report(
             steps, args.dp, price_ar, fwd.makespan_s, args.bucket_mb,
-            "backward estimated as 2x forward per op",
+            "backward estimated as 2x forward per op", model,
         )  # fmt: skip
 
         def ar(nbytes: int) -> float:
             return price_ar(nbytes, args.dp).seconds
 
         first = first_bucket_bytes(bucket)
-        step = dp_step_timeline(steps, bucket, ar, fwd.makespan_s, 0.0, first)
+        step = dp_step_timeline(
+            steps, bucket, ar, fwd.makespan_s, 0.0, first, serial_comm=model.serial
+        )
         rows.append(_line(f"train dp={args.dp}", step))
         rows += lines
-        out["train_step"] = {**step.summary(), "dp": args.dp, "bucket_bytes": bucket}
+        out["train_step"] = {
+            **step.summary(), "dp": args.dp, "bucket_bytes": bucket, "step_model": model.name,
+        }  # fmt: skip
         out["gradient_buckets"] = payload
     if args.pp is not None:
         frac = bubble_fraction(args.schedule, args.pp, args.microbatches)
@@ -281,6 +299,7 @@ def gradient_sync_decision(
     payload, lines, choice, _ = bucket_report(
         sync.steps(), ranks, price_ar, 0.0, None,
         "the graph holds no backward: every gradient is ready at the start",
+        _step_model(args, link, device_kind),
     )  # fmt: skip
     payload["link"] = link.name
     lines[0] = lines[0].replace(" ranks (", f" ranks on {link.name} (", 1)

@@ -1,4 +1,5 @@
-"""`fusion-plan analyze --numa two-node|os`: the graph's ops placed on NUMA nodes.
+"""`fusion-plan analyze --numa two-node|os`: the graph's ops placed on NUMA nodes; and
+the placement `fusion-plan plan --numa` reports for the groups it searched.
 
 Every op is a group of its own (analyze's per-op view). The graph's inputs and parameters
 start spread over the nodes, even bytes per node (numa.interleaved_home); `planner.distributed.numa.place` puts each
@@ -14,6 +15,8 @@ from typing import Any
 
 from cli import fmt
 from planner.distributed.numa import (
+    NumaCostModel,
+    NumaPlan,
     NumaTopology,
     interleaved_home,
     local_only_s,
@@ -57,22 +60,60 @@ def numa_report(
     groups = [frozenset((n.index,)) for n in graph.nodes if n.category.bound != "free"]
     start = interleaved_home(graph, topo.n_nodes)
     plan = place(graph, groups, topo, start)
-    local = local_only_s(graph, groups, plan, topo)
     home = dict(plan.home)
     home.update((t, n) for t, n in start.items() if t not in home)
+    names = [graph.nodes[min(g)].name for g in groups]
+    return _render(
+        graph,
+        topo,
+        groups,
+        names,
+        plan,
+        home,
+        "inputs and parameters start spread evenly over the nodes",
+    )
+
+
+def plan_numa_report(
+    model: NumaCostModel, graph: OpGraph, groups: list[frozenset[int]], names: list[str]
+) -> tuple[dict[str, Any], str]:
+    """The placement of a plan's groups under the NUMA cost model it was searched with
+    (`plan --numa`): each group's node, where each tensor it touches lives, the objective
+    with and without the remote-access terms. `names` label the groups."""
+    plan = model.placement(graph, groups)
+    return _render(
+        graph,
+        model.topo,
+        groups,
+        names,
+        plan,
+        dict(plan.home),
+        "inputs and parameters spread evenly over the nodes, each activation where its "
+        "producer runs alone; groups priced by the NUMA cost model",
+        migrate=False,
+    )
+
+
+def _render(
+    graph: OpGraph,
+    topo: NumaTopology,
+    groups: list[frozenset[int]],
+    group_names: list[str],
+    plan: NumaPlan,
+    home: dict[int, int],
+    how: str,
+    migrate: bool = True,
+) -> tuple[dict[str, Any], str]:
+    local = local_only_s(graph, groups, plan, topo)
     lat = topo.latency_ns
     rows = [
         f"NUMA placement on {topo.n_nodes} node(s) ({topo.source}); access ns "
         + "; ".join(f"node {i}: " + "/".join(f"{x:g}" for x in r) for i, r in enumerate(lat))
-        + "; inputs and parameters start spread evenly over the nodes",
+        + f"; {how}",
     ]
     nodes: list[dict[str, Any]] = []
     for node in range(topo.n_nodes):
-        ops = [
-            graph.nodes[min(g)].name
-            for g, n in zip(groups, plan.node_of_group, strict=True)
-            if n == node
-        ]
+        ops = [name for name, n in zip(group_names, plan.node_of_group, strict=True) if n == node]
         tensors = sorted(t for t, n in home.items() if n == node)
         nbytes = sum(graph.tensors[t].nbytes for t in tensors)
         names = [graph.tensors[t].name for t in tensors]
@@ -88,8 +129,9 @@ def numa_report(
         )
     extra = plan.cost_s / local - 1 if local else 0.0
     rows.append(
-        f"  objective {fmt.time_s(plan.cost_s)} with remote access and migration; "
-        f"{fmt.time_s(local)} with every access local ({extra:+.1%})"
+        f"  objective {fmt.time_s(plan.cost_s)} with remote access"
+        + (" and migration" if migrate else "")
+        + f"; {fmt.time_s(local)} with every access local ({extra:+.1%})"
     )
     payload = {
         "topology": {"source": topo.source, "latency_ns": [list(r) for r in lat]},

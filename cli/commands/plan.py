@@ -8,7 +8,9 @@ Prints each group (ops, realization, predicted time, bound, boundary bytes) in e
 order and the totals against the unfused graph (one kernel per op). A graph that is a
 data-parallel gradient sync also gets its gradient bucket size decided (beside DDP's
 25 MiB) and recorded in the Plan (`data_parallel`). The cost model is the
-one `--cost-model` names (search.cost_models; the same default as every command).
+one `--cost-model` names (search.cost_models; the same default as every command), or with
+`--numa two-node|os` the NUMA objective (planner.distributed.numa.NumaCostModel), and the
+groups' placement on the nodes is printed after the totals.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from cli import fmt
 from cli.commands.analyze_dist import gradient_sync_decision, streams_report, tp_report
+from cli.commands.analyze_numa import plan_numa_report, topology
 from cli.common import (
     capture_for_planning,
     emit,
@@ -28,7 +31,10 @@ from cli.common import (
 )
 from cli.search_options import run_search
 from cli.views import group_rows, render_dot, render_html
+from planner.cost import CostModel
 from planner.distributed.collectives import collectives
+from planner.distributed.numa import NumaCostModel
+from planner.errors import FusionPlannerError
 from planner.fusion.partition import bits
 from planner.fusion.recompute import effective
 from planner.fusion.recompute import group_cost as recompute_cost
@@ -42,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     r = resolve(args)
     captured = capture_for_planning(r)
     graph = captured.graph
-    model = cost_model_for(args.cost_model, r.device_name)
+    model = _cost_model(args, r.device_name, r.dtype_name)
     objective = Objective(
         model,
         spec=get_spec(r.device_name),
@@ -118,8 +124,30 @@ def run(args: argparse.Namespace) -> int:
     if dp is not None:
         payload["data_parallel"] = dp[0]
         summary.append(dp[1])
+    if isinstance(model, NumaCostModel):
+        by_nodes = {tuple(sorted(g)): g for g in result.partition.groups}
+        groups = [by_nodes[tuple(row["nodes"])] for row in rows]
+        names = [f"#{row['group']}" for row in rows]
+        payload["numa"], numa_text = plan_numa_report(model, graph, groups, names)
+        summary.append(numa_text)
     emit(args, payload, _table(title, rows, summary))
     return 0
+
+
+def _cost_model(args: argparse.Namespace, device: str, dtype: str) -> CostModel:
+    """`--cost-model`'s model, or with `--numa` the NUMA objective on that topology."""
+    if not getattr(args, "numa", None):
+        return cost_model_for(args.cost_model, device)
+    if args.cost_model:
+        raise FusionPlannerError(
+            f"--numa {args.numa} prices groups with the NUMA objective; leave --cost-model out"
+        )
+    spec = get_spec(device)
+    if spec.kind != "cpu":
+        raise FusionPlannerError(
+            f"--numa prices CPU memory nodes; {device} is a {spec.kind}: plan for a CPU --device"
+        )
+    return NumaCostModel(topology(args.numa, spec, dtype), spec=spec, label=args.numa)
 
 
 def _reprice(rows: list[dict[str, Any]], part: Any, plan: Any, objective: Objective) -> None:

@@ -26,6 +26,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     add_cost_model_arg(p)
     p.add_argument(
+        "--numa",
+        default=None,
+        choices=("two-node", "os"),
+        help="search under the NUMA objective and report each group's node: two-node "
+        "(simulated, 100 ns local / 150 ns remote) or os (this machine's nodes as the OS "
+        "reports them); replaces --cost-model",
+    )
+    p.add_argument(
         "--latency-bound-us",
         type=positive_float,
         default=None,

@@ -5,6 +5,12 @@ bucket's last gradient is ready (what DDP does), and the optimizer step after th
 The bucket size trades the α term (more buckets, more latencies) against overlap (a
 large bucket starts late and its all-reduce is exposed at the end); DDP fixes it at
 25 MiB, the planner searches it (search/bucket_search.py).
+
+Two step models (`STEP_MODELS`), chosen by how the link's library runs the collective
+(`step_model_for`): `two-stream` as above, where a GPU library (NCCL) runs the
+all-reduces on its own SMs and copy engines beside the backward; `serial`, the
+all-reduces in sequence with the compute (`serial_comm`), where gloo runs them on the CPU cores
+that also run the backward of CPU ranks, so nothing overlaps.
 """
 
 from __future__ import annotations
@@ -14,12 +20,67 @@ from dataclasses import dataclass
 
 from planner.distributed.collectives import collective_of
 from planner.distributed.comm_cost import CollectiveKind
+from planner.distributed.links import LinkSpec
 from planner.distributed.overlap import COMM, COMPUTE, Task, Timeline, schedule
 from planner.errors import FusionPlannerError
 from planner.ir.graph import Category, OpGraph
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # torch DDP's bucket_cap_mb default
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # at DDP's default cap (dist._DEFAULT_FIRST_BUCKET_BYTES)
+
+TWO_STREAM = "two-stream"  # all-reduces on their own stream, overlapping the backward
+SERIAL = "serial"  # all-reduces on the compute stream: nothing overlaps
+STEP_MODELS = (TWO_STREAM, SERIAL)
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Which DP step model prices a step (`name`, one of STEP_MODELS) and why."""
+
+    name: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if self.name not in STEP_MODELS:
+            raise FusionPlannerError(
+                f"unknown DP step model {self.name!r}; use one of {', '.join(STEP_MODELS)}"
+            )
+
+    @property
+    def serial(self) -> bool:
+        return self.name == SERIAL
+
+
+def link_backend(link: LinkSpec) -> str | None:
+    """The library the link's all-reduce figures were measured with ("gloo", "nccl"),
+    None for a datasheet link."""
+    measured = link.by_kind.get("all_reduce") or link.measured
+    return measured.backend.lower() if measured is not None else None
+
+
+def step_model_for(link: LinkSpec, device_kind: str, override: str | None = None) -> StepModel:
+    """The step model for ranks of `device_kind` ("cpu", "gpu") communicating over
+    `link`: `step_model_for_backend` with the backend the link was measured with (None
+    for a datasheet link), `link.name` in its reason."""
+    return step_model_for_backend(link_backend(link), device_kind, override, link.name)
+
+
+def step_model_for_backend(
+    backend: str | None, device_kind: str, override: str | None = None, link: str = ""
+) -> StepModel:
+    """`override` where given (one of STEP_MODELS); else `serial` for gloo (`backend`,
+    or, where it is None, the backend CPU ranks use) and `two-stream` for NCCL (`backend`,
+    or GPU ranks)."""
+    if override:
+        return StepModel(override, "chosen by the caller")
+    on = f"{link} measured with" if link else "ranks on"
+    if backend == "gloo":
+        return StepModel(SERIAL, f"{on} gloo: the ranks' cores run the all-reduces")
+    if backend == "nccl":
+        return StepModel(TWO_STREAM, f"{on} NCCL: the all-reduces run on its own stream")
+    if device_kind == "cpu":
+        return StepModel(SERIAL, "CPU ranks: gloo runs the all-reduces on the backward's cores")
+    return StepModel(TWO_STREAM, "GPU ranks: NCCL runs the all-reduces on its own stream")
 
 
 @dataclass(frozen=True)
@@ -79,12 +140,13 @@ def dp_step_tasks(
     `copy_s(nbytes)`, where given, prices DDP's copies on the compute stream: each
     step's gradients into their buckets as they become ready (a bucket's all-reduce
     waits for its copy), and every bucket back into the gradients after the last
-    all-reduce. `serial_comm` puts the all-reduces on the compute stream too (a CPU
-    whose cores run the collective's copies and reductions as well as the backward)."""
+    all-reduce. `serial_comm` runs the all-reduces in sequence with the compute (a CPU
+    whose cores run the collective's copies and reductions as well as the backward):
+    each stays on the communication stream, so T_comm is still their time, but the next
+    compute task waits for it, so nothing overlaps and all of it is exposed."""
     sizes = [b for s in steps for b in s.grad_bytes]
     buckets = pack(sizes, bucket_bytes, first_bucket_bytes)
     last_grad = [max(b) for b in buckets]
-    comm = COMPUTE if serial_comm else COMM
     tasks = [Task("forward", COMPUTE, forward_s)]
     comm_ids: list[int] = []
     grads_done, next_bucket = 0, 0
@@ -100,7 +162,7 @@ def dp_step_tasks(
         grads_done += len(step.grad_bytes)
         while next_bucket < len(buckets) and last_grad[next_bucket] < grads_done:
             nbytes = sum(sizes[i] for i in buckets[next_bucket])
-            tasks.append(Task(f"all_reduce[{next_bucket}]", comm, all_reduce_s(nbytes), (ready,)))
+            tasks.append(Task(f"all_reduce[{next_bucket}]", COMM, all_reduce_s(nbytes), (ready,)))
             comm_ids.append(len(tasks) - 1)
             if serial_comm:
                 ready = len(tasks) - 1

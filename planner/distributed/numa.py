@@ -19,17 +19,35 @@ input to the group's node first where its remaining reads make that cheaper.
 What the objective then prefers: groups that stay inside a node; fusing across nodes
 only when the boundary traffic fusion saves beats the remote reads it forces (a fused
 group runs on one node, so an input homed on the other is read remotely).
+
+In the search. `place` makes a group's cost depend on where the groups before it ran
+(their outputs live there), which a search over partitions cannot cache per group.
+`NumaCostModel` prices each group on its own, as every cost model does, by fixing where
+each tensor lives before the search: inputs and parameters where `home` puts them, each
+activation on the node its producer op runs on when every op runs alone (`place` of the
+unfused graph, no migration: `reference_home`). A group runs on the node where
+
+    C(G, n) = max(T_compute, sum over boundary inputs t of bytes_t * L(n, home(t)) / (L_local * B)
+                             + sum over boundary outputs t of bytes_t * L(n, home(t)) / (L_local * B))
+              + T_launch
+
+is least: it reads and writes each boundary tensor where that tensor lives (the plan
+allocates it there). For a group on the node its outputs live on, this is `place`'s
+C(G, n). A partition costs the sum over its groups, which the strategies (the exact
+planner's dynamic programming included) minimize as they do any cost model's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.cost import group_io
+from planner.cost import GroupCost, GroupIO, group_io
 from planner.errors import FusionPlannerError
+from planner.hardware import DeviceSpec
 from planner.ir.graph import OpGraph
 
 PAGE_BYTES = 4096
@@ -90,20 +108,37 @@ def os_topology(
     return NumaTopology(tuple(rows), local_bw_Bps, peak_flops, source=f"{base}/node*/distance")
 
 
-def group_cost_s(
+def _written(graph: OpGraph, group: frozenset[int], io: GroupIO) -> list[int]:
+    """The storage roots the group writes across its boundary (GroupIO.bytes_out's)."""
+    roots = {graph.root(t) for t in io.outputs}
+    return sorted(r for r in roots if graph.tensors[r].producer in group)
+
+
+def group_terms(
     graph: OpGraph, group: frozenset[int], node: int, home: Mapping[int, int], topo: NumaTopology
-) -> float:
-    """C(G, node): boundary reads at the access cost of each tensor's home node, writes
-    to `node`; compute at the node's peak."""
+) -> tuple[GroupIO, float, float]:
+    """(boundary I/O, T_compute, T_memory) of the group on `node`: each boundary tensor
+    read and written at the access cost of its home node (`node` where `home` has none:
+    an output is then written locally, by first touch)."""
     io = group_io(graph, group)
-    if io.n_kernels == 0:
-        return 0.0
     mem = 0.0
     for t in io.inputs:
         root = graph.root(t)
         mem += graph.read_bytes(t) / topo.bandwidth_Bps(node, home.get(root, node))
-    mem += io.bytes_out / topo.bandwidth_Bps(node, node)
-    return max(io.flops / topo.peak_flops, mem) + topo.launch_s
+    for r in _written(graph, group, io):
+        mem += graph.tensors[r].nbytes / topo.bandwidth_Bps(node, home.get(r, node))
+    return io, io.flops / topo.peak_flops, mem
+
+
+def group_cost_s(
+    graph: OpGraph, group: frozenset[int], node: int, home: Mapping[int, int], topo: NumaTopology
+) -> float:
+    """C(G, node): boundary reads at the access cost of each tensor's home node, writes
+    to `node` (or to an output's home where `home` gives one); compute at the node's peak."""
+    io, compute, mem = group_terms(graph, group, node, home, topo)
+    if io.n_kernels == 0:
+        return 0.0
+    return max(compute, mem) + topo.launch_s
 
 
 @dataclass(frozen=True)
@@ -201,8 +236,8 @@ def place(
         io = group_io(graph, g)
         for r in {graph.root(t) for t in io.inputs}:
             remaining[r] = remaining.get(r, 1) - 1
-        for t in io.outputs:
-            home[graph.root(t)] = best
+        for r in _written(graph, g, io):  # a view's storage stays where it lives
+            home[r] = best
     return NumaPlan(
         tuple(node_of), sum(costs), tuple(costs), tuple(migrations), tuple(sorted(home.items()))
     )
@@ -228,3 +263,103 @@ def migrate_or_read_remote(reads: int, nbytes: int, src: int, dst: int, topo: Nu
     remote = reads * nbytes / topo.bandwidth_Bps(dst, src)
     moved = topo.migration_s(nbytes, src, dst) + reads * nbytes / topo.bandwidth_Bps(dst, dst)
     return moved < remote
+
+
+def reference_home(graph: OpGraph, topo: NumaTopology, home: Mapping[int, int]) -> dict[int, int]:
+    """Where every tensor lives for `NumaCostModel`: the inputs and parameters in `home`
+    (those it leaves out on node 0), each activation on the node its producer op runs on
+    when every op runs alone (`place` of the unfused graph, without migration)."""
+    start = {t.id: 0 for t in graph.tensors if t.producer is None and t.alias_of is None}
+    start.update(home)
+    singletons = [frozenset((n.index,)) for n in graph.nodes]
+    return dict(place(graph, singletons, topo, start, migrate=False).home)
+
+
+class NumaCostModel:
+    """The NUMA objective as a cost model (planner.cost.CostModel): each group on the node
+    where it costs least with every tensor where `reference_home` puts it (the module
+    doc's C(G, n)); compute at one node's peak, one launch per group. `home` pins the
+    graph's inputs and parameters (tensor id -> node); without it they are spread evenly
+    over the nodes (`interleaved_home`). `spec` is the device the plan is for (its
+    resource limits); the prices come from the topology alone."""
+
+    name = "numa"
+
+    def __init__(
+        self,
+        topo: NumaTopology,
+        spec: DeviceSpec | None = None,
+        home: Mapping[int, int] | None = None,
+        label: str = "",
+    ):
+        self.topo, self.spec = topo, spec
+        self.fixed_home = dict(home) if home is not None else None
+        self.label = label or topo.source
+        pins = (
+            "interleaved" if home is None else ",".join(f"{t}:{n}" for t, n in sorted(home.items()))
+        )
+        figures = (topo.latency_ns, topo.local_bw_Bps, topo.peak_flops, topo.launch_s)
+        self.version = f"numa-1/{_digest(repr((figures, pins)))}"
+        self._homes: dict[str, dict[int, int]] = {}
+
+    def __repr__(self) -> str:
+        return f"NumaCostModel({self.topo.n_nodes} nodes, {self.label})"
+
+    def homes(self, graph: OpGraph) -> dict[int, int]:
+        """Root tensor id -> node, for every tensor of the graph (`reference_home`)."""
+        got = self._homes.get(graph.key)
+        if got is None:
+            start = self.fixed_home
+            if start is None:
+                start = interleaved_home(graph, self.topo.n_nodes)
+            got = reference_home(graph, self.topo, start)
+            self._homes[graph.key] = got
+        return got
+
+    def best_node(self, graph: OpGraph, nodes: frozenset[int]) -> tuple[int, GroupCost]:
+        """The node the group runs on (the cheapest; ties: the lower) and its cost there."""
+        home = self.homes(graph)
+        best: tuple[int, GroupCost] | None = None
+        for n in range(self.topo.n_nodes):
+            io, compute, mem = group_terms(graph, nodes, n, home, self.topo)
+            launch = self.topo.launch_s if io.n_kernels else 0.0
+            if not io.n_kernels:
+                compute = mem = 0.0
+            cost = GroupCost(
+                max(compute, mem) + launch,
+                compute,
+                mem,
+                launch,
+                io.flops,
+                io.bytes_in,
+                io.bytes_out,
+            )
+            if best is None or cost.latency_s < best[1].latency_s:
+                best = (n, cost)
+        assert best is not None
+        return best
+
+    def group_cost(self, graph: OpGraph, nodes: frozenset[int]) -> GroupCost:
+        return self.best_node(graph, frozenset(nodes))[1]
+
+    def placement(self, graph: OpGraph, groups: Sequence[frozenset[int]]) -> NumaPlan:
+        """The groups' nodes and costs under this model, and where the tensors they read
+        and write live."""
+        priced = [self.best_node(graph, frozenset(g)) for g in groups]
+        home = self.homes(graph)
+        touched: set[int] = set()
+        for g in groups:
+            io = group_io(graph, g)
+            touched.update(graph.root(t) for t in io.inputs)
+            touched.update(_written(graph, frozenset(g), io))
+        return NumaPlan(
+            tuple(n for n, _ in priced),
+            sum(c.latency_s for _, c in priced),
+            tuple(c.latency_s for _, c in priced),
+            (),
+            tuple(sorted((t, home[t]) for t in touched if t in home)),
+        )
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

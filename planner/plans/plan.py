@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from planner.distributed.dp import STEP_MODELS
 from planner.errors import PlanError
 from planner.fusion.legality import check
 from planner.fusion.partition import Partition
@@ -120,19 +121,26 @@ class DPChoice:
     """The data-parallel decision a plan records for a graph whose gradients are
     all-reduced in buckets (planner.distributed.dp): the gradient bucket size, over
     `ranks` ranks on the link named `link`, with the step it predicts and what DDP's
-    default 25 MiB bucket predicts under the same model."""
+    default 25 MiB bucket predicts under the same model. `step_model` names that model
+    (planner.distributed.dp.STEP_MODELS: "two-stream" or "serial"); "" in records
+    written before it was recorded, which were priced on two streams."""
 
     bucket_bytes: int
     ranks: int
     predicted_s: float
     ddp_default_predicted_s: float
     link: str = ""
+    step_model: str = ""
 
     def __post_init__(self) -> None:
         for name in ("bucket_bytes", "ranks"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PlanError(f"a data-parallel decision needs {name} >= 1, got {v!r}")
+        if self.step_model not in ("", *STEP_MODELS):
+            raise PlanError(
+                f"unknown DP step model {self.step_model!r}; use one of {', '.join(STEP_MODELS)}"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,6 +156,7 @@ class DPChoice:
                 float(data["predicted_s"]),
                 float(data["ddp_default_predicted_s"]),
                 str(data.get("link", "")),
+                str(data.get("step_model", "")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"the plan's data_parallel record is malformed: {e}") from e
