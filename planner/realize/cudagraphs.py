@@ -108,6 +108,11 @@ class _GraphReplay:
             self.from_tail = tuple(placeholders.get(id(o)) for o in self.static_out)
             if set(placeholders.values()) <= set(self.from_tail):
                 break
+        # a deferred output's stand-in is never written or read: its memory goes back to
+        # the pool, and the graph's size (what `_ShapeGraphs` budgets) leaves it out
+        self.static_out = tuple(
+            None if t is not None else o for o, t in zip(self.static_out, self.from_tail)
+        )
         self.copy_outputs = copy_outputs
         self.nbytes = sum(
             t.nbytes for t in (*self.static_in, *self.static_out) if isinstance(t, torch.Tensor)
