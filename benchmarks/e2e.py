@@ -323,18 +323,25 @@ def _warm(
 Cell = tuple[str, tuple[int, ...], list[str], list[str], str, str, str]
 
 
-def measure_cell(cell: Cell, emit: Callable[[dict[str, Any]], None], records: list) -> None:
-    """One (model, shape): every mode and plan (run_one), then the re-timed winner."""
+def measure_cell(
+    cell: Cell,
+    emit: Callable[[dict[str, Any]], None],
+    records: list,
+    parts: tuple[str, ...] = ("measure", "retime"),
+) -> None:
+    """One (model, shape): every mode and plan (run_one, part "measure"), then the
+    re-timed winner (part "retime", from the cell's records in `records`)."""
     model, shape, modes, strats, dname, device, executor = cell
     dtype = getattr(torch, dname)
     with contextlib.suppress(torch.cuda.OutOfMemoryError):
-        run_one(model, shape, modes, strats, dtype, device, emit, executor=executor)  # type: ignore[arg-type]
-        key = ",".join(map(str, shape))
-        again = retime_cell(
-            model, shape, _cells(records).get((model, key, dname), {}), dtype, device
-        )  # type: ignore[arg-type]
-        if again is not None:
-            emit({"model": model, "shape": key, "dtype": dname, **again})
+        if "measure" in parts:
+            run_one(model, shape, modes, strats, dtype, device, emit, executor=executor)  # type: ignore[arg-type]
+        if "retime" in parts:
+            key = ",".join(map(str, shape))
+            recs = _cells(records).get((model, key, dname), {})
+            again = retime_cell(model, shape, recs, dtype, device)  # type: ignore[arg-type]
+            if again is not None:
+                emit({"model": model, "shape": key, "dtype": dname, **again})
 
 
 def _emitter(
@@ -359,11 +366,12 @@ def _emitter(
     return emit
 
 
-def _cell_process(cell: Cell, jsonl: str, dev_name: str) -> None:
-    """A spawned process's work: one cell, its records appended to `jsonl`."""
+def _cell_process(cell: Cell, jsonl: str, dev_name: str, part: str, known: str) -> None:
+    """A spawned process's work: one part of one cell, its records appended to `jsonl`;
+    the records it starts from are read from `known` (a JSON-lines file, or none)."""
     warnings.simplefilter("ignore")
-    records: list[dict[str, Any]] = []
-    measure_cell(cell, _emitter(Path(jsonl), dev_name, records), records)
+    records: list[dict[str, Any]] = read_jsonl(Path(known)) if known else []
+    measure_cell(cell, _emitter(Path(jsonl), dev_name, records), records, (part,))
 
 
 def _isolated(
@@ -372,28 +380,34 @@ def _isolated(
     dev_name: str,
     records: list[dict[str, Any]],
     emit: Callable[[dict[str, Any]], None],
+    parts: tuple[str, ...] = ("measure", "retime"),
+    known: str = "",
 ) -> None:
-    """`measure_cell` in its own process: a fault that ends the process (a CUDA error
-    leaves its context unusable) costs this cell only, and is recorded as a "crash"."""
-    before = len(jsonl.read_text().splitlines()) if jsonl.exists() else 0
-    proc = multiprocessing.get_context("spawn").Process(
-        target=_cell_process, args=(cell, str(jsonl), dev_name)
-    )
-    proc.start()
-    proc.join()
-    lines = jsonl.read_text().splitlines()[before:] if jsonl.exists() else []
-    records.extend(json.loads(line) for line in lines if line.strip())
-    if proc.exitcode != 0:
-        model, shape, *_rest = cell
-        emit(
-            {
-                "model": model,
-                "shape": ",".join(map(str, shape)),
-                "dtype": cell[4],
-                "mode": "crash",
-                "error": f"the cell's process ended with exit code {proc.exitcode}",
-            }
+    """`measure_cell` in processes of its own, one for the measurements and one for the
+    re-timing (which reads the cell's records from `known`, else from `jsonl`): a fault
+    that ends a process (a CUDA error leaves its context unusable) costs that part of
+    this cell only, and is recorded ("crash" for the measurements, "retime" with an
+    error for the re-timing)."""
+    for part in parts:
+        before = len(jsonl.read_text().splitlines()) if jsonl.exists() else 0
+        proc = multiprocessing.get_context("spawn").Process(
+            target=_cell_process, args=(cell, str(jsonl), dev_name, part, known or str(jsonl))
         )
+        proc.start()
+        proc.join()
+        lines = jsonl.read_text().splitlines()[before:] if jsonl.exists() else []
+        records.extend(json.loads(line) for line in lines if line.strip())
+        if proc.exitcode != 0:
+            model, shape, *_rest = cell
+            emit(
+                {
+                    "model": model,
+                    "shape": ",".join(map(str, shape)),
+                    "dtype": cell[4],
+                    "mode": "crash" if part == "measure" else "retime",
+                    "error": f"the {part} process ended with exit code {proc.exitcode}",
+                }
+            )
 
 
 def _dname(dtype: torch.dtype) -> str:
@@ -543,6 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-workers", type=int, default=0)
     p.add_argument("--max-seconds", type=float, default=None, help="stop starting new shapes")
     p.add_argument(
+        "--retime-from",
+        default=None,
+        help="only re-time the cells (of --models and --shapes) this JSON-lines file of an "
+        "earlier run measured; the re-timings go to --out-dir's e2e_<device>.jsonl",
+    )
+    p.add_argument(
         "--isolate",
         action="store_true",
         help="measure each (model, shape) in its own process: a CUDA fault loses that cell only",
@@ -573,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     md = out / f"e2e_{dev_name}.md"
 
     emit = _emitter(jsonl, dev_name, records)
+    known = read_jsonl(Path(args.retime_from)) if args.retime_from else []
     emit({"mode": "run", "warm_workers": args.warm_workers, "argv": sys.argv[1:]})
     t0 = time.perf_counter()
     if args.warm_workers > 0:
@@ -590,10 +611,11 @@ def main(argv: list[str] | None = None) -> int:
             print("stopping: --max-seconds reached", flush=True)
             break
         cell = (model, shape, modes, strats, _dname(dtype), device, args.executor)
+        parts = ("retime",) if args.retime_from else ("measure", "retime")
         if args.isolate:
-            _isolated(cell, jsonl, dev_name, records, emit)
+            _isolated(cell, jsonl, dev_name, records, emit, parts, args.retime_from or "")
         else:
-            measure_cell(cell, emit, records)
+            measure_cell(cell, emit, [*known, *records], parts)
         md.write_text(table(records, dev_name))  # after every job: a cut-off run keeps a table
     print(md.read_text())
     return 0

@@ -47,6 +47,7 @@ scikit-learn (the runtime path; checked at the end of each contender).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import math
@@ -357,6 +358,16 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
                 f"{name}: pass {p + 1}/{cfg['passes']} over {len(lengths)} calls: {total:.2f} s, "
                 f"{sum(compiled)} call(s) compiled"
             )
+        if cfg.get("profile"):  # one more pass, profiled and not counted: a diagnostic
+            from benchmarks.host_overhead import top_text
+
+            prof = cProfile.Profile()
+            prof.enable()
+            for s in lengths:
+                fn(*inputs[s])
+                sync()
+            prof.disable()
+            _say(f"{name}: a profiled extra pass, top functions by own time\n{top_text(prof, 40)}")
         gc.enable()  # as it was before the passes (--gc: this contender's passes only)
         gc.unfreeze()
         checks = []
@@ -783,6 +794,12 @@ def main(argv: list[str] | None = None) -> int:
         help="planner: when a recurring shape gets a static specialization: "
         "auto (the backend's default), never, or the call number",
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the passes, one more pass under cProfile, not counted (its top functions "
+        "go to stderr): a diagnostic",
+    )
     p.add_argument("--check", type=int, default=4, help="stream entries checked against eager")
     p.add_argument("--timeout", type=float, default=None, help="seconds per contender")
     p.add_argument("--same-process", action="store_true")
@@ -839,6 +856,7 @@ def main(argv: list[str] | None = None) -> int:
         "compile_budget": args.compile_budget,
         "static_after": static_after,
         "gc": args.gc,
+        "profile": args.profile,
         "threads": args.threads or (1 if args.quick else None),
     }
     meta = {
