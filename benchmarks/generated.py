@@ -463,10 +463,13 @@ GENERATED: tuple[Generated, ...] = (
         Generated(f"benchmarks/results/{n}.md", _generate(n), "python benchmarks/generated.py")
         for n in ("generate_h100", "generate_gpt2_h100", "generate_llama_h100")
     ),
-    Generated(
-        "benchmarks/results/e2e_h100.md",
-        _e2e("e2e_h100"),
-        "python benchmarks/e2e.py --from-jsonl benchmarks/results/e2e_h100.jsonl",
+    *(
+        Generated(
+            f"benchmarks/results/{n}.md",
+            _e2e(n),
+            f"python benchmarks/e2e.py --from-jsonl benchmarks/results/{n}.jsonl",
+        )
+        for n in ("e2e_h100", "e2e_h100_20261123")
     ),
     *(
         Generated(f"benchmarks/results/{n}.md", _stream(n), _stream_cmd(n))
