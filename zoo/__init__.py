@@ -433,6 +433,19 @@ ZOO: dict[str, ZooModel] = {
             _SEQ_DIMS,
         ),
         ZooModel(
+            "pp-block",
+            "pipeline-parallel stage of zoo:transformer-block: receives its activations from "
+            "the previous stage's rank, sends its output to the next (STAGE of PP)",
+            {"B": 8, "S": 128, "D": 512, "H": 8, "PP": 4, "STAGE": 1},
+            lambda p: (
+                pm.PipelineStage(
+                    TransformerBlock(p["D"], p["H"]), p["STAGE"], p["PP"], pm.capture_group(p["PP"])
+                ),
+                _t(p),
+            ),
+            _SEQ_DIMS,
+        ),
+        ZooModel(
             "dp-grad-sync",
             "data-parallel gradient sync of zoo:mlp, bucketed all-reduce (BUCKET_KB)",
             {"D": 1024, "HID": 4096, "L": 2, "DP": 2, "BUCKET_KB": 25600},
