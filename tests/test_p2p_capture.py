@@ -4,16 +4,19 @@ formula, scheduled on the communication stream; a pipeline stage on 2 gloo ranks
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 
 import zoo
+from cli.main import main
 from planner.distributed import parallel_models as pm
 from planner.distributed.collectives import Message, collectives, price
-from planner.distributed.comm_cost import Algorithm, CollectiveKind
-from planner.distributed.links import AlphaBeta
+from planner.distributed.comm_cost import Algorithm, CollectiveKind, collective_time_s
+from planner.distributed.links import LINKS, AlphaBeta
 from planner.distributed.overlap import COMM, COMPUTE, plan_tasks, schedule
 from planner.errors import ModelSpecError
 from planner.ir.capture import capture, export_model
@@ -79,12 +82,12 @@ def test_send_recv_is_priced_by_the_alpha_beta_formula() -> None:
 
 @needs_p2p
 def test_a_pipeline_stage_receives_computes_and_sends_on_the_critical_path() -> None:
-    m, x = zoo.get("pp-block").build({"B": B, "S": S, "D": D, "H": H, "PP": 2, "STAGE": 1})
+    m, x = zoo.get("pp-block").build({"B": B, "S": S, "D": D, "H": H, "PP": 2, "STAGE": 2})
     recv_only = collectives(capture(m, x))
     assert [(c.kind, c.messages) for c in recv_only] == [
         (CollectiveKind.SEND_RECV, (Message("recv", 0, ACT),))
     ]
-    first, x0 = zoo.get("pp-block").build({"B": B, "S": S, "D": D, "H": H, "PP": 2, "STAGE": 0})
+    first, x0 = zoo.get("pp-block").build({"B": B, "S": S, "D": D, "H": H, "PP": 2, "STAGE": 1})
     g = capture(first, x0)
     (send,) = collectives(g)
     assert send.messages == (Message("send", 1, ACT),)
@@ -103,7 +106,7 @@ def test_a_pipeline_stage_receives_computes_and_sends_on_the_critical_path() -> 
 @pytest.mark.skipif(pm.has_functional_p2p(), reason="this torch has the functional p2p ops")
 def test_without_functional_p2p_a_pipeline_stage_says_what_is_missing() -> None:
     with pytest.raises(ModelSpecError, match="functional point-to-point ops"):
-        zoo.get("pp-block").build({"B": B, "S": S, "D": D, "H": H, "PP": 2, "STAGE": 1})
+        zoo.get("pp-block").build({"B": B, "S": S, "D": D, "H": H, "PP": 2, "STAGE": 2})
 
 
 def pipeline_on_ranks(rank: int, world: int) -> list[list[float]]:
@@ -164,3 +167,26 @@ def test_pipeline_stages_capture_their_transfers_and_run_on_gloo() -> None:
     # the batch: rank r sends its (3 + r, D) and receives the peer's
     assert swap0 == [1, 3 * D * 4, 1, 2, 4 * D * 4, 1, 0.0]
     assert swap1 == [1, 4 * D * 4, 0, 2, 3 * D * 4, 0, 0.0]
+
+
+@needs_p2p
+def test_analyze_prints_a_stage_transfer_priced_on_the_link(capsys) -> None:
+    shape = f"B={B},S={S},D={D},H={H},STAGE=1"
+    argv = ["analyze", "--model", "zoo:pp-block", "--shape", shape, "--pp", "2", "--device",
+            "h100", "--dtype", "fp32", "--interconnect", "pcie4"]  # fmt: skip
+    assert main([*argv, "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)["distributed"]
+    (c,) = out["collectives"]
+    want = collective_time_s("send_recv", "direct", ACT, 2, LINKS["pcie4"])
+    assert (c["kind"], c["bytes"], c["ranks"]) == ("send_recv", ACT, 2)
+    assert c["messages"] == [{"direction": "send", "peer": 1, "nbytes": ACT}]
+    assert c["time_s"] == pytest.approx(want)
+    # the send needs the block's output: all of it is exposed
+    assert out["forward"]["t_comm_s"] == pytest.approx(want)
+    assert out["forward"]["exposed_comm_s"] == pytest.approx(want)
+    assert out["pipeline"]["stages"] == 2
+    assert main(argv) == 0
+    assert f"send {ACT} to rank 1" in capsys.readouterr().out
+    # --pp and the shape's PP must agree
+    assert main([*argv[:-6], "--pp", "3", "--shape", f"{shape},PP=2"]) != 0
+    assert "disagree" in capsys.readouterr().err

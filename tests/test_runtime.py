@@ -164,7 +164,7 @@ SMALL = {
     "tp-block": {**BLOCK, "TP": 2},
     "dp-grad-sync": {"D": 16, "HID": 32, "L": 2, "DP": 2, "BUCKET_KB": 2},
     "dp-block": {"D": 16, "DP": 2, "BUCKET_KB": 2},
-    "pp-block": {**BLOCK, "PP": 2, "STAGE": 1},
+    "pp-block": {**BLOCK, "PP": 2, "STAGE": 2},
 }
 FAST = ("transformer-block", "resnet-bottleneck", "mlp")
 

@@ -8,7 +8,8 @@ communication of the forward pass; with `--dp`, of a training step whose gradien
 all-reduce runs in buckets during an estimated backward pass, the bucket size searched
 (search.bucket_search) unless `--bucket-mb` fixes it, beside DDP's default; for a graph
 that is a gradient sync (zoo:dp-grad-sync), the same bucket decision over its gradients;
-with `--pp`, the pipeline bubble. docs/distributed.md says what is estimated.
+with `--pp`, the pipeline bubble (and the stages of a pipeline-stage model, zoo:pp-block,
+whose transfers are listed with their peers). docs/distributed.md says what is estimated.
 """
 
 from __future__ import annotations
