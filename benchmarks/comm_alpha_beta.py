@@ -172,3 +172,38 @@ def render_runs(paths: list[Path], p: str = "2", small_bytes: int = 64 * 1024) -
             f"{max(small):.1%}, at or above {max(large):.1%}."
         )
     return "\n".join([*lines, "", *notes]) + "\n"
+
+
+def render_low_quantile(paths: list[Path], from_bytes: int = 256 * 1024) -> str:
+    """Per results file and world size: the run's load, statistic, fit and held-out errors
+    (with the size of the worst); then per world size, over the files, how the time of
+    each held-out size 1.5·2^k at or above `from_bytes` compares with that of 2^(k+1)."""
+    lines = [
+        "| run (load before, after) | ranks | statistic | fit (per size range) | "
+        "held-out within 15% | median / worst error | worst at |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ratios: dict[str, list[float]] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        load = ", ".join(f"{x:.1f}" for x in data["load_average"])
+        stat = f"{data['quantile']:.0%} quantile of {data['reps']}"
+        for p, r in data["per_world_size"].items():
+            within, errs = _errors(r)
+            worst = max(r["heldout"], key=lambda h: h["rel_err"])
+            lines.append(
+                f"| `{path.name}` ({load} on {data['cpus']} cores) | {p} | {stat} | "
+                f"{fits_text(r['collective_fits'])} | {within} | {errs} | {_size(worst['bytes'])} |"
+            )
+            train = dict((int(b), t) for b, t in r["train"])
+            ratios.setdefault(p, []).extend(
+                h["measured_s"] / train[h["bytes"] * 4 // 3]
+                for h in r["heldout"]
+                if h["bytes"] >= from_bytes and h["bytes"] * 4 // 3 in train
+            )
+    notes = [
+        f"- {p} ranks: a held-out size 1.5·2^k from {_size(from_bytes)} up took "
+        f"{min(rs):.2f} to {max(rs):.2f} of the time of 2^(k+1)"
+        for p, rs in ratios.items()
+    ]
+    return "\n".join([*lines, "", *notes]) + "\n"
