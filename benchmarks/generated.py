@@ -333,7 +333,17 @@ def _comm_cpu_runs() -> str:
     from benchmarks import comm_alpha_beta
 
     names = ("comm_alpha_beta_cpu", "comm_alpha_beta_cpu_p2_run2", "comm_alpha_beta_cpu_p2_q20")
-    return comm_alpha_beta.render_runs([RESULTS / f"{n}.json" for n in names])
+    return comm_alpha_beta.render_runs([RESULTS / f"{n}.json" for n in (*names, *COMM_LOW_Q)])
+
+
+# runs of `python benchmarks/comm_alpha_beta.py` with its low-quantile default
+COMM_LOW_Q = ("comm_alpha_beta_cpu_q05_run1", "comm_alpha_beta_cpu_q05_run2")
+
+
+def _comm_cpu_low_q() -> str:
+    from benchmarks import comm_alpha_beta
+
+    return comm_alpha_beta.render_low_quantile([RESULTS / f"{n}.json" for n in COMM_LOW_Q])
 
 
 def _dp_cpu() -> str:
@@ -609,6 +619,7 @@ GENERATED: tuple[Generated, ...] = (
         for name, render in (
             ("comm_alpha_beta_cpu", _comm_cpu),
             ("comm_alpha_beta_cpu_runs", _comm_cpu_runs),
+            ("comm_alpha_beta_cpu_low_q", _comm_cpu_low_q),
             ("dp_bucket_cpu_b8", _dp_cpu),
             ("dp_bucket_cpu_runs", _dp_cpu_runs),
             ("dp_bucket_cpu_summary", _dp_cpu_summary),

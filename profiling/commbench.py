@@ -339,8 +339,11 @@ def _time_sizes(
 ) -> list[tuple[int, float]]:
     """Rounds over all sizes (not all repetitions of one size, then the next), so that a
     burst of load from other processes spreads over the sizes instead of bending one
-    stretch of the curve. Every sample starts after a barrier (and, on a GPU, with the
-    device idle)."""
+    stretch of the curve; each round in its own order, the same on every rank (one
+    seeded generator), so that no size always follows the same one (in a fixed order
+    the first size of a round always follows the largest message, and each size the
+    same neighbour). Every sample starts after a barrier (and, on a GPU, with the device
+    idle)."""
     device = rank_device(rank)
     ops = [_collective(name, nbytes, world, device) for nbytes in sizes]
     inners = [inner_calls(nbytes, device) for nbytes in sizes]
@@ -349,11 +352,12 @@ def _time_sizes(
         op()
     sync(device)
     samples: list[list[float]] = [[] for _ in sizes]
+    order = np.random.default_rng(0)  # every rank draws the same orders
     for _ in range(reps):
-        for i, op in enumerate(ops):
+        for i in order.permutation(len(ops)).tolist():
             dist.barrier()
             sync(device)
-            samples[i].append(timed_s(op, device, inners[i]))
+            samples[i].append(timed_s(ops[i], device, inners[i]))
     # a collective ends on every rank when the slowest has sent its share: max over ranks
     med = torch.tensor([_quantile(s, quantile) for s in samples], dtype=torch.float64)
     med = med.to(device)

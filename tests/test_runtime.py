@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import zoo
+from planner.distributed.parallel_models import has_functional_p2p
 from planner.fusion.partition import Partition
 from planner.ir.capture import Captured, export_model
 from planner.ir.graph import Category, OpGraph
@@ -163,6 +164,7 @@ SMALL = {
     "tp-block": {**BLOCK, "TP": 2},
     "dp-grad-sync": {"D": 16, "HID": 32, "L": 2, "DP": 2, "BUCKET_KB": 2},
     "dp-block": {"D": 16, "DP": 2, "BUCKET_KB": 2},
+    "pp-block": {**BLOCK, "PP": 2, "STAGE": 2},
 }
 FAST = ("transformer-block", "resnet-bottleneck", "mlp")
 
@@ -171,8 +173,17 @@ def test_every_zoo_model_has_small_shapes_here():
     assert set(SMALL) == set(zoo.ZOO)
 
 
+NO_P2P = pytest.mark.skipif(
+    not has_functional_p2p(), reason=f"torch {torch.__version__} has no functional p2p ops"
+)
+
+
+def _slow(name: str) -> list[pytest.MarkDecorator]:
+    return [pytest.mark.slow] + ([NO_P2P] if name == "pp-block" else [])
+
+
 @pytest.mark.parametrize(
-    "name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in SMALL]
+    "name", [n if n in FAST else pytest.param(n, marks=_slow(n)) for n in SMALL]
 )
 def test_lifted_dynamo_graph_has_the_direct_capture_structure_key(name):
     module, inputs = zoo.get(name).build(SMALL[name])

@@ -327,6 +327,15 @@ def _grad_sync(shapes: list[tuple[int, ...]], p: dict[str, int]) -> tuple[Any, .
     return sync, tuple(shapes)
 
 
+def _pipeline_stage(body: nn.Module, p: dict[str, int]) -> nn.Module:
+    """`body` as stage STAGE (counted from 1, as shape parameters are positive) of PP."""
+    if p["STAGE"] > p["PP"]:
+        raise ModelSpecError(
+            f"STAGE={p['STAGE']} is not one of the PP={p['PP']} stages 1..{p['PP']}"
+        )
+    return pm.PipelineStage(body, p["STAGE"] - 1, p["PP"], pm.capture_group(p["PP"]))
+
+
 _SEQ_DIMS = {"B": (0, 0), "S": (0, 1)}
 _IMG_DIMS = {"B": (0, 0), "HW": (0, 2)}
 
@@ -430,6 +439,14 @@ ZOO: dict[str, ZooModel] = {
             "Megatron tensor-parallel pre-norm transformer block shard, two all-reduces",
             {"B": 8, "S": 128, "D": 512, "H": 8, "TP": 2},
             lambda p: (pm.TPBlock(p["D"], p["H"], p["TP"], pm.capture_group(p["TP"])), _t(p)),
+            _SEQ_DIMS,
+        ),
+        ZooModel(
+            "pp-block",
+            "pipeline-parallel stage of zoo:transformer-block: receives its activations from "
+            "the previous stage's rank, sends its output to the next (STAGE of PP, from 1)",
+            {"B": 8, "S": 128, "D": 512, "H": 8, "PP": 4, "STAGE": 2},
+            lambda p: (_pipeline_stage(TransformerBlock(p["D"], p["H"]), p), _t(p)),
             _SEQ_DIMS,
         ),
         ZooModel(

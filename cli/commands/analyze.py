@@ -8,6 +8,7 @@ import argparse
 
 from cli.commands.analyze_dist import (
     apply_dp,
+    apply_pp,
     apply_tp,
     distributed_report,
     wants_distributed,
@@ -26,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
         params = modelspec.resolve(args.model, args.shape).params
         apply_tp(args, params)
         apply_dp(args, params)
+        apply_pp(args, params)
     r = resolve(args)
     graph = capture_for_planning(r).graph
     spec = get_spec(r.device_name)

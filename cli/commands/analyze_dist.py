@@ -10,7 +10,8 @@ all-reduce runs in buckets during an estimated backward pass, the bucket size se
 step model the link's backend runs (planner.distributed.dp.step_model_for: serial for gloo
 on CPU ranks, two streams for NCCL on GPUs) unless `--dp-step-model` names one; for a graph
 that is a gradient sync (zoo:dp-grad-sync), the same bucket decision over its gradients;
-with `--pp`, the pipeline bubble. docs/distributed.md says what is estimated.
+with `--pp`, the pipeline bubble (and the stages of a pipeline-stage model, zoo:pp-block,
+whose transfers are listed with their peers). docs/distributed.md says what is estimated.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from planner.distributed.collectives import Collective, collectives, price, require_group_size
@@ -83,6 +85,20 @@ def apply_dp(args: argparse.Namespace, params: dict[str, int]) -> None:
             raise ModelSpecError(f"--dp {args.dp} and the shape's DP={given} disagree: give one")
         return
     args.shape = ",".join(s for s in (args.shape, f"DP={args.dp}") if s)
+
+
+def apply_pp(args: argparse.Namespace, params: dict[str, int]) -> None:
+    """Put `--pp` into the shape string of a pipeline-stage model (zoo:pp-block takes PP),
+    so its transfers are captured over that many ranks; a shape that already gives
+    another PP is refused."""
+    if args.pp is None or "PP" not in params:
+        return
+    given = parse_shape(args.shape).get("PP")
+    if given is not None:
+        if given != args.pp:
+            raise ModelSpecError(f"--pp {args.pp} and the shape's PP={given} disagree: give one")
+        return
+    args.shape = ",".join(s for s in (args.shape, f"PP={args.pp}") if s)
 
 
 def _link(args: argparse.Namespace, device_kind: str) -> LinkSpec:
@@ -215,7 +231,8 @@ def distributed_report(
         rows.append(_collective_lines(graph, priced))
         out["collectives"] = [
             {"node": graph.nodes[c.node].name, "kind": c.kind.value, "bytes": c.nbytes,
-             "ranks": p, **a.row()}
+             "ranks": p, **a.row(),
+             **({"messages": [asdict(m) for m in c.messages]} if c.messages else {})}
             for c, p, a in priced
         ]  # fmt: skip
     sync = gradient_sync(graph)
@@ -274,9 +291,13 @@ def _collective_lines(graph: OpGraph, priced: list[tuple[Collective, int, Algori
             f"{alg.value} {t * 1e6:.2f}{'*' if alg is a.algorithm else ''}"
             for alg, t in a.candidates
         )
+        peers = "; ".join(
+            f"{m.direction} {m.nbytes} {'to' if m.direction == 'send' else 'from'} rank {m.peer}"
+            for m in c.messages
+        )
         lines.append(
             f"  {graph.nodes[c.node].name:<16} {c.kind.value:<15} {c.nbytes:>10} {p:>5}  "
-            f"{a.algorithm.value} ({cands})"
+            f"{a.algorithm.value} ({cands})" + (f"  [{peers}]" if peers else "")
         )
     return "\n".join(lines)
 

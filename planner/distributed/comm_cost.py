@@ -9,7 +9,7 @@ the link's α = α_c/a, β = β_c/b), so a fit measured at one p predicts anothe
 `cheapest_algorithm` prices every algorithm an implementation offers for a collective
 (`CANDIDATES`; hierarchical all-reduce where the group spans nodes) and returns the
 cheapest: what plans and `analyze` charge for a collective whose algorithm the plan has
-not fixed.
+not fixed. `send_recv_time_s` prices one rank's batch of point-to-point messages.
 
 S is the size of one rank's buffer: the input of all-reduce, reduce-scatter, all-to-all,
 broadcast and send; the *output* (gathered) buffer of all-gather. Derivations are in
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.distributed.links import AlphaBeta, LinkSpec
@@ -117,6 +118,26 @@ def hierarchical_all_reduce_s(
     ar = collective_time_s(CollectiveKind.ALL_REDUCE, Algorithm.RING, shard, nodes, inter)
     ag = collective_time_s(CollectiveKind.ALL_GATHER, Algorithm.RING, nbytes, per_node, intra)
     return rs + ar + ag
+
+
+def send_recv_time_s(
+    sent_bytes: Sequence[float],
+    received_bytes: Sequence[float],
+    p: int,
+    link: LinkSpec | AlphaBeta,
+) -> float:
+    """Seconds for one rank's batch of point-to-point messages over a group of `p` ranks:
+    each message is one α + S·β (`SEND_RECV` by `DIRECT`); messages in one direction
+    queue on the rank's link, the two directions run at once (β is one direction's), so
+    the batch takes the longer of its sends and its receives. One message alone is the
+    table's α + S·β."""
+
+    def one_way(sizes: Sequence[float]) -> float:
+        return sum(
+            collective_time_s(CollectiveKind.SEND_RECV, Algorithm.DIRECT, n, p, link) for n in sizes
+        )
+
+    return max(one_way(sent_bytes), one_way(received_bytes))
 
 
 # The algorithms an implementation offers per collective (NCCL: ring and tree for

@@ -98,7 +98,8 @@ def plan_tasks(
     `wait_tensor` costs nothing. Groups are taken in the order of their first node, except
     that with `sink_waits` a wait moves to just before its first consumer: capture puts it
     right after the collective, where it would stall the compute stream at once (Inductor's
-    `reorder_for_compute_comm_overlap` makes the same move)."""
+    `reorder_for_compute_comm_overlap` makes the same move); a wait nothing reads (after
+    an `isend`: the program only has to finish the send) moves to the end."""
     groups = list(groups)
     consumers = _consumers(graph)
 
@@ -106,7 +107,7 @@ def plan_tasks(
         nodes = [graph.nodes[n] for n in g]
         if sink_waits and all(n.op == "wait_tensor" for n in nodes):
             users = [u for n in nodes for t in n.outputs for u in consumers.get(t, ())]
-            return min(users, default=min(g)) - 0.5
+            return min(users, default=len(graph.nodes)) - 0.5
         return float(min(g))
 
     order = sorted(groups, key=position)

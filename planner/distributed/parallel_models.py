@@ -5,6 +5,9 @@ torch.distributed functional collectives, so capture sees the collectives as ops
   row-parallel second GEMM (HID/tp of its inputs), one all-reduce, then the bias.
 - `TPBlock`: the pre-norm transformer block with attention heads split over ranks
   (Q/K/V column-parallel, output projection row-parallel, one all-reduce) and a `TPMLP`.
+- `PipelineStage`: one stage of a pipeline-parallel model: it receives its activations
+  from the previous stage's rank, runs its layers, and sends the result to the next
+  stage's rank (functional point-to-point ops, on torch releases that have them).
 - `BucketedGradSync`: the gradient synchronization of a data-parallel step: gradients in
   DDP's order (last layer first) packed into buckets as DDP packs them (a bucket closes
   once it holds `bucket_bytes` or more), one all-reduce per bucket, divided by the group
@@ -232,6 +235,45 @@ class TPBlock(nn.Module):
         ctx = local_attention(x, self.ln1, self.q, self.k, self.v, self.local_heads, self.dh, group)
         h = _all_reduce(self.o(ctx), self.group, self._collectives) + self.o_bias + x
         return self.mlp(self.ln2(h)) + h
+
+
+def has_functional_p2p() -> bool:
+    """Whether this torch has the functional point-to-point ops (`_c10d_functional.isend`,
+    `irecv`, `batch_p2p_ops`) that capture reads as send/recv transfers."""
+    return hasattr(torch.ops._c10d_functional, "isend") and hasattr(fc, "isend_inplace")
+
+
+def require_functional_p2p(what: str) -> None:
+    if not has_functional_p2p():
+        raise ModelSpecError(
+            f"{what} needs torch.distributed's functional point-to-point ops "
+            f"(_c10d_functional.isend / irecv), which torch {torch.__version__} does not "
+            "have; use a torch release that has them (2.13 does)"
+        )
+
+
+class PipelineStage(nn.Module):
+    """Stage `stage` of `stages` of a pipeline over `group` (stage i on the group's rank
+    i): the activation arrives from the previous stage's rank into `x` (on the first
+    stage `x` is the input itself), `body` runs on it, and its output goes to the next
+    stage's rank (the last stage sends nothing). Returns `body`'s output."""
+
+    def __init__(self, body: nn.Module, stage: int, stages: int, group: dist.ProcessGroup):
+        super().__init__()
+        require_functional_p2p("a pipeline stage")
+        if not 0 <= stage < stages:
+            raise ModelSpecError(f"STAGE={stage} is not one of the {stages} stages 0..{stages - 1}")
+        self.body, self.stage, self.stages, self.group = body, stage, stages, group
+        self.prev = dist.get_global_rank(group, stage - 1) if stage > 0 else None
+        self.next = dist.get_global_rank(group, stage + 1) if stage < stages - 1 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            x = fc.wait_tensor(fc.irecv_inplace(x, self.prev, 0, self.group))
+        y = self.body(x)
+        if self.next is not None:
+            fc.wait_tensor(fc.isend_inplace(y, self.next, 0, self.group))
+        return y
 
 
 def buckets_for(sizes_bytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:

@@ -636,9 +636,13 @@ class _Reader:
             category, flop_rule = Category.OPAQUE, taxonomy.zero
         else:
             category, flop_rule = rule.category, rule.flops
+        op = taxonomy.packet_of(target)
         if category is Category.COLLECTIVE and "group_name" in attrs:
             attrs.setdefault("group_size", group_size_of(str(attrs["group_name"])))
-        op = taxonomy.packet_of(target)
+            if op == "batch_p2p_ops":  # one message per tensor, a tensor sent twice included
+                attrs["tensor_bytes"] = tuple(
+                    self.tensors[t].nbytes for t in ordered if t is not None
+                )
         vals = backend_forms.canonical_values(op, attrs, vals, self._input_val(node))
         first = self.tensors[inputs[0]] if inputs else None
         if category is Category.VIEW and op in taxonomy.MAYBE_COPY_VIEWS and first is not None:

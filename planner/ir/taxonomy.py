@@ -254,8 +254,8 @@ RULES: tuple[OpRule, ...] = (
            Category.OPAQUE, per_in(1), "one count or probe per input element; never fused"),
     # --- collectives (functional collectives as export shows them)
     OpRule(("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
-            "broadcast", "wait_tensor"), Category.COLLECTIVE, zero,
-           "communication; never fused across"),
+            "broadcast", "isend", "irecv", "batch_p2p_ops", "wait_tensor"), Category.COLLECTIVE,
+           zero, "communication; never fused across"),
 )
 # fmt: on
 
