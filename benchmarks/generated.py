@@ -497,6 +497,8 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_g",
             "runtime_stream_gpt2_tuned_h100_all",
             "runtime_stream_gpt2_tuned_h100_h",
+            "runtime_stream_gpt2_tuned_h100_t",
+            "runtime_stream_gpt2_tuned_h100_u",
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
@@ -608,6 +610,8 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_tuned_h100",
             "runtime_stream_gpt2_tuned_h100_all",
             "runtime_stream_gpt2_tuned_h100_h",
+            "runtime_stream_gpt2_tuned_h100_t",
+            "runtime_stream_gpt2_tuned_h100_u",
         )
     ),
     *(

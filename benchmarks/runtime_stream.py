@@ -538,13 +538,15 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 def _shares(sums: dict[str, dict[str, Any]]) -> str:
     """One line: the planner's steady pass against the best alternative that ran, split
     into the executor's share (unfused plan / best alternative) and the fusion's (planner
-    / unfused plan); empty when the run had no planner. Alternatives it did not run are
-    named, so a missing contender is visible."""
+    / unfused plan); empty when the run had no planner. Alternatives it did not run, or
+    that gave no steady time, are named, so a missing contender is visible."""
     steady = {c: s["steady_s"] for c, s in sums.items() if s}
     if "planner" not in steady:
         return ""
     alts = {c: steady[c] for c in ALTERNATIVES if c in steady}
-    missing = [TITLES[c] for c in (*ALTERNATIVES, "planner-unfused") if c not in steady]
+    others = (*ALTERNATIVES, "planner-unfused")
+    failed = [TITLES[c] for c in others if c in sums and c not in steady]
+    missing = [TITLES[c] for c in others if c not in sums]
     parts = []
     if alts:
         best = min(alts, key=alts.__getitem__)
@@ -562,6 +564,8 @@ def _shares(sums: dict[str, dict[str, Any]]) -> str:
             f"planner / unfused plan (the fusion's share): "
             f"{steady['planner'] / steady['planner-unfused']:.2f}x"
         )
+    if failed:
+        parts.append("no steady time (failed or timed out): " + ", ".join(failed))
     if missing:
         parts.append("not run: " + ", ".join(missing))
     return "\nSteady state, lower is better: " + "; ".join(parts) + ".\n"
