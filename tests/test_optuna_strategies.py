@@ -274,8 +274,8 @@ def _died_before_its_first_heartbeat(url: str) -> None:
         storage = make_storage(url, heartbeat=True, heartbeat_interval_s=1, grace_period_s=1)
         return optuna.load_study(study_name="hb", storage=storage)
 
-    optuna.create_study(study_name="hb", storage=make_storage(url, heartbeat=False))
-    orphan = worker_study().ask()  # no heartbeat thread ran for it: its worker died here
+    study = optuna.create_study(study_name="hb", storage=make_storage(url, heartbeat=False))
+    orphan = study.ask()  # as a worker killed before its heartbeat thread's first write left it
     x = orphan.suggest_float("x", 0, 1)
     live, other = worker_study(), worker_study()
     deadline = time.monotonic() + 8
