@@ -13,8 +13,9 @@ Why not SQLite for parallel workers: Optuna advises against it (SQLite locks the
 file per write; concurrent writers time out), and its journal file storage is made for
 several processes on one machine (appends under a file lock). Across machines an RDB
 server (PostgreSQL) is the shared store; heartbeats mark the trials of a worker that died
-as failed after `grace_period_s`, and `RetryFailedTrialCallback` gives them to another
-worker. Heartbeats only run inside `Study.optimize`, which is why the search loop
+as failed after `grace_period_s` (also one that died before its trial's first heartbeat:
+`HeartbeatStorage`), and `RetryFailedTrialCallback` gives them to another worker.
+Heartbeats only run inside `Study.optimize`, which is why the search loop
 (search/optuna_search.py) uses it rather than ask/tell.
 
 One study per (graph, bucket): the name carries the graph's structure key, the bucket id
@@ -188,13 +189,48 @@ def _rdb_storage(
     retry = _retry_callback(opt)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", opt.exceptions.ExperimentalWarning)
-        return opt.storages.RDBStorage(
+        return HeartbeatStorage(
             url,
             engine_kwargs=engine,
             heartbeat_interval=heartbeat_interval_s,
             grace_period=grace_period_s,
             **{key: retry},
         )
+
+
+if optuna is not None:
+
+    class HeartbeatStorage(optuna.storages.RDBStorage):
+        """Optuna's RDB storage with heartbeats, whose stale-trial sweep also covers RUNNING
+        trials that have no heartbeat yet (Optuna's own passes over them): it gives each one
+        a heartbeat as it first sees it. A live worker keeps that heartbeat fresh; the trial
+        of a worker that died before its first heartbeat goes stale after the grace period
+        and is failed and retried once, like any other. Assumes every worker of the database
+        beats (`make_storage` turns heartbeats on for database servers)."""
+
+        def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+            for trial_id in self.trials_without_heartbeat(study_id):
+                self.record_heartbeat(trial_id)  # racing its worker's first beat: one insert stays
+            return super()._get_stale_trial_ids(study_id)
+
+        def trials_without_heartbeat(self, study_id: int) -> list[int]:
+            """The ids of the study's RUNNING trials that have no heartbeat yet."""
+            from optuna.storages._rdb import models
+
+            trial, beat = models.TrialModel, models.TrialHeartbeatModel
+            session = self.scoped_session()
+            try:
+                rows = (
+                    session.query(trial.trial_id)
+                    .outerjoin(beat, beat.trial_id == trial.trial_id)
+                    .filter(trial.study_id == study_id)
+                    .filter(trial.state == optuna.trial.TrialState.RUNNING)
+                    .filter(beat.trial_id.is_(None))
+                    .all()
+                )
+            finally:
+                session.close()
+            return [row[0] for row in rows]
 
 
 def study_name(graph: OpGraph, bucket_id: str, signature: str = "") -> str:

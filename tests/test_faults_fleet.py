@@ -158,7 +158,7 @@ def test_plan_cache_on_postgresql_through_a_server_restart(graph, restartable):
 
 
 # ---- Optuna's heartbeat: a dead worker's trial is failed and retried --------------------------
-def _heartbeat_worker(index: int, url: str, name: str) -> int:
+def _heartbeat_worker(index: int, url: str, name: str, beats: bool) -> int:
     import optuna
 
     from search.optuna_storage import make_storage
@@ -166,6 +166,8 @@ def _heartbeat_worker(index: int, url: str, name: str) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = make_storage(url, heartbeat_interval_s=1, grace_period_s=2)
     study = optuna.load_study(study_name=name, storage=storage)
+    if index == 1 and not beats:  # killed before its heartbeat thread's first write
+        storage.record_heartbeat = lambda trial_id: None
 
     mine = [0]
 
@@ -173,6 +175,8 @@ def _heartbeat_worker(index: int, url: str, name: str) -> int:
         x = trial.suggest_float("x", -1, 1)
         mine[0] += 1
         if index == 1 and mine[0] == 2:
+            while beats and trial._trial_id in storage.trials_without_heartbeat(study._study_id):
+                time.sleep(0.01)  # its heartbeat thread writes the first beat
             os.kill(os.getpid(), signal.SIGKILL)  # dies holding a RUNNING trial
         time.sleep(0.1)
         return x * x
@@ -188,14 +192,17 @@ def _heartbeat_worker(index: int, url: str, name: str) -> int:
     return index
 
 
-def test_a_dead_workers_trial_is_failed_by_the_heartbeat_and_retried(db):
+@pytest.mark.parametrize("beats", [True, False], ids=["after-first-beat", "before-first-beat"])
+def test_a_dead_workers_trial_is_failed_by_the_heartbeat_and_retried(db, beats):
+    """Worker 1 is killed holding a RUNNING trial, after the trial's first heartbeat or
+    before it (Optuna writes it from a thread started once the trial exists)."""
     optuna = pytest.importorskip("optuna")
     from search.optuna_storage import make_storage, run_workers
 
     name = "fleet-heartbeat"
     optuna.create_study(study_name=name, storage=make_storage(db, heartbeat=False))
     with pytest.warns(UserWarning, match="killed by signal 9"):
-        done = run_workers(3, _heartbeat_worker, (db, name), storage_url=db)
+        done = run_workers(3, _heartbeat_worker, (db, name, beats), storage_url=db)
     assert done == [0, 2]
     trials = optuna.load_study(study_name=name, storage=make_storage(db, heartbeat=False)).trials
     failed = [t for t in trials if t.state.name == "FAIL"]

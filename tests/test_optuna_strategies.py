@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -230,12 +231,14 @@ def test_workers_refuse_storages_processes_cannot_share():
 
 
 _DIES_MID_TRIAL = """
-import os, optuna
+import os, time, optuna
 from search.optuna_storage import make_storage
 storage = make_storage({url!r}, heartbeat=True, heartbeat_interval_s=1, grace_period_s=1)
 study = optuna.load_study(study_name="hb", storage=storage)
 def objective(trial):
     trial.suggest_float("x", 0, 1)
+    while trial._trial_id in storage.trials_without_heartbeat(study._study_id):
+        time.sleep(0.01)  # its heartbeat thread writes the first beat
     os._exit(3)  # the worker dies mid-trial: no tell, no heartbeat any more
 study.optimize(objective, n_trials=1)
 """
@@ -261,6 +264,46 @@ def test_heartbeats_fail_and_retry_a_dead_workers_trial(tmp_path):
     _heartbeat_retry(f"sqlite:///{tmp_path / 'hb.db'}")
 
 
+def _died_before_its_first_heartbeat(url: str) -> None:
+    """Optuna creates a trial RUNNING and writes its first heartbeat from a thread started
+    afterwards: a worker killed in between leaves a trial with no heartbeat and no worker
+    tag. A live worker's heartbeat sweep fails it after the grace period, a second
+    worker's sweep does not fail it again, and it is run once more, with its parameters."""
+
+    def worker_study():
+        storage = make_storage(url, heartbeat=True, heartbeat_interval_s=1, grace_period_s=1)
+        return optuna.load_study(study_name="hb", storage=storage)
+
+    study = optuna.create_study(study_name="hb", storage=make_storage(url, heartbeat=False))
+    orphan = study.ask()  # as a worker killed before its heartbeat thread's first write left it
+    x = orphan.suggest_float("x", 0, 1)
+    live, other = worker_study(), worker_study()
+    deadline = time.monotonic() + 8
+
+    def objective(trial):
+        time.sleep(0.2)
+        return trial.suggest_float("x", 0, 1)
+
+    while not [t for t in live.get_trials(deepcopy=False) if t.state.name == "FAIL"]:
+        assert time.monotonic() < deadline, "the trial without a heartbeat was never failed"
+        live.optimize(objective, n_trials=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(other)  # the trial is failed already
+    trials = live.get_trials()
+    assert [t.number for t in trials if t.state.name == "FAIL"] == [orphan.number]
+    assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+    retried = [t for t in trials if t.system_attrs.get("failed_trial") == orphan.number]
+    assert len(retried) == 1 and retried[0].state.name == "COMPLETE"
+    assert retried[0].params == {"x": x}
+
+
+def test_a_trial_whose_worker_died_before_its_first_heartbeat_is_failed_and_retried_once(
+    tmp_path,
+):
+    _died_before_its_first_heartbeat(f"sqlite:///{tmp_path / 'hb.db'}")
+
+
 @pytest.mark.slow
 @pytest.mark.optional
 def test_heartbeats_on_postgresql(pg_server):  # noqa: F811
@@ -270,6 +313,10 @@ def test_heartbeats_on_postgresql(pg_server):  # noqa: F811
         con.autocommit = True
         con.execute("CREATE DATABASE optuna_hb")
     _heartbeat_retry(pg_server.format(db="optuna_hb"))
+    with psycopg.connect(pg_server.format(db="postgres").replace("+psycopg", "")) as con:
+        con.autocommit = True
+        con.execute("CREATE DATABASE optuna_orphan")
+    _died_before_its_first_heartbeat(pg_server.format(db="optuna_orphan"))
 
 
 # ---- without optuna (the GPU machine) --------------------------------------------------------
