@@ -55,7 +55,7 @@ from planner.plans.plan import Plan
 from planner.realize.realizer import realize
 from planner.runtime.grad import PlannedForward, needs_grad, recompute_blocker
 from planner.runtime.graph import LiftedGraph, lift_graph
-from planner.runtime.scalars import restart_error, specialize_float_inputs
+from planner.runtime.scalars import float_restart
 from planner.runtime.spans import joined
 from planner.runtime.specialize import Compared, Ledger, Recurring
 
@@ -339,8 +339,9 @@ class FusionPlannerBackend:
             return True
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        if specialize_float_inputs(gm):  # dynamo traces again, the model's floats constant
-            raise restart_error()
+        restart = float_restart(gm)
+        if restart is not None:  # dynamo traces again, the model's floats constant
+            raise restart
         self.stats.graphs += 1
         grad = needs_grad(example_inputs)
         if grad:

@@ -3,14 +3,13 @@
 With `dynamic=True`, dynamo passes the model's Python floats (a LayerNorm's `eps`, an
 attention's scale, a dropout's `p`) into its graph as 0-d tensor inputs: every call then
 wraps each float in a tensor (`torch.as_tensor`), checks it in a guard and reads it back
-with `.item()` inside the graph. A GPT-2 has 25 such floats, tens of microseconds of host
-time per call. Inductor avoids this: AOT autograd's scalar pass names the floats it cannot
-turn into tensor math, and dynamo restarts its analysis with them specialized (a constant
-guard, checked in C++). `specialize_float_inputs` does the same for a graph this backend
-receives: it names the floats whose only use is `.item()` (what dynamo's restart can
-specialize) and returns True when the caller should raise `restart_error()` so that dynamo
-traces again with them as constants. A model whose float changes later recompiles, as it
-does under Inductor.
+with `.item()` inside the graph. A 4-layer Hugging Face GPT-2 has 25 such floats, tens of
+microseconds of host time per call. Inductor avoids this: AOT autograd's scalar pass names
+the floats it cannot turn into tensor math, and dynamo restarts its analysis with them
+specialized (a constant guard, checked in C++). `float_restart` does the same for a graph
+this backend receives: it names the floats whose only use is `.item()` (those dynamo's
+restart can specialize) and returns the exception that makes dynamo trace again with them
+as constants. A model whose float changes later recompiles, as it does under Inductor.
 
 Both rely on dynamo internals (`TensorifyState`, `TensorifyScalarRestartAnalysis`); where
 they are missing, nothing is specialized and the graph is served as it came.
@@ -19,7 +18,6 @@ they are missing, nothing is specialized and the graph is served as it came.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch.fx as fx
 
@@ -44,25 +42,21 @@ def _float_symbol(node: fx.Node) -> str | None:
     return name
 
 
-def specialize_float_inputs(gm: fx.GraphModule) -> bool:
-    """Mark the graph's float inputs for specialization; True when any was newly marked
-    (the caller raises `restart_error()`), False when there is nothing (more) to do."""
+def float_restart(gm: fx.GraphModule) -> Exception | None:
+    """Mark the graph's float inputs for specialization and return the exception that
+    makes dynamo trace the frame again with them as constants (what Inductor raises for
+    the same purpose); None when no float is newly marked, or when this torch has
+    neither piece (the graph is then served as it came)."""
     try:
+        from torch._dynamo.exc import TensorifyScalarRestartAnalysis
         from torch._dynamo.symbolic_convert import TensorifyState
-    except ImportError:  # another torch: serve the graph as it is
-        return False
+    except ImportError:
+        return None
     names = [n for n in (_float_symbol(node) for node in gm.graph.nodes) if n is not None]
     new = [n for n in names if not TensorifyState.should_specialize(n)]
+    if not new:
+        return None
     for n in new:
         TensorifyState.specialize(n)
-    if new:
-        log.info("specializing %d float input(s) of dynamo's graph: %s", len(new), new)
-    return bool(new)
-
-
-def restart_error() -> Any:
-    """The exception that makes dynamo trace the frame again with the marked floats
-    specialized (what Inductor raises for the same purpose)."""
-    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
-
+    log.info("specializing %d float input(s) of dynamo's graph: %s", len(new), new)
     return TensorifyScalarRestartAnalysis()
