@@ -615,7 +615,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.isolate:
             _isolated(cell, jsonl, dev_name, records, emit, parts, args.retime_from or "")
         else:
-            measure_cell(cell, emit, [*known, *records], parts)
+            # the live list: the re-timing reads what the measurements just emitted
+            measure_cell(cell, emit, known or records, parts)
         md.write_text(table(records, dev_name))  # after every job: a cut-off run keeps a table
     print(md.read_text())
     return 0

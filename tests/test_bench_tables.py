@@ -84,6 +84,33 @@ def test_an_isolated_cell_whose_process_dies_is_recorded_as_a_crash(tmp_path):
     assert row_of(e2e.table(records, "cpu"))["eager"] == "crash"
 
 
+def test_a_cell_is_re_timed_from_the_records_its_measurements_just_wrote(tmp_path, monkeypatch):
+    """main's in-process path hands the re-timing the measurements of the same cell."""
+    seen: list[dict] = []
+
+    def fake_run_one(model, shape, modes, strategies, dtype, device, emit, *a, **k):
+        base = {"model": model, "shape": ",".join(map(str, shape)), "dtype": "float32"}
+        emit({**base, "mode": "eager", "median_us": 10.0})
+        emit({**base, "mode": "plan-unfused", "median_us": 8.0, "groups": [[0]]})
+
+    def fake_retime(model, shape, recs, dtype, device):
+        seen.append(recs)
+        return {
+            "mode": "retime",
+            "plan": "plan-unfused",
+            "alt": "eager",
+            "plan_us": 8.0,
+            "alt_us": 10.0,
+        }
+
+    monkeypatch.setattr(e2e, "run_one", fake_run_one)
+    monkeypatch.setattr(e2e, "retime_cell", fake_retime)
+    argv = ["--models", "gpt2-block", "--shapes", "1,16,32,2", "--device", "cpu"]
+    assert e2e.main([*argv, "--out-dir", str(tmp_path)]) == 0
+    assert [sorted(r) for r in seen] == [["eager", "plan-unfused"]]
+    assert row_of((tmp_path / "e2e_cpu.md").read_text())["re-timed ratio"] == "0.80"
+
+
 def summary(steady_s: float) -> dict:
     return {"steady_s": steady_s}
 
