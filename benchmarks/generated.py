@@ -551,6 +551,12 @@ GENERATED: tuple[Generated, ...] = (
         "benchmarks/results/real_models_bucket_h100_5a3c307.jsonl",
     ),
     Generated(
+        "benchmarks/results/real_models_bucket_h100_390e764.md",
+        _real_models("real_models_bucket_h100_390e764"),
+        "python benchmarks/real_models.py --from-jsonl "
+        "benchmarks/results/real_models_bucket_h100_390e764.jsonl",
+    ),
+    Generated(
         "benchmarks/results/real_models_bucket_h200.md",
         _real_models("real_models_bucket_h200"),
         "python benchmarks/real_models.py --from-jsonl "
