@@ -166,8 +166,6 @@ def top_text(prof: cProfile.Profile, top: int) -> str:
     s = io.StringIO()
     st = pstats.Stats(prof, stream=s).sort_stats("tottime")
     st.print_stats(top)
-    if __import__("os").environ.get("HOST_CALLERS"):
-        st.print_callers("unflatten|check")
     lines = [ln for ln in s.getvalue().splitlines() if ln.strip()]
     start = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls"))
     return "\n".join(lines[start:])
