@@ -155,3 +155,21 @@ def test_analyze_refuses_to_measure_a_model_without_trainable_parameters(capsys,
     assert main([*argv, "--backward", "measured"]) != 0
     err = capsys.readouterr().err
     assert "no parameters that require grad" in err and "Traceback" not in err
+
+
+@pytest.mark.gpu
+def test_a_cuda_backward_is_timed_with_events(capsys) -> None:
+    torch.manual_seed(0)
+    model = _layers(64, 256, 256, 8).cuda()
+    r = measure_backward(model, (torch.randn(16, 64, device="cuda"),), reps=3, warmup=2)
+    assert r.device.startswith("cuda") and r.forward_s > 0
+    layer = [int(s.name.split(".")[0]) for s in r.steps]
+    assert layer == sorted(layer, reverse=True)
+    assert sum(b for s in r.steps for b in s.grad_bytes) == sum(
+        p.numel() * 4 for p in model.parameters()
+    )
+    assert all(s.duration_s >= 0 for s in r.steps) and r.backward_s > 0
+    # analyze on this machine's GPU measures by default
+    assert main([*MLP, "--interconnect", "ib-hdr", "--format", "json"]) == 0
+    bwd = json.loads(capsys.readouterr().out)["distributed"]["gradient_buckets"]["backward"]
+    assert bwd["source"] == "measured" and bwd["device"].startswith("cuda")
