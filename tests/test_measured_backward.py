@@ -142,6 +142,16 @@ def test_analyze_estimates_the_backward_of_a_what_if_device(capsys) -> None:
     assert "--backward measured runs the model here" in capsys.readouterr().err
 
 
+def test_a_model_with_collectives_is_estimated_and_not_measured(capsys) -> None:
+    argv = ["analyze", "--model", "zoo:tp-mlp", "--shape", "B=2,S=8,D=32,HID=64", "--tp", "2"]
+    argv += ["--dp", "2", "--device", "cpu", "--dtype", "fp32"]
+    assert main([*argv, "--format", "json"]) == 0
+    bwd = json.loads(capsys.readouterr().out)["distributed"]["gradient_buckets"]["backward"]
+    assert bwd["source"] == "estimated" and "collectives" in bwd["reason"]
+    assert main([*argv, "--backward", "measured"]) != 0
+    assert "process group" in capsys.readouterr().err
+
+
 def test_analyze_refuses_to_measure_a_model_without_trainable_parameters(capsys, tmp_path) -> None:
     f = tmp_path / "frozen.py"
     f.write_text(
