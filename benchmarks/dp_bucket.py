@@ -16,12 +16,19 @@ of the measured sizes; the step from planner.distributed.dp (DDP's 1 MiB first b
 under the search's step model, and beside it the two-stream step and the variants with
 DDP's copies. Results written before the search chose its step model priced (and
 searched) on two streams; their files hold no `step_model`.
+
+The measured backward (profiling.backward, on the ranks in the same rounds: each
+gradient's ready time from a hook, the same loss) is a further variant: the step under
+the search's step model and on two streams with those steps and that forward in place of
+the estimate, and the size the search picks on them. Results written before it hold no
+`backward` in `measured`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +42,7 @@ from planner.distributed.dp import (
     DDP_BUCKET_BYTES,
     STEP_MODELS,
     BackwardStep,
+    StepModel,
     backward_steps,
     dp_step_timeline,
     first_bucket_bytes,
@@ -43,6 +51,7 @@ from planner.distributed.dp import (
 from planner.distributed.links import AlphaBeta
 from planner.hardware import get_spec
 from planner.ir.capture import capture
+from profiling.backward import steps_from_ready
 from profiling.commbench import fit_alpha_beta, measure_ddp, predict_s
 from search.bucket_search import search_bucket_size
 
@@ -72,6 +81,31 @@ def variant_predictions(
     }
 
 
+def measured_backward(m: dict[str, Any]) -> tuple[list[BackwardStep], float]:
+    """The ranks' measured backward as steps in ready order, and its forward."""
+    b = m["backward"]
+    steps, _ = steps_from_ready(b["names"], b["grad_bytes"], [b["ready_s"]])
+    return steps, b["forward_s"]
+
+
+def measured_predictions(
+    steps: list[BackwardStep],
+    fwd_s: float,
+    bucket_bytes: int,
+    ar: Callable[[int], float],
+    model: StepModel,
+) -> dict[str, float]:
+    """The step at `bucket_bytes` on the measured backward: under the search's step model
+    and on two streams."""
+    first = first_bucket_bytes(bucket_bytes)
+    ours = dp_step_timeline(steps, bucket_bytes, ar, fwd_s, 0.0, first, serial_comm=model.serial)
+    two = dp_step_timeline(steps, bucket_bytes, ar, fwd_s, 0.0, first)
+    return {
+        "predicted_measured_backward_s": ours.makespan_s,
+        "predicted_measured_backward_two_stream_s": two.makespan_s,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--world-size", type=int, default=2)
@@ -89,6 +123,7 @@ def main() -> None:
     )
     ap.add_argument("--out", default="benchmarks/results/dp_bucket_cpu.json")
     a = ap.parse_args()
+    load_before = os.getloadavg()[0]
     caps = [float(c) for c in a.caps_mb.split(",")]
     # all-reduce sizes for the fit: powers of 4 from 4 KiB up to the first at or above
     # the largest bucket the caps make (every gradient in one)
@@ -114,10 +149,13 @@ def main() -> None:
     grid = [int(c * MB) for c in caps]
     step_model = step_model_for_backend("gloo", "cpu", a.step_model)
     choice = search_bucket_size(steps, ar, forward_s=m["fwd_s"], grid=grid, step_model=step_model)
+    m_steps, m_fwd = measured_backward(m)
+    m_choice = search_bucket_size(m_steps, ar, forward_s=m_fwd, grid=grid, step_model=step_model)
     rows = []
     for (_, pred), cap in zip(choice.table, caps, strict=True):
         meas = m["ddp_s"][str(cap)]
         more = variant_predictions(steps, int(cap * MB), ar, m)
+        more |= measured_predictions(m_steps, m_fwd, int(cap * MB), ar, step_model)
         rows.append(
             {
                 "bucket_mb": cap,
@@ -131,7 +169,10 @@ def main() -> None:
             f"bucket {cap:6.2f} MiB: predicted ({step_model.name}) {pred * 1e3:8.2f} ms "
             f"(two streams {more['predicted_two_stream_s'] * 1e3:.2f}, with copies "
             f"{more['predicted_copies_s'] * 1e3:.2f}, copies and all-reduces serial "
-            f"{more['predicted_serial_s'] * 1e3:.2f}), measured {meas * 1e3:8.2f} ms "
+            f"{more['predicted_serial_s'] * 1e3:.2f}; measured backward "
+            f"{more['predicted_measured_backward_s'] * 1e3:.2f}, on two streams "
+            f"{more['predicted_measured_backward_two_stream_s'] * 1e3:.2f}), measured "
+            f"{meas * 1e3:8.2f} ms "
             f"({abs(pred - meas) / meas:.1%})"
         )
     chosen = choice.bucket_bytes / MB
@@ -142,6 +183,12 @@ def main() -> None:
         f"searched bucket {chosen:g} MiB ({step_model.name} step model): measured {meas_chosen * 1e3:.2f} ms; DDP's 25 MiB: "
         f"{meas_ddp * 1e3:.2f} ms; best measured {best_measured['bucket_mb']:g} MiB "
         f"{best_measured['measured_s'] * 1e3:.2f} ms"
+    )
+    m_chosen = m_choice.bucket_bytes / MB
+    meas_m_chosen = m["ddp_s"][str(next(c for c in caps if int(c * MB) == m_choice.bucket_bytes))]
+    print(
+        f"on the measured backward the search picks {m_chosen:g} MiB: measured "
+        f"{meas_m_chosen * 1e3:.2f} ms"
     )
     grads = sum(b for s in steps for b in s.grad_bytes)
     out = {
@@ -156,6 +203,11 @@ def main() -> None:
         "measured_at_searched_s": meas_chosen,
         "measured_at_ddp_default_s": meas_ddp,
         "best_measured": best_measured,
+        # 1-minute load average before and after the run, and the cores it shared
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
+        "searched_measured_backward_mb": m_chosen,
+        "measured_at_searched_measured_backward_s": meas_m_chosen,
     }
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {a.out}")
@@ -179,8 +231,14 @@ def render(path: Path) -> str:
     errs = [r["rel_err"] for r in rows]
     ddp = next(r for r in rows if r["bucket_mb"] == DDP_BUCKET_BYTES / MB)
     chosen = next(r for r in rows if r["bucket_mb"] == d["searched_bucket_mb"])
+    load = (
+        f" (load average {d['load_average'][0]:.1f} before, {d['load_average'][1]:.1f} after, "
+        f"on {d['cpus']} cores)"
+        if "load_average" in d
+        else ""
+    )
     lines = [
-        f"Measured: forward {m['fwd_s'] * 1e3:.0f} ms, forward+backward without "
+        f"Measured{load}: forward {m['fwd_s'] * 1e3:.0f} ms, forward+backward without "
         f"communication {m['fwd_bwd_s'] * 1e3:.0f} ms, all-reduce fit (α, B) {fit} "
         f"({grads / MB:.0f} MiB of gradients in {ar_all * 1e3:.0f} ms).",
         "",
@@ -202,13 +260,35 @@ def render(path: Path) -> str:
     ]
     if "copy_s" in m:
         lines += ["", _variant_text(m, rows)]
+    if "backward" in m:
+        lines += ["", _backward_text(d)]
     return "\n".join(lines) + "\n"
+
+
+def _backward_text(d: dict[str, Any]) -> str:
+    """The measured backward: its forward, when its gradients were ready (first and last,
+    against the estimate's backward), and the cap the search picks on it."""
+    m = d["measured"]
+    b = m["backward"]
+    steps, fwd = measured_backward(m)
+    estimated = m["fwd_bwd_s"] - m["fwd_s"]
+    order = ", ".join(s.name for s in steps)
+    return (
+        f"The measured backward (the ranks' gradient hooks, median of {b['passes']} passes, "
+        f"max over ranks): forward {fwd * 1e3:.1f} ms, the last gradient ready "
+        f"{sum(s.duration_s for s in steps) * 1e3:.1f} ms into the backward (the estimate "
+        f"spreads {estimated * 1e3:.1f} ms over the ops), in the order {order}. "
+        f"On it the search picks {d['searched_measured_backward_mb']:g} MiB, measured "
+        f"{d['measured_at_searched_measured_backward_s'] * 1e3:.1f} ms."
+    )
 
 
 _VARIANTS = (
     ("predicted_two_stream_s", "two streams"),
     ("predicted_copies_s", "with DDP's copies"),
     ("predicted_serial_s", "copies and all-reduces on the compute stream"),
+    ("predicted_measured_backward_s", "measured backward, the search's step model"),
+    ("predicted_measured_backward_two_stream_s", "measured backward, two streams"),
 )
 
 
@@ -282,10 +362,17 @@ def render_runs(paths: list[Path]) -> str:
             for key, label in _VARIANTS
             if all(key in r for r in rows)
         )
+        on_measured = (
+            f", on the measured backward {d['searched_measured_backward_mb']:g} MiB measured "
+            f"{d['measured_at_searched_measured_backward_s'] * 1e3:.1f} ms"
+            if "searched_measured_backward_mb" in d
+            else ""
+        )
         lines.append(
             f"- `{path.name}` (all-reduce fit up to {fit_mib:g} MiB): model{_model(d)} error "
             f"{min(errs):.0%} to {max(errs):.0%}{variants}; searched "
-            f"{d['searched_bucket_mb']:g} MiB measured {d['measured_at_searched_s'] * 1e3:.1f} ms, "
+            f"{d['searched_bucket_mb']:g} MiB measured {d['measured_at_searched_s'] * 1e3:.1f} ms"
+            f"{on_measured}, "
             f"DDP's 25 MiB {d['measured_at_ddp_default_s'] * 1e3:.1f} ms; fastest measured "
             f"{best['bucket_mb']:g} MiB ({best['measured_s'] * 1e3:.1f} ms)"
         )

@@ -367,6 +367,7 @@ _DP_WRAPPED = (
     "dp_bucket_cpu_b8_copies_run1",
     "dp_bucket_cpu_b8_copies_run2",
     "dp_bucket_cpu_b8_serial",  # the first with the search on the serial step model
+    "dp_bucket_cpu_b8_bwd",  # the first with the measured backward beside the estimate
 )
 
 
@@ -374,6 +375,12 @@ def _dp_cpu_serial() -> str:
     from benchmarks import dp_bucket
 
     return dp_bucket.render(RESULTS / "dp_bucket_cpu_b8_serial.json")
+
+
+def _dp_cpu_bwd() -> str:
+    from benchmarks import dp_bucket
+
+    return dp_bucket.render(RESULTS / "dp_bucket_cpu_b8_bwd.json")
 
 
 def _dp_cpu_summary() -> str:
@@ -634,6 +641,7 @@ GENERATED: tuple[Generated, ...] = (
             ("dp_bucket_cpu_runs", _dp_cpu_runs),
             ("dp_bucket_cpu_summary", _dp_cpu_summary),
             ("dp_bucket_cpu_b8_serial", _dp_cpu_serial),
+            ("dp_bucket_cpu_b8_bwd", _dp_cpu_bwd),
             ("dp_bucket_cpu_earlier", _dp_cpu_earlier),
         )
     ),

@@ -192,6 +192,18 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--inter-node", default="ib-ndr", help="link between nodes (default ib-ndr)")
     add_step_model_arg(g)
+    g.add_argument(
+        "--backward",
+        default="auto",
+        choices=BACKWARD_SOURCES,
+        help="the backward pass the --dp training step and its bucket search are priced "
+        "with: measured (the model's forward and backward run on this machine, each "
+        "gradient's ready time taken from a hook) or estimated (each forward op's "
+        "predicted time x2, gradients ready at their last forward reader); default auto: "
+        "measured when --device is this machine's and the model runs without a process "
+        "group (no collectives), estimated otherwise, since a measurement describes only "
+        "the device it ran on",
+    )
 
 
 def add_link_arg(p: argparse.ArgumentParser) -> None:
@@ -205,6 +217,8 @@ def add_link_arg(p: argparse.ArgumentParser) -> None:
 
 # planner.distributed.dp.STEP_MODELS, spelled out so the parsers need no torch
 DP_STEP_MODELS = ("two-stream", "serial")
+# where the --dp training step's backward comes from (cli/commands/analyze_dist.py)
+BACKWARD_SOURCES = ("auto", "measured", "estimated")
 
 
 def add_step_model_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

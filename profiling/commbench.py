@@ -50,6 +50,7 @@ from planner.distributed.links import AlphaBeta, MeasuredLink
 from planner.errors import FusionPlannerError, first_line
 from planner.hardware import device_fingerprint
 from planner.plans.plan import DPChoice, now_iso
+from profiling.backward import BackwardProbe
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -585,8 +586,18 @@ def _ddp_steps(
     # cost per pass
     grad_numel = sum(p.numel() for p in model.parameters())
     src, dst = torch.randn(grad_numel, device=device), torch.empty(grad_numel, device=device)
+    # the backward measured as profiling.backward measures it (the same loss), on a copy
+    # of its own so its hooks touch no other run
+    probed = copy.deepcopy(model)
+    probe = BackwardProbe(probed)
+    passes: list[tuple[float, list[float | None]]] = []
+
+    def probe_run() -> None:
+        passes.append(probe.run(lambda: probed(x), lambda y: y.square().mean()))
+
     runs: list[Callable[[], None]] = [fwd, lambda: fwd_bwd(model), lambda: dst.copy_(src)]
     runs += [lambda ddp=ddp: fwd_bwd(ddp) for ddp in ddps]
+    runs.append(probe_run)
     for run in runs:
         run()
         run()  # DDP rebuilds its buckets after the first step
@@ -600,7 +611,8 @@ def _ddp_steps(
     meds = [statistics.median(ts) for ts in samples]
     out: dict[str, Any] = {"fwd_s": meds[0], "fwd_bwd_s": meds[1], "copy_s": meds[2]}
     out["copy_bytes"] = grad_numel * src.element_size()
-    out["ddp_s"] = {str(c): m for c, m in zip(caps_mb, meds[3:], strict=True)}
+    out["ddp_s"] = {str(c): m for c, m in zip(caps_mb, meds[3 : 3 + len(caps_mb)], strict=True)}
+    out["backward"] = _probed(passes[-reps:], probe, device)
     out["all_reduce"] = _time_sizes(rank, world, "all_reduce", sizes, reps)
     flat = [out["fwd_s"], out["fwd_bwd_s"], out["copy_s"], *out["ddp_s"].values()]
     t = torch.tensor(flat, dtype=torch.float64, device=device)
@@ -609,6 +621,30 @@ def _ddp_steps(
     out["fwd_s"], out["fwd_bwd_s"], out["copy_s"] = t[0].item(), t[1].item(), t[2].item()
     out["ddp_s"] = dict(zip(out["ddp_s"], t[3:].tolist(), strict=True))
     return out
+
+
+def _probed(
+    passes: list[tuple[float, list[float | None]]], probe: BackwardProbe, device: torch.device
+) -> dict[str, Any]:
+    """The probe's timed passes: per parameter its median ready time (seconds from the
+    backward's start, None without a gradient) and the median forward, each the max over
+    ranks."""
+    nan = float("nan")
+    ready = [
+        statistics.median(ts) if (ts := [r[i] for _, r in passes if r[i] is not None]) else nan
+        for i in range(len(probe.names))
+    ]
+    t = torch.tensor([statistics.median(f for f, _ in passes), *ready], dtype=torch.float64)
+    t = t.to(device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    fwd, *ready = t.cpu().tolist()
+    return {
+        "names": probe.names,
+        "grad_bytes": probe.grad_bytes,
+        "ready_s": [None if r != r else r for r in ready],
+        "forward_s": fwd,
+        "passes": len(passes),
+    }
 
 
 def measure_ddp(

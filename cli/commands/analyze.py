@@ -11,6 +11,7 @@ from cli.commands.analyze_dist import (
     apply_pp,
     apply_tp,
     distributed_report,
+    dp_backward,
     wants_distributed,
 )
 from cli.commands.analyze_numa import numa_report
@@ -36,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     text = format_table(report)
     if wants_distributed(args) or gradient_sync(graph) is not None:
         times = [row.predicted_s for row in report.rows]
-        data["distributed"], dist_text = distributed_report(args, graph, times, spec.kind)
+        measured = dp_backward(args, r, graph)
+        data["distributed"], dist_text = distributed_report(args, graph, times, spec.kind, measured)
         text += "\n" + dist_text
     if args.numa:
         data["numa"], numa_text = numa_report(args.numa, graph, spec, r.dtype_name)

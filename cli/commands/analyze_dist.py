@@ -1,11 +1,12 @@
 """The distributed what-if of `fusion-plan analyze`: `--tp`, `--dp`, `--pp`,
-`--interconnect`, `--bucket-mb`, `--dp-step-model`.
+`--interconnect`, `--bucket-mb`, `--dp-step-model`, `--backward`.
 
 Prices the captured graph's collectives with the α-β model on the chosen link, each by
 its cheapest algorithm (listed per collective), puts them on a communication stream
 beside the per-op compute times, and reports T_comp, T_comm, R and the exposed
 communication of the forward pass; with `--dp`, of a training step whose gradient
-all-reduce runs in buckets during an estimated backward pass, the bucket size searched
+all-reduce runs in buckets during the backward pass (measured on this machine by
+profiling.backward, or estimated from the forward graph: `dp_backward`), the bucket size searched
 (search.bucket_search) unless `--bucket-mb` fixes it, beside DDP's default, under the
 step model the link's backend runs (planner.distributed.dp.step_model_for: serial for gloo
 on CPU ranks, two streams for NCCL on GPUs) unless `--dp-step-model` names one; for a graph
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from cli.common import Resolved
 from planner.distributed.collectives import Collective, collectives, price, require_group_size
 from planner.distributed.comm_cost import (
     AlgorithmChoice,
@@ -29,6 +31,7 @@ from planner.distributed.comm_cost import (
     cheapest_algorithm,
 )
 from planner.distributed.dp import (
+    BACKWARD_FACTOR,
     DDP_BUCKET_BYTES,
     BackwardStep,
     StepModel,
@@ -45,10 +48,12 @@ from planner.distributed.streams import evaluate_streams
 from planner.distributed.tp_graph import find_tp_sites
 from planner.errors import DeviceSpecError, ModelSpecError
 from planner.fusion.partition import Partition
+from planner.hardware import local_device_name
 from planner.ir.capture import Captured
 from planner.ir.graph import OpGraph
 from planner.objective import Objective
 from planner.plans.plan import DPChoice
+from profiling.backward import MeasuredBackward, measure_backward
 from search.bucket_search import BucketChoice, search_bucket_size
 from search.tp_search import search_tp_graph
 from zoo.modelspec import parse_shape
@@ -193,9 +198,67 @@ def bucket_report(
     return payload, rows, choice, used
 
 
+def dp_backward(
+    args: argparse.Namespace, r: Resolved, graph: OpGraph
+) -> tuple[MeasuredBackward | None, str]:
+    """The measured backward for `--dp` (None: estimate it) and why, from `--backward`:
+    `measured` runs the model's forward and backward on this machine
+    (profiling.backward.measure_backward), refused for another `--device` or a model
+    holding collectives (it would need a process group); `auto` measures where neither
+    applies. None without `--dp` or for a gradient-sync graph (it holds no backward)."""
+    source = getattr(args, "backward", None) or "auto"
+    if not args.dp or source == "estimated" or gradient_sync(graph) is not None:
+        return None, "chosen by the caller" if source == "estimated" else ""
+    local = local_device_name()
+    why_not = ""
+    if r.device_name != local:
+        why_not = f"--device {r.device_name} is not this machine's device ({local})"
+    elif collectives(graph):
+        why_not = "the model holds collectives: it runs only inside a process group"
+    if why_not:
+        if source == "measured":
+            raise ModelSpecError(
+                f"--backward measured runs the model here, but {why_not}; use --backward estimated"
+            )
+        return None, f"auto: {why_not}"
+    module, inputs = r.spec.build(dtype=r.dtype, device="cpu" if local == "cpu" else "cuda")
+    measured = measure_backward(module, inputs)
+    why = "chosen by the caller" if source == "measured" else "auto: --device is this machine's"
+    return measured, why
+
+
+def _backward_payload(measured: MeasuredBackward | None, why: str) -> dict[str, Any]:
+    if measured is None:
+        return {"source": "estimated", "reason": why or "chosen by the caller",
+                "factor": BACKWARD_FACTOR}  # fmt: skip
+    return {
+        "source": "measured", "reason": why, "device": measured.device, "reps": measured.reps,
+        "forward_s": measured.forward_s, "backward_s": measured.backward_s,
+        "unused": list(measured.unused),
+        "steps": [{"name": s.name, "duration_s": s.duration_s, "grad_bytes": sum(s.grad_bytes)}
+                  for s in measured.steps],
+    }  # fmt: skip
+
+
+def _backward_note(measured: MeasuredBackward | None, why: str) -> str:
+    if measured is None:
+        note = f"backward estimated as {BACKWARD_FACTOR:g}x forward per op"
+        return note + (f" ({why})" if why else "")
+    return (
+        f"backward measured on {measured.device} ({why}; median of {measured.reps} passes: "
+        f"forward {measured.forward_s * 1e3:.3g} ms, backward {measured.backward_s * 1e3:.3g} ms)"
+    )
+
+
 def distributed_report(
-    args: argparse.Namespace, graph: OpGraph, op_time_s: list[float], device_kind: str
+    args: argparse.Namespace,
+    graph: OpGraph,
+    op_time_s: list[float],
+    device_kind: str,
+    measured: tuple[MeasuredBackward | None, str] = (None, ""),
 ) -> tuple[dict[str, Any], str]:
+    """The distributed breakdown; `measured` is `dp_backward`'s answer (the measured
+    backward, or None to estimate it, and why)."""
     for flag in ("tp", "dp", "pp", "ranks_per_node"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ModelSpecError(
@@ -248,24 +311,27 @@ def distributed_report(
         rows += lines
         out["gradient_buckets"] = payload
     elif args.dp:
-        steps = backward_steps(graph, lambda i: op_time_s[i])
+        bwd, why = measured
+        if bwd is None:
+            steps, forward_s = backward_steps(graph, lambda i: op_time_s[i]), fwd.makespan_s
+        else:
+            steps, forward_s = list(bwd.steps), bwd.forward_s
         model = _step_model(args, link, device_kind)
         payload, lines, _, bucket = bucket_report(
-            steps, args.dp, price_ar, fwd.makespan_s, args.bucket_mb,
-            "backward estimated as 2x forward per op", model,
+            steps, args.dp, price_ar, forward_s, args.bucket_mb, _backward_note(bwd, why), model,
         )  # fmt: skip
+        payload["backward"] = _backward_payload(bwd, why)
 
         def ar(nbytes: int) -> float:
             return price_ar(nbytes, args.dp).seconds
 
         first = first_bucket_bytes(bucket)
-        step = dp_step_timeline(
-            steps, bucket, ar, fwd.makespan_s, 0.0, first, serial_comm=model.serial
-        )
+        step = dp_step_timeline(steps, bucket, ar, forward_s, 0.0, first, serial_comm=model.serial)
         rows.append(_line(f"train dp={args.dp}", step))
         rows += lines
         out["train_step"] = {
             **step.summary(), "dp": args.dp, "bucket_bytes": bucket, "step_model": model.name,
+            "backward": payload["backward"]["source"],
         }  # fmt: skip
         out["gradient_buckets"] = payload
     if args.pp is not None:
