@@ -165,6 +165,10 @@ def test_analyze_refuses_to_measure_a_model_without_trainable_parameters(capsys,
     assert main([*argv, "--backward", "measured"]) != 0
     err = capsys.readouterr().err
     assert "no parameters that require grad" in err and "Traceback" not in err
+    # auto: the failed measurement leaves the estimate, and the report says why
+    assert main([*argv, "--format", "json"]) == 0
+    bwd = json.loads(capsys.readouterr().out)["distributed"]["gradient_buckets"]["backward"]
+    assert bwd["source"] == "estimated" and "measuring the backward failed" in bwd["reason"]
 
 
 @pytest.mark.gpu

@@ -46,7 +46,7 @@ from planner.distributed.links import LinkSpec, get_link
 from planner.distributed.overlap import Timeline, plan_tasks, schedule
 from planner.distributed.streams import evaluate_streams
 from planner.distributed.tp_graph import find_tp_sites
-from planner.errors import DeviceSpecError, ModelSpecError
+from planner.errors import DeviceSpecError, ModelSpecError, first_line
 from planner.fusion.partition import Partition
 from planner.hardware import local_device_name
 from planner.ir.capture import Captured
@@ -221,8 +221,13 @@ def dp_backward(
                 f"--backward measured runs the model here, but {why_not}; use --backward estimated"
             )
         return None, f"auto: {why_not}"
-    module, inputs = r.spec.build(dtype=r.dtype, device="cpu" if local == "cpu" else "cuda")
-    measured = measure_backward(module, inputs)
+    try:
+        module, inputs = r.spec.build(dtype=r.dtype, device="cpu" if local == "cpu" else "cuda")
+        measured = measure_backward(module, inputs)
+    except Exception as e:  # auto: a measurement that fails leaves the estimate
+        if source == "measured":
+            raise
+        return None, f"auto: measuring the backward failed ({type(e).__name__}: {first_line(e)})"
     why = "chosen by the caller" if source == "measured" else "auto: --device is this machine's"
     return measured, why
 
