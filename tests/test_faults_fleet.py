@@ -192,7 +192,14 @@ def _heartbeat_worker(index: int, url: str, name: str, beats: bool) -> int:
     return index
 
 
-@pytest.mark.parametrize("beats", [True, False], ids=["after-first-beat", "before-first-beat"])
+@pytest.mark.parametrize(
+    "beats",
+    [
+        # the stale-heartbeat path is also covered on SQLite in the default run
+        pytest.param(True, id="after-first-beat", marks=pytest.mark.slow),
+        pytest.param(False, id="before-first-beat"),
+    ],
+)
 def test_a_dead_workers_trial_is_failed_by_the_heartbeat_and_retried(db, beats):
     """Worker 1 is killed holding a RUNNING trial, after the trial's first heartbeat or
     before it (Optuna writes it from a thread started once the trial exists)."""
