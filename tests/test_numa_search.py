@@ -152,3 +152,11 @@ def test_plan_numa_reports_the_placement_of_the_groups_it_searched(capsys, tmp_p
     gpu = ["plan", *MLP[:-4], "--device", "h100", "--dtype", "fp32", "--numa", "two-node"]
     assert main(gpu) == 2
     assert "plan for a CPU --device" in capsys.readouterr().err
+
+
+def test_a_topology_without_nodes_is_refused() -> None:
+    from planner.distributed.numa import NumaCostModel, NumaTopology
+    from planner.errors import FusionPlannerError
+
+    with pytest.raises(FusionPlannerError, match="at least one node"):
+        NumaCostModel(NumaTopology((), 1e9, 1e12))

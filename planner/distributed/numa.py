@@ -292,6 +292,8 @@ class NumaCostModel:
         home: Mapping[int, int] | None = None,
         label: str = "",
     ):
+        if topo.n_nodes == 0:
+            raise FusionPlannerError("a NUMA topology needs at least one node")
         self.topo, self.spec = topo, spec
         self.fixed_home = dict(home) if home is not None else None
         self.label = label or topo.source
