@@ -7,8 +7,7 @@ from __future__ import annotations
 import argparse
 
 from cli.commands.analyze_dist import (
-    apply_dp,
-    apply_pp,
+    apply_dp_pp,
     apply_tp,
     distributed_report,
     dp_backward,
@@ -27,8 +26,7 @@ def run(args: argparse.Namespace) -> int:
     if wants_distributed(args):
         params = modelspec.resolve(args.model, args.shape).params
         apply_tp(args, params)
-        apply_dp(args, params)
-        apply_pp(args, params)
+        apply_dp_pp(args, params)
     r = resolve(args)
     graph = capture_for_planning(r).graph
     spec = get_spec(r.device_name)

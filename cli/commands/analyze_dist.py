@@ -78,32 +78,22 @@ def apply_tp(args: argparse.Namespace, params: dict[str, int]) -> None:
     args.shape = ",".join(s for s in (args.shape, f"TP={args.tp}") if s)
 
 
-def apply_dp(args: argparse.Namespace, params: dict[str, int]) -> None:
-    """Put `--dp` into the shape string of a model whose gradient sync takes DP (the
-    zoo:dp-* syncs), so its all-reduces are captured over that many ranks; a shape that
-    already gives another DP is refused."""
-    if args.dp is None or "DP" not in params:
-        return
-    given = parse_shape(args.shape).get("DP")
-    if given is not None:
-        if given != args.dp:
-            raise ModelSpecError(f"--dp {args.dp} and the shape's DP={given} disagree: give one")
-        return
-    args.shape = ",".join(s for s in (args.shape, f"DP={args.dp}") if s)
-
-
-def apply_pp(args: argparse.Namespace, params: dict[str, int]) -> None:
-    """Put `--pp` into the shape string of a pipeline-stage model (zoo:pp-block takes PP),
-    so its transfers are captured over that many ranks; a shape that already gives
-    another PP is refused."""
-    if args.pp is None or "PP" not in params:
-        return
-    given = parse_shape(args.shape).get("PP")
-    if given is not None:
-        if given != args.pp:
-            raise ModelSpecError(f"--pp {args.pp} and the shape's PP={given} disagree: give one")
-        return
-    args.shape = ",".join(s for s in (args.shape, f"PP={args.pp}") if s)
+def apply_dp_pp(args: argparse.Namespace, params: dict[str, int]) -> None:
+    """Put `--dp` and `--pp` into the shape string of a model that takes DP (the zoo:dp-*
+    gradient syncs) or PP (zoo:pp-block, a pipeline stage), so its all-reduces or
+    transfers are captured over that many ranks; a shape that already gives another
+    value is refused."""
+    for flag, key in (("dp", "DP"), ("pp", "PP")):
+        value = getattr(args, flag)
+        if value is None or key not in params:
+            continue
+        given = parse_shape(args.shape).get(key)
+        if given is None:
+            args.shape = ",".join(s for s in (args.shape, f"{key}={value}") if s)
+        elif given != value:
+            raise ModelSpecError(
+                f"--{flag} {value} and the shape's {key}={given} disagree: give one"
+            )
 
 
 def _link(args: argparse.Namespace, device_kind: str) -> LinkSpec:
