@@ -390,8 +390,10 @@ def _isolated(
     error for the re-timing)."""
     for part in parts:
         before = len(jsonl.read_text().splitlines()) if jsonl.exists() else 0
+        # only the re-timing starts from records; the measurements start from none
+        start = (known or str(jsonl)) if part == "retime" else ""
         proc = multiprocessing.get_context("spawn").Process(
-            target=_cell_process, args=(cell, str(jsonl), dev_name, part, known or str(jsonl))
+            target=_cell_process, args=(cell, str(jsonl), dev_name, part, start)
         )
         proc.start()
         proc.join()
