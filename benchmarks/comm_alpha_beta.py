@@ -109,11 +109,13 @@ def fits_text(fits: list[dict]) -> str:
     """`α us, B GB/s` per size range, each range named by its bounds when there are several."""
     out = []
     for i, f in enumerate(fits):
-        bw = 1 / f["beta_s_per_byte"] / 1e9
+        bw = f"{1 / f['beta_s_per_byte'] / 1e9:.2f} GB/s" if f["beta_s_per_byte"] > 0 else "— GB/s"
         where = ""
-        if len(fits) > 1:
+        if f.get("bridge"):
+            where = f"bridge {_size(f['lo_bytes'])}-{_size(f['hi_bytes'])}: "
+        elif len(fits) > 1:
             where = f"< {_size(f['hi_bytes'])}: " if i == 0 else "above: "
-        out.append(f"{where}{f['alpha_s'] * 1e6:.0f} us, {bw:.2f} GB/s")
+        out.append(f"{where}{f['alpha_s'] * 1e6:.0f} us, {bw}")
     return "; ".join(out)
 
 

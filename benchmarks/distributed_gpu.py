@@ -483,10 +483,14 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
                 continue
             ranges = "; ".join(
                 f"[{f['lo_bytes']}, {'inf' if f['hi_bytes'] >= 1 << 60 else f['hi_bytes']})"
+                + (" bridge" if f.get("bridge") else "")
                 for f in r["fits"]
             )
             alphas = "; ".join(f"{f['alpha_s'] * 1e6:.2f}" for f in r["fits"])
-            bws = "; ".join(f"{1 / f['beta_s_per_byte'] / 1e9:.1f}" for f in r["fits"])
+            bws = "; ".join(
+                f"{1 / f['beta_s_per_byte'] / 1e9:.1f}" if f["beta_s_per_byte"] > 0 else "—"
+                for f in r["fits"]
+            )
             within = sum(h["rel_err"] <= 0.10 for h in r["heldout"])
             out.append(
                 f"| {r['collective']} | {ranges} | {alphas} | {bws} | "

@@ -418,15 +418,26 @@ def rel_errors(fits: Sequence[AlphaBeta], rows: Sequence[tuple[int, float]]) -> 
 
 
 def _fit_pieces(rows: Sequence[tuple[int, float]], cuts: Sequence[int]) -> tuple[AlphaBeta, ...]:
-    """One fit per stretch of `rows` between the indices `cuts`, each range ending midway
-    between its last size and the next range's first."""
+    """One fit per stretch of `rows` between the indices `cuts`, each covering its own
+    measured sizes, and between two stretches a bridge: the line from the lower fit's time
+    at its last size to the upper fit's time at its first. Where the protocol changes
+    between two measured sizes is not known; the bridge keeps the prediction continuous
+    across that gap instead of handing over to the upper line at an arbitrary point."""
     bounds = [0, *cuts, len(rows)]
-    fits = []
+    pieces = []
     for j in range(len(bounds) - 1):
         a, b = bounds[j], bounds[j + 1]
-        lo = 0 if j == 0 else (rows[a - 1][0] + rows[a][0]) // 2
-        hi = 1 << 62 if b == len(rows) else (rows[b - 1][0] + rows[b][0]) // 2
-        fits.append(_fit_segment(rows[a:b], lo, hi))
+        lo = 0 if j == 0 else rows[a][0]
+        hi = 1 << 62 if b == len(rows) else rows[b - 1][0]
+        pieces.append(_fit_segment(rows[a:b], lo, hi))
+    fits: list[AlphaBeta] = []
+    for j, piece in enumerate(pieces):
+        if j:
+            left, s0, s1 = pieces[j - 1], fits[-1].hi_bytes, piece.lo_bytes
+            t0, t1 = left.time_s(s0), piece.time_s(s1)
+            slope = (t1 - t0) / (s1 - s0)
+            fits.append(AlphaBeta(t0 - slope * s0, slope, s0, s1, bridge=True))
+        fits.append(piece)
     return tuple(fits)
 
 

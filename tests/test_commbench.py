@@ -53,9 +53,16 @@ def test_fit_recovers_alpha_beta_and_splits_where_the_slope_changes() -> None:
     small, large = AlphaBeta(20e-6, 1 / 4e9), AlphaBeta(200e-6, 1 / 1e9)
     rows = [(s, (small if s < 1 << 16 else large).time_s(s)) for s in sizes]
     fits = fit_alpha_beta(rows)
-    assert len(fits) == 2
+    assert [f.bridge for f in fits] == [False, True, False]
     assert max(rel_errors(fits, rows)) < 1e-6
     assert predict_s(fits, 1 << 12) == pytest.approx(small.time_s(1 << 12))
+    # between the last small size and the first large one the prediction runs straight
+    # from one line to the other, whichever side of the gap the protocol changes at
+    s0, s1 = 1 << 15, 1 << 16
+    mid = (s0 + s1) // 2
+    assert predict_s(fits, s0) == pytest.approx(small.time_s(s0))
+    assert predict_s(fits, s1) == pytest.approx(large.time_s(s1))
+    assert predict_s(fits, mid) == pytest.approx((small.time_s(s0) + large.time_s(s1)) / 2)
 
 
 def test_measured_local_link_round_trips_and_predicts(tmp_path, monkeypatch) -> None:
@@ -103,7 +110,7 @@ def test_fit_takes_a_third_range_only_where_it_earns_it() -> None:
 
     rows = [(s, t(s)) for s in sizes]
     fits = fit_alpha_beta(rows, max_ranges=3)
-    assert len(fits) == 3 and max(rel_errors(fits, rows)) < 1e-6
+    assert sum(not f.bridge for f in fits) == 3 and max(rel_errors(fits, rows)) < 1e-6
     one = AlphaBeta(10e-6, 1 / 20e9)
     assert len(fit_alpha_beta([(s, one.time_s(s)) for s in sizes], max_ranges=3)) == 1
 

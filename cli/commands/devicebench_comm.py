@@ -63,8 +63,9 @@ def _one(args: argparse.Namespace, backend: str, link: str, kind: str) -> tuple[
     ]
     for c, lf in zip(res.collective_fits, m.fits, strict=True):
         hi = "inf" if c.hi_bytes >= 1 << 60 else str(c.hi_bytes)
+        where = f"[{c.lo_bytes}, {hi})" + (" bridge" if c.bridge else "")
         rows.append(
-            f"{f'[{c.lo_bytes}, {hi})':<24} {c.alpha_s * 1e6:11.1f} {c.bandwidth_Bps / 1e9:9.3f} "
+            f"{where:<24} {c.alpha_s * 1e6:11.1f} {c.bandwidth_Bps / 1e9:9.3f} "
             f"{lf.alpha_s * 1e6:14.2f} {lf.bandwidth_Bps / 1e9:12.3f}"
         )
     rows.append(f"{'held-out bytes':<16} {'measured us':>12} {'predicted us':>13} {'error':>7}")

@@ -209,7 +209,9 @@ def link_from_collective(
     a, b = coefficients(CollectiveKind(kind), Algorithm(algorithm), p)
     if a == 0 or b == 0:
         raise FusionPlannerError(f"a collective over {p} rank(s) moves nothing; cannot invert")
-    return AlphaBeta(fit.alpha_s / a, fit.beta_s_per_byte / b, fit.lo_bytes, fit.hi_bytes)
+    return AlphaBeta(
+        fit.alpha_s / a, fit.beta_s_per_byte / b, fit.lo_bytes, fit.hi_bytes, fit.bridge
+    )
 
 
 # ---- pipeline parallelism -------------------------------------------------------------

@@ -25,12 +25,16 @@ US = 1e-6
 
 @dataclass(frozen=True)
 class AlphaBeta:
-    """One α-β fit: a message of S bytes in [lo_bytes, hi_bytes) costs alpha_s + S*beta_s_per_byte."""
+    """One α-β fit: a message of S bytes in [lo_bytes, hi_bytes) costs alpha_s + S*beta_s_per_byte.
+
+    `bridge`: the line joins two fitted ranges across the sizes between their measured
+    ones (not fitted to measurements of its own)."""
 
     alpha_s: float
     beta_s_per_byte: float
     lo_bytes: int = 0
     hi_bytes: int = 1 << 62
+    bridge: bool = False
 
     @property
     def bandwidth_Bps(self) -> float:
