@@ -11,6 +11,11 @@ returned, before synchronizing) and per whole call, over `--calls` calls; and cP
 as many calls again, its top functions by own time and the cumulative time of the
 serving path's layers (dynamo's frame, the backend's dispatch, the realized plan's call,
 the graph replay, the outputs rebuilt). Prints Markdown.
+
+`--cycle 1,8,48` repeats the measurement for each K over K sequence lengths S..S+K-1
+called in turn (each shape warmed up, its graph recorded, before timing): how the host
+time of a steady call changes with the number of shapes served, as in a stream of
+lengths (`benchmarks/runtime_stream.py`) where every call may be another shape.
 """
 
 from __future__ import annotations
@@ -47,9 +52,11 @@ LAYERS = (
 )
 
 
-def _timed(fn, args, calls: int, sync) -> tuple[float, float]:
+def _timed(fn, shapes, calls: int, sync) -> tuple[float, float]:
+    """Median host and whole time per call over `calls` calls, the inputs of `shapes` in turn."""
     host, whole = [], []
-    for _ in range(calls):
+    for i in range(calls):
+        args = shapes[i % len(shapes)]
         t0 = time.perf_counter()
         fn(*args)
         t1 = time.perf_counter()
@@ -59,11 +66,11 @@ def _timed(fn, args, calls: int, sync) -> tuple[float, float]:
     return statistics.median(host) * 1e6, statistics.median(whole) * 1e6
 
 
-def _profile(fn, args, calls: int, sync, top: int) -> str:
+def _profile(fn, shapes, calls: int, sync, top: int) -> str:
     pr = cProfile.Profile()
     pr.enable()
-    for _ in range(calls):
-        fn(*args)
+    for i in range(calls):
+        fn(*shapes[i % len(shapes)])
     sync()
     pr.disable()
     st = pstats.Stats(pr)
@@ -84,16 +91,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--quick", action="store_true", help="the tiny model on this CPU")
+    p.add_argument(
+        "--cycle", default="1", help="numbers K of sequence lengths S..S+K-1 served in turn"
+    )
     args = p.parse_args(argv)
+    try:
+        cycles = [int(k) for k in args.cycle.split(",")]
+        if any(k < 1 for k in cycles):
+            raise ValueError
+    except ValueError:
+        p.error(f"--cycle takes positive integers separated by commas, got {args.cycle!r}")
     dims = dict(kv.split("=") for kv in args.shape.split(","))
     b, s = int(dims["B"]), int(dims["S"])
     cuda = torch.cuda.is_available() and not args.quick
     dev = "cuda" if cuda else "cpu"
-    model, inputs = (gpt2.tiny if args.quick else gpt2.factory)(b, s)
+    model, _ = (gpt2.tiny if args.quick else gpt2.factory)(b, s)
     model = model.to(dev).eval()
     if cuda:
         model = model.to(torch.bfloat16)
-    inputs = tuple(t.to(dev) for t in (inputs if isinstance(inputs, tuple) else (inputs,)))
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    lengths = [s + i for i in range(max(cycles))]
+    every = [(torch.randint(0, vocab, (b, n), generator=gen).to(dev),) for n in lengths]
 
     def sync() -> None:
         if cuda:
@@ -106,14 +125,28 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         contenders["reduce-overhead"] = torch.compile(model, mode="reduce-overhead", dynamic=True)
     print(f"# Served host time per call: GPT-2 B={b},S={s} on {dev} ({torch.__version__})\n")
+    summary = []
     with torch.no_grad():
         for name, fn in contenders.items():
-            for _ in range(10):  # compile, first run, graph recording, steady
-                fn(*inputs)
-            sync()
-            host, whole = _timed(fn, inputs, args.calls, sync)
-            print(f"## {name}\n\nmedian per call: host {host:.1f} us, whole call {whole:.1f} us\n")
-            print(_profile(fn, inputs, args.calls, sync, args.top))
+            for k in cycles:
+                shapes = every[:k]
+                for _ in range(10):  # compile, first run, graph recording, steady
+                    for x in shapes:
+                        fn(*x)
+                sync()
+                host, whole = _timed(fn, shapes, args.calls, sync)
+                summary.append((name, k, host, whole))
+                where = f", {k} lengths S={s}..{s + k - 1} in turn" if k > 1 else ""
+                print(
+                    f"## {name}{where}\n\n"
+                    f"median per call: host {host:.1f} us, whole call {whole:.1f} us\n"
+                )
+                print(_profile(fn, shapes, args.calls, sync, args.top))
+    if len(cycles) > 1 or len(contenders) > 1:
+        print("## Summary: median per call, us\n")
+        print("| contender | lengths in turn | host | whole call |\n|---|---:|---:|---:|")
+        for name, k, host, whole in summary:
+            print(f"| {name} | {k} | {host:.1f} | {whole:.1f} |")
     return 0
 
 
