@@ -575,7 +575,12 @@ GENERATED: tuple[Generated, ...] = (
             _distributed(n),
             f"python benchmarks/distributed_gpu.py --table-only --out benchmarks/results/{n}",
         )
-        for n in ("distributed_h200x2", "distributed_h200x2_run2", "distributed_h200x2_run3")
+        for n in (
+            "distributed_h200x2",
+            "distributed_h200x2_run2",
+            "distributed_h200x2_run3",
+            "distributed_h200x2_run4",
+        )
     ),
     Generated(
         "benchmarks/results/tp_graph_h200x2/tp_graph.md",
