@@ -13,7 +13,7 @@ serving path's layers (dynamo's frame, the backend's dispatch, the realized plan
 the graph replay, the outputs rebuilt). Prints Markdown.
 
 `--cycle 1,8,48` repeats the measurement for each K over K sequence lengths S..S+K-1
-called in turn (each shape warmed up, its graph recorded, before timing): how the host
+(`--spread LO..HI`: spread geometrically from LO to HI, over several buckets) called in turn (each shape warmed up, its graph recorded, before timing): how the host
 time of a steady call changes with the number of shapes served, as in a stream of
 lengths (`benchmarks/runtime_stream.py`) where every call may be another shape.
 """
@@ -94,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cycle", default="1", help="numbers K of sequence lengths S..S+K-1 served in turn"
     )
+    p.add_argument(
+        "--spread",
+        default=None,
+        help="LO..HI: the K lengths spread geometrically from LO to HI instead (across buckets)",
+    )
     args = p.parse_args(argv)
     try:
         cycles = [int(k) for k in args.cycle.split(",")]
@@ -101,6 +106,15 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError
     except ValueError:
         p.error(f"--cycle takes positive integers separated by commas, got {args.cycle!r}")
+    spread = None
+    if args.spread:
+        try:
+            lo, hi = (int(v) for v in args.spread.split(".."))
+            if not 1 <= lo <= hi:
+                raise ValueError
+        except ValueError:
+            p.error(f"--spread takes LO..HI with 1 <= LO <= HI, got {args.spread!r}")
+        spread = (lo, hi)
     dims = dict(kv.split("=") for kv in args.shape.split(","))
     b, s = int(dims["B"]), int(dims["S"])
     cuda = torch.cuda.is_available() and not args.quick
@@ -111,8 +125,20 @@ def main(argv: list[str] | None = None) -> int:
         model = model.to(torch.bfloat16)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
-    lengths = [s + i for i in range(max(cycles))]
-    every = [(torch.randint(0, vocab, (b, n), generator=gen).to(dev),) for n in lengths]
+
+    def lengths_of(k: int) -> list[int]:
+        if spread is None:
+            return [s + i for i in range(k)]
+        lo, hi = spread
+        return [round(lo * (hi / lo) ** (i / max(1, k - 1))) for i in range(k)]
+
+    made: dict[int, tuple[torch.Tensor]] = {}
+
+    def inputs_of(k: int) -> list[tuple[torch.Tensor]]:
+        for n in lengths_of(k):
+            if n not in made:
+                made[n] = (torch.randint(0, vocab, (b, n), generator=gen).to(dev),)
+        return [made[n] for n in lengths_of(k)]
 
     def sync() -> None:
         if cuda:
@@ -129,14 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         for name, fn in contenders.items():
             for k in cycles:
-                shapes = every[:k]
+                shapes = inputs_of(k)
                 for _ in range(10):  # compile, first run, graph recording, steady
                     for x in shapes:
                         fn(*x)
                 sync()
                 host, whole = _timed(fn, shapes, args.calls, sync)
                 summary.append((name, k, host, whole))
-                where = f", {k} lengths S={s}..{s + k - 1} in turn" if k > 1 else ""
+                ls = lengths_of(k)
+                where = f", {k} lengths S={ls[0]}..{ls[-1]} in turn" if k > 1 else ""
                 print(
                     f"## {name}{where}\n\n"
                     f"median per call: host {host:.1f} us, whole call {whole:.1f} us\n"
