@@ -506,6 +506,7 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_h",
             "runtime_stream_gpt2_tuned_h100_t",
             "runtime_stream_gpt2_tuned_h100_u",
+            "runtime_stream_gpt2_tuned_h100_v",
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
@@ -630,6 +631,7 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_h",
             "runtime_stream_gpt2_tuned_h100_t",
             "runtime_stream_gpt2_tuned_h100_u",
+            "runtime_stream_gpt2_tuned_h100_v",
         )
     ),
     *(

@@ -676,6 +676,8 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         else "an empty Inductor/Triton cache directory of its own (cold compiles)"
     )
     threads = meta["threads"] or "torch's default number of"
+    # the host's CPU: a host-bound stream's figures depend on it (older runs did not record it)
+    cpu = f" ({meta['cpu']})" if meta.get("cpu") and meta["cpu"] != meta["device_name"] else ""
     busy = (
         " (above the core count: other processes competed for the CPU)"
         if max(meta["load_start"], meta["load_end"]) > (meta["cores"] or 1)
@@ -685,7 +687,7 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
 
 Produced by `{meta["command"]}` on {meta["date"]}.
 
-- Machine: {meta["device_name"]}, {meta["cores"]} CPU cores; torch {meta["torch"]}, Python {meta["python"]}; {threads} intra-op thread(s). Load average (1 min): {meta["load_start"]:.2f} at the start, {meta["load_end"]:.2f} at the end{busy}.
+- Machine: {meta["device_name"]}, {meta["cores"]} CPU cores{cpu}; torch {meta["torch"]}, Python {meta["python"]}; {threads} intra-op thread(s). Load average (1 min): {meta["load_start"]:.2f} at the start, {meta["load_end"]:.2f} at the end{busy}.
 - Model: `{meta["model"]}` with {meta["shape"]}, {meta["dtype"]}, on {meta["device"]}, under torch.no_grad().
 - Stream: {len(lengths)} calls, {meta["dim"]} in {meta["seq"][0]}..{meta["seq"][1]} (log-normal, seed {meta["seed"]}): {len(set(lengths))} distinct lengths in {len(buckets)} pow2 buckets. Each contender runs it {meta["passes"]} times: pass 1 cold, the later passes in which no call compiled are the steady state (their median; *unsettled*: every later pass compiled something, and the last one is shown).
 - Plan cache (planner): {cache_mode}.
@@ -874,6 +876,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cores": os.cpu_count(),
+        "cpu": cpu_model_name(),
         "seq": [lo, hi],
         "same_process": args.same_process,
         "shared_inductor_cache": args.shared_inductor_cache,
