@@ -12,7 +12,8 @@ step model the link's backend runs (planner.distributed.dp.step_model_for: seria
 on CPU ranks, two streams for NCCL on GPUs) unless `--dp-step-model` names one; for a graph
 that is a gradient sync (zoo:dp-grad-sync), the same bucket decision over its gradients;
 with `--pp`, the pipeline step over micro-batches (analyze_pipe; a pipeline-stage model,
-zoo:pp-block, also lists its transfers with their peers). docs/distributed.md says what is estimated.
+zoo:pp-block, also lists its transfers with their peers). docs/distributed.md says what
+is estimated.
 """
 
 from __future__ import annotations

@@ -54,6 +54,10 @@ def parse_microbatches(value: object) -> int | None:
     return m
 
 
+def _count(n: int, noun: str, plural: str = "") -> str:
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def _candidates(m: int | None, batch: int | None) -> list[int]:
     if batch is None:
         if m is None:
@@ -91,7 +95,10 @@ def _stages(
     else:
         runs = split_stages(op_time_s, args.pp)
         costs = stage_costs(graph, runs, op_time_s, op_launch_s, factor)
-        how = f"{len(graph.nodes)} ops cut into {args.pp} stages in op order, balancing cost"
+        how = (
+            f"{_count(len(graph.nodes), 'op')} cut into {_count(args.pp, 'stage')} in op "
+            "order, balancing cost"
+        )
     if overhead is not None:
         fixed = overhead * US
         too_big = [s for s, c in enumerate(costs) if fixed > c.forward_s]
@@ -200,7 +207,7 @@ def _step_lines(row: MicrobatchRow, stages: int, batch: int | None) -> list[str]
     size = f" of {batch // m} samples" if batch else ""
     closed = bubble_fraction(step.schedule, stages, m)
     lines = [
-        f"  {stages} stages x {m} micro-batches{size}: step {step.step_s / US:.1f} us, bubble "
+        f"  {_count(stages, 'stage')} x {_count(m, 'micro-batch', 'micro-batches')}{size}: step {step.step_s / US:.1f} us, bubble "
         f"{step.bubble_fraction:.1%} measured ({closed:.1%} for equal stages, free p2p), "
         f"exposed p2p {step.exposed_p2p_s / US:.2f} us"
         + ("" if row.fits else "  (over the activation limit)"),
