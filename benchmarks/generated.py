@@ -346,6 +346,15 @@ def _comm_cpu_low_q() -> str:
     return comm_alpha_beta.render_low_quantile([RESULTS / f"{n}.json" for n in COMM_LOW_Q])
 
 
+PIPELINE_GLOO_RUNS = ("pipeline_gloo_cpu", "pipeline_gloo_cpu_run2", "pipeline_gloo_cpu_run3")
+
+
+def _pipeline_gloo() -> str:
+    from benchmarks import pipeline_gloo
+
+    return pipeline_gloo.render_runs([RESULTS / f"{n}.json" for n in PIPELINE_GLOO_RUNS])
+
+
 def _dp_cpu() -> str:
     from benchmarks import dp_bucket
 
@@ -650,6 +659,7 @@ GENERATED: tuple[Generated, ...] = (
             ("dp_bucket_cpu_b8_serial", _dp_cpu_serial),
             ("dp_bucket_cpu_b8_bwd", _dp_cpu_bwd),
             ("dp_bucket_cpu_earlier", _dp_cpu_earlier),
+            ("pipeline_gloo_cpu", _pipeline_gloo),
         )
     ),
     *(

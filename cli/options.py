@@ -170,9 +170,29 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("distributed what-if")
     g.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (zoo:tp-* models)")
     g.add_argument("--dp", type=int, default=None, help="data-parallel ranks: adds a train step")
-    g.add_argument("--pp", type=int, default=None, help="pipeline stages: reports the bubble")
-    g.add_argument("--microbatches", type=int, default=8, help="micro-batches for --pp")
+    g.add_argument(
+        "--pp", type=int, default=None, help="pipeline stages: prices a step over micro-batches"
+    )
+    g.add_argument(
+        "--microbatches",
+        default="auto",
+        help="micro-batches the batch (the shape's B) is split into for --pp, or auto: the "
+        "divisor of B with the shortest step whose activations fit --activation-limit-mb",
+    )
     g.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved"))
+    g.add_argument(
+        "--activation-limit-mb",
+        type=float,
+        default=None,
+        help="--pp: activation memory per stage (MiB) a micro-batch count must fit",
+    )
+    g.add_argument(
+        "--microbatch-overhead-us",
+        type=float,
+        default=None,
+        help="--pp: fixed forward cost of one micro-batch per stage (us; backward: "
+        "BACKWARD_FACTOR times it); default: the stage's kernel launches",
+    )
     g.add_argument(
         "--interconnect",
         default=None,

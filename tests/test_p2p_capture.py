@@ -185,6 +185,10 @@ def test_analyze_prints_a_stage_transfer_priced_on_the_link(capsys) -> None:
     assert out["forward"]["t_comm_s"] == pytest.approx(want)
     assert out["forward"]["exposed_comm_s"] == pytest.approx(want)
     assert out["pipeline"]["stages"] == 2
+    # the pipeline step repeats the stage program: stage 0 sends its activation, the last none
+    first, last = out["pipeline"]["stage_costs"]
+    assert (first["send_bytes"], last["send_bytes"]) == (ACT, 0)
+    assert first["forward_s"] == last["forward_s"] > 0
     assert main(argv) == 0
     assert f"send {ACT} to rank 1" in capsys.readouterr().out
     # --pp and the shape's PP must agree

@@ -30,13 +30,17 @@ def run(args: argparse.Namespace) -> int:
     r = resolve(args)
     graph = capture_for_planning(r).graph
     spec = get_spec(r.device_name)
-    report = analyze(graph, AnalyticalModel(spec), r.dtype_name)
+    model = AnalyticalModel(spec)
+    report = analyze(graph, model, r.dtype_name)
     data = {"model": r.spec.label, "dtype": r.dtype_name, **report.to_dict()}
     text = format_table(report)
     if wants_distributed(args) or gradient_sync(graph) is not None:
         times = [row.predicted_s for row in report.rows]
         measured = dp_backward(args, r, graph)
-        data["distributed"], dist_text = distributed_report(args, graph, times, spec.kind, measured)
+        launch = [model.group_cost(graph, frozenset((n.index,))).t_launch_s for n in graph.nodes]
+        data["distributed"], dist_text = distributed_report(
+            args, graph, times, spec.kind, measured, launch, r.spec.params.get("B")
+        )
         text += "\n" + dist_text
     if args.numa:
         data["numa"], numa_text = numa_report(args.numa, graph, spec, r.dtype_name)

@@ -11,8 +11,9 @@ profiling.backward, or estimated from the forward graph: `dp_backward`), the buc
 step model the link's backend runs (planner.distributed.dp.step_model_for: serial for gloo
 on CPU ranks, two streams for NCCL on GPUs) unless `--dp-step-model` names one; for a graph
 that is a gradient sync (zoo:dp-grad-sync), the same bucket decision over its gradients;
-with `--pp`, the pipeline bubble (and the stages of a pipeline-stage model, zoo:pp-block,
-whose transfers are listed with their peers). docs/distributed.md says what is estimated.
+with `--pp`, the pipeline step over micro-batches (analyze_pipe; a pipeline-stage model,
+zoo:pp-block, also lists its transfers with their peers). docs/distributed.md says what
+is estimated.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from cli.commands.analyze_pipe import pipeline_report
 from cli.common import Resolved
 from planner.distributed.collectives import Collective, collectives, price, require_group_size
 from planner.distributed.comm_cost import (
     AlgorithmChoice,
-    bubble_fraction,
     cheapest_algorithm,
 )
 from planner.distributed.dp import (
@@ -251,9 +252,13 @@ def distributed_report(
     op_time_s: list[float],
     device_kind: str,
     measured: tuple[MeasuredBackward | None, str] = (None, ""),
+    op_launch_s: list[float] | None = None,
+    batch: int | None = None,
 ) -> tuple[dict[str, Any], str]:
     """The distributed breakdown; `measured` is `dp_backward`'s answer (the measured
-    backward, or None to estimate it, and why)."""
+    backward, or None to estimate it, and why); `op_launch_s` (each op's launch time, the
+    fixed part of a micro-batch; none where not given) and `batch` (the shape's B) are for
+    the pipeline step (analyze_pipe)."""
     for flag in ("tp", "dp", "pp", "ranks_per_node"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ModelSpecError(
@@ -330,17 +335,11 @@ def distributed_report(
         }  # fmt: skip
         out["gradient_buckets"] = payload
     if args.pp is not None:
-        frac = bubble_fraction(args.schedule, args.pp, args.microbatches)
-        rows.append(
-            f"pipeline {args.schedule}: {args.pp} stages x {args.microbatches} micro-batches, "
-            f"bubble {frac:.1%} of the step"
-        )
-        out["pipeline"] = {
-            "schedule": args.schedule,
-            "stages": args.pp,
-            "microbatches": args.microbatches,
-            "bubble_fraction": frac,
-        }
+        bwd = measured[0]
+        ratio = bwd.backward_s / bwd.forward_s if bwd is not None and bwd.forward_s > 0 else None
+        launch = op_launch_s if op_launch_s is not None else [0.0] * len(op_time_s)
+        out["pipeline"], lines = pipeline_report(args, graph, op_time_s, launch, link, batch, ratio)
+        rows += lines
     return out, "\n".join(rows)
 
 
