@@ -12,7 +12,7 @@ import pytest
 
 from planner.distributed.tp_plan import RegionCosts, TPDecision, predict
 from profiling.commbench import run_ranks
-from profiling.tpbench import planned_vs_eager
+from profiling.tpbench import planned_vs_eager, whole_vs_eager
 from search.tp_search import region_costs, search_tp_block
 
 US = 1e-6
@@ -178,3 +178,26 @@ def test_graphed_table_compares_the_chosen_graphed_decision_with_each_contender(
     # a row measured before the graphed variants existed renders without that table
     old = {k: v for k, v in row.items() if "graphed" not in k}
     assert "eager graphed" not in markdown({old["key"]: old}, {})
+
+
+def _whole_vs_eager(runs: dict[str, list]) -> None:
+    res = run_ranks(2, whole_vs_eager, (2, 8, 48, 6, runs), timeout_s=300)
+    for backend, decisions in runs.items():
+        for k, f in decisions:
+            label = f"{backend} {TPDecision(k, f).label}"
+            assert res[label] < 1e-5 and res[f"{label} T_comp"] < 1e-5, res
+        # one graph per chunk count and collectives setting (fused and unfused share it)
+        assert res[f"{backend} graphs"] == 2 * len({k for k, _ in decisions}), res
+        assert res[f"{backend} breaks"] == 0, res
+    assert "forward only" in res["grad error"]
+
+
+def test_whole_graph_block_equals_the_tp_block_in_one_graph_per_program() -> None:
+    # dynamo's graphs and their lowering to aten ops (the collectives functionalized);
+    # Inductor's code for them: the slow test below
+    _whole_vs_eager({"aot_eager": [[k, f] for k in (1, 2, 4) for f in (False, True)]})
+
+
+@pytest.mark.slow
+def test_whole_graph_block_compiled_by_inductor_equals_the_tp_block() -> None:
+    _whole_vs_eager({"inductor": [[1, False], [2, True], [4, False]]})
