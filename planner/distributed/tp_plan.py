@@ -443,10 +443,9 @@ class WholePlannedTPBlock(nn.Module):
         return self._programs[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        k = self.decision.chunks
-        if k < 1 or (b * s) % k:
-            raise ModelSpecError(f"{b * s} tokens do not split into {k} chunks")
+        tokens, k = x.shape[0] * x.shape[1], self.decision.chunks
+        if k < 1 or tokens % k:
+            raise ModelSpecError(f"{tokens} tokens do not split into {k} chunks")
         wants_grad = x.requires_grad or any(p.requires_grad for p in self.block.parameters())
         if torch.is_grad_enabled() and wants_grad:
             raise ModelSpecError(
