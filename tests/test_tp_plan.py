@@ -201,3 +201,42 @@ def test_whole_graph_block_equals_the_tp_block_in_one_graph_per_program() -> Non
 @pytest.mark.slow
 def test_whole_graph_block_compiled_by_inductor_equals_the_tp_block() -> None:
     _whole_vs_eager({"inductor": [[1, False], [2, True], [4, False]]})
+
+
+def test_tp_table_shows_the_whole_graph_columns_only_for_rows_that_timed_them() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.distributed_gpu import markdown
+
+    def timed(us: float) -> dict[str, float]:
+        return {"median_s": us * US, "p25_s": us * US, "p75_s": us * US, "reps": 3}
+
+    pred = {"decision": "k=2", "chunks": 2, "total_s": 90 * US, "exposed_comm_s": 5 * US}
+    pred |= {"t_comp_s": 85 * US, "t_comm_s": 20 * US}
+    names = {"eager": 400.0, "compile": 300.0, "planned k=2": 350.0, "planned k=2 T_comp": 250.0}
+    names |= {"planned whole k=2": 240.0, "planned whole k=2 T_comp": 180.0}
+    row = {
+        "key": "tp:1x8x16x2",
+        "ok": True,
+        "shape": [1, 8, 16, 2],
+        "timing": {n: timed(v) for n, v in names.items()},
+        "checks": {n: {"ok": True, "max_rel_err": 1e-3} for n in names if "T_comp" not in n},
+        "chosen": "k=2",
+        "predicted": [pred],
+    }
+    md = markdown({row["key"]: row}, {})
+    head = next(x for x in md.splitlines() if x.startswith("| B,S,D,H | eager"))
+    line = next(x for x in md.splitlines() if x.startswith("| 1,8,16,2 | 400.0"))
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    cells = dict(zip(cols, (c.strip() for c in line.strip("|").split("|")), strict=True))
+    assert cells["planned whole"].startswith("240.0")
+    assert cells["planned whole / eager"] == f"{240 / 400:.3f}"
+    assert cells["planned whole / compile"] == f"{240 / 300:.3f}"
+    assert cells["T_comp planned whole"].startswith("180.0")
+    assert cells["exposed planned whole"] == f"{240 - 180:.1f}"
+    assert cells["planned/compile"] == f"{350 / 300:.3f}"  # the regional plan's as before
+    every = next(x for x in md.splitlines() if x.startswith("| 1,8,16,2 | k=2 (chosen)"))
+    assert every.rstrip(" |").endswith("180.0 ± 0.0")
+    # a row measured before the whole-graph variants existed keeps the older columns
+    old = {k: {n: v for n, v in row[k].items() if "whole" not in n} for k in ("checks", "timing")}
+    old = dict(row, **old)
+    assert "planned whole" not in markdown({old["key"]: old}, {})
