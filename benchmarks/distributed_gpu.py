@@ -29,6 +29,7 @@ skipped on a rerun); DIR/results.md is the table written from it at the end
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -141,8 +142,11 @@ def tp_rank(
     compile_: bool,
     ar_model: dict[str, Any],
     chunk_choices: list[int],
+    whole_decisions: str = "all",
 ) -> dict[str, Any]:
-    """One anchor shape on one rank: plan, realize, check outputs, time every variant."""
+    """One anchor shape on one rank: plan, realize, check outputs, time every variant
+    (the whole-graph block for every decision, only the chosen one, or none:
+    `whole_decisions` all, chosen or off; only with `compile_`)."""
     import torch._dynamo
     import torch.distributed as dist
 
@@ -216,6 +220,9 @@ def tp_rank(
 
     planned = PlannedTPBlock(block, best.decision, compile_regions=compile_)
     whole = WholePlannedTPBlock(block, best.decision) if compile_ else None
+    whole_table = [p for p in plan.table if whole_decisions == "all" or p is best]
+    if whole_decisions == "off":
+        whole = None
     cblock = torch.compile(block) if compile_ else None
     rblock = torch.compile(block, mode="reduce-overhead") if compile_ and graphs else None
     ref = block(x).float()
@@ -248,15 +255,18 @@ def tp_rank(
             graphed[f"planned graphed {dec.label}"] = GraphedTP(_Fixed(planned, dec, True))
             graphed[f"planned graphed {dec.label} T_comp"] = GraphedTP(_Fixed(planned, dec, False))
 
+    dynamo: dict[str, Any] = {}  # graphs and graph breaks dynamo made, per compiled variant
     if cblock is not None:
-        check("compile", lambda: cblock(x))
+        with _dynamo_counts(dynamo, "compile"):
+            check("compile", lambda: cblock(x))
     if rblock is not None:
         check("reduce-overhead", lambda: rblock(x))
     for p in plan.table:
         check(f"planned {p.decision.label}", run_planned(p.decision))
     if whole is not None:  # compiled here, one program per chunk count
-        for p in plan.table:
-            check(f"planned whole {p.decision.label}", run_whole(p.decision))
+        with _dynamo_counts(dynamo, "planned whole"):
+            for p in whole_table:
+                check(f"planned whole {p.decision.label}", run_whole(p.decision))
     for name, g in graphed.items():
         if not name.endswith("T_comp"):
             check(name, lambda g=g: g(x))
@@ -273,7 +283,7 @@ def tp_rank(
     for p in plan.table:
         variants[f"planned {p.decision.label} T_comp"] = run_planned(p.decision, False)
     if whole is not None:
-        for p in plan.table:
+        for p in whole_table:
             variants[f"planned whole {p.decision.label}"] = run_whole(p.decision)
             variants[f"planned whole {p.decision.label} T_comp"] = run_whole(p.decision, False)
     for name, g in graphed.items():
@@ -292,11 +302,31 @@ def tp_rank(
 
         variants[f"T_comm k={k}"] = comm
     print(f"rank {rank}: timing {len(variants)} variants", flush=True)
-    timing, errors = interleaved(variants, device, reps)
+    with _dynamo_counts(dynamo, "while timing"):  # T_comp variants compile here too
+        timing, errors = interleaved(variants, device, reps)
+    out["dynamo"] = dynamo
     print(f"rank {rank}: timed", flush=True)
     out["timing"] = timing
     out["timing_errors"] = errors
     return out
+
+
+@contextlib.contextmanager
+def _dynamo_counts(into: dict[str, Any], name: str):
+    """Record in `into[name]` how many graphs dynamo compiled and the reasons of the graph
+    breaks it met inside the block."""
+    from torch._dynamo.utils import counters
+
+    graphs, breaks = counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+    try:
+        yield
+    finally:
+        new = {
+            reason[:200]: n - breaks.get(reason, 0)
+            for reason, n in counters["graph_break"].items()
+            if n > breaks.get(reason, 0)
+        }
+        into[name] = {"graphs": counters["stats"]["unique_graphs"] - graphs, "breaks": new}
 
 
 def _call_fixed(module: Any, decision: Any, collectives: bool, x: torch.Tensor) -> Any:
@@ -327,7 +357,7 @@ def tp_row(a: argparse.Namespace, shape, rows, timeout_s: float) -> dict[str, An
     return run_ranks(
         a.world_size,
         "benchmarks.distributed_gpu:tp_rank",
-        (list(shape), a.dtype, a.tp_reps, a.compile, ar_model, [1, 2, 4]),
+        (list(shape), a.dtype, a.tp_reps, a.compile, ar_model, [1, 2, 4], a.whole),
         timeout_s=timeout_s,
         backend=a.backend,
     )
@@ -438,6 +468,22 @@ def _exposed(t: dict[str, Any], name: str) -> float | None:
     if name in t and f"{name} T_comp" in t:
         return t[name]["median_s"] - t[f"{name} T_comp"]["median_s"]
     return None
+
+
+def _dynamo_lines(tp: list[dict[str, Any]]) -> list[str]:
+    """What dynamo compiled per variant (rows that recorded it): graphs and graph breaks."""
+    rows = [r for r in tp if r.get("ok") and r.get("dynamo")]
+    if not rows:
+        return []
+    out = ["", "Graphs dynamo compiled (and graph breaks) per compiled variant:", ""]
+    for r in rows:
+        parts = []
+        for name, c in r["dynamo"].items():
+            breaks = sum(c["breaks"].values())
+            why = f": {_cell('; '.join(c['breaks']), 160)}" if breaks else ""
+            parts.append(f"{name} {c['graphs']} graph(s), {breaks} break(s){why}")
+        out.append(f"- {','.join(map(str, r['shape']))}: " + "; ".join(parts))
+    return out
 
 
 def _graphed_table(tp: list[dict[str, Any]]) -> list[str]:
@@ -566,6 +612,7 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"{_us(pred['exposed_comm_s'])} | {_us(pe.get('total_s'))} / {_us(pe.get('exposed_comm_s'))} | "
                 f"{whole_cells}{'ok' if ok else 'MISMATCH'} (worst {worst:.1e}) |"
             )
+        out += _dynamo_lines(tp)
         out += _graphed_table(tp)
         out += ["", "Every decision the planner priced, predicted against measured (µs):", ""]
         out += [
@@ -638,6 +685,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="torch.compile variants and compiled regions (default: on CUDA only)",
+    )
+    ap.add_argument(
+        "--whole",
+        choices=("all", "chosen", "off"),
+        default="all",
+        help="time the whole-graph planned block for every decision, the chosen one, or not "
+        "(with --compile)",
     )
     ap.add_argument("--shapes", default=None, help="B,S,D,H;B,S,D,H;... (default: the anchors)")
     ap.add_argument("--comm-reps", type=int, default=None)

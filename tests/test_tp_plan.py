@@ -222,8 +222,14 @@ def test_tp_table_shows_the_whole_graph_columns_only_for_rows_that_timed_them() 
         "checks": {n: {"ok": True, "max_rel_err": 1e-3} for n in names if "T_comp" not in n},
         "chosen": "k=2",
         "predicted": [pred],
+        "dynamo": {
+            "compile": {"graphs": 1, "breaks": {}},
+            "planned whole": {"graphs": 1, "breaks": {"a reason": 2}},
+        },
     }
     md = markdown({row["key"]: row}, {})
+    assert "- 1,8,16,2: compile 1 graph(s), 0 break(s); planned whole 1 graph(s), " in md
+    assert "2 break(s): a reason" in md
     head = next(x for x in md.splitlines() if x.startswith("| B,S,D,H | eager"))
     line = next(x for x in md.splitlines() if x.startswith("| 1,8,16,2 | 400.0"))
     cols = [c.strip() for c in head.strip("|").split("|")]
@@ -239,4 +245,6 @@ def test_tp_table_shows_the_whole_graph_columns_only_for_rows_that_timed_them() 
     # a row measured before the whole-graph variants existed keeps the older columns
     old = {k: {n: v for n, v in row[k].items() if "whole" not in n} for k in ("checks", "timing")}
     old = dict(row, **old)
+    del old["dynamo"]
     assert "planned whole" not in markdown({old["key"]: old}, {})
+    assert "graph breaks" not in markdown({old["key"]: old}, {})
