@@ -17,6 +17,8 @@ skipped on a rerun); DIR/results.md is the table written from it at the end
   and the planner's plan (its chunking and epilogue decisions realized by
   planner.distributed.tp_plan.PlannedTPBlock), every decision the search priced measured
   too; T_comp (collectives skipped), T_comm (the collectives alone), exposed = total - T_comp.
+  With compile on, every decision also as one compiled graph of the whole forward
+  (tp_plan.WholePlannedTPBlock, "planned whole <decision>").
   On CUDA also with CUDA graphs: the eager block and every decision replayed as one graph
   per call (tp_plan.GraphedTP, the decision searched again with no per-op host cost),
   against `torch.compile(mode="reduce-overhead")`.
@@ -27,6 +29,7 @@ skipped on a rerun); DIR/results.md is the table written from it at the end
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -139,14 +142,17 @@ def tp_rank(
     compile_: bool,
     ar_model: dict[str, Any],
     chunk_choices: list[int],
+    whole_decisions: str = "all",
 ) -> dict[str, Any]:
-    """One anchor shape on one rank: plan, realize, check outputs, time every variant."""
+    """One anchor shape on one rank: plan, realize, check outputs, time every variant
+    (the whole-graph block for every decision, only the chosen one, or none:
+    `whole_decisions` all, chosen or off; only with `compile_`)."""
     import torch._dynamo
     import torch.distributed as dist
 
     from learned_cost.analytical import AnalyticalModel
     from planner.distributed.parallel_models import TPBlock
-    from planner.distributed.tp_plan import GraphedTP, PlannedTPBlock
+    from planner.distributed.tp_plan import GraphedTP, PlannedTPBlock, WholePlannedTPBlock
     from planner.hardware import get_spec, local_device_name
     from profiling.commbench import rank_device
     from profiling.tpbench import host_costs, interleaved
@@ -213,6 +219,10 @@ def tp_rank(
         out["chosen_graphed"] = plan_g.table[pick[0]].decision.label
 
     planned = PlannedTPBlock(block, best.decision, compile_regions=compile_)
+    whole = WholePlannedTPBlock(block, best.decision) if compile_ else None
+    whole_table = [p for p in plan.table if whole_decisions == "all" or p is best]
+    if whole_decisions == "off":
+        whole = None
     cblock = torch.compile(block) if compile_ else None
     rblock = torch.compile(block, mode="reduce-overhead") if compile_ and graphs else None
     ref = block(x).float()
@@ -230,6 +240,9 @@ def tp_rank(
     def run_planned(dec, comm: bool = True):
         return lambda: _call_fixed(planned, dec, comm, x)
 
+    def run_whole(dec, comm: bool = True):
+        return lambda: _call_fixed(whole, dec, comm, x)
+
     def run_eager(comm: bool = True):
         return lambda: _call_fixed(block, None, comm, x)
 
@@ -242,12 +255,18 @@ def tp_rank(
             graphed[f"planned graphed {dec.label}"] = GraphedTP(_Fixed(planned, dec, True))
             graphed[f"planned graphed {dec.label} T_comp"] = GraphedTP(_Fixed(planned, dec, False))
 
+    dynamo: dict[str, Any] = {}  # graphs and graph breaks dynamo made, per compiled variant
     if cblock is not None:
-        check("compile", lambda: cblock(x))
+        with _dynamo_counts(dynamo, "compile"):
+            check("compile", lambda: cblock(x))
     if rblock is not None:
         check("reduce-overhead", lambda: rblock(x))
     for p in plan.table:
         check(f"planned {p.decision.label}", run_planned(p.decision))
+    if whole is not None:  # compiled here, one program per chunk count
+        with _dynamo_counts(dynamo, "planned whole"):
+            for p in whole_table:
+                check(f"planned whole {p.decision.label}", run_whole(p.decision))
     for name, g in graphed.items():
         if not name.endswith("T_comp"):
             check(name, lambda g=g: g(x))
@@ -263,6 +282,10 @@ def tp_rank(
     variants["eager T_comp"] = run_eager(False)
     for p in plan.table:
         variants[f"planned {p.decision.label} T_comp"] = run_planned(p.decision, False)
+    if whole is not None:
+        for p in whole_table:
+            variants[f"planned whole {p.decision.label}"] = run_whole(p.decision)
+            variants[f"planned whole {p.decision.label} T_comp"] = run_whole(p.decision, False)
     for name, g in graphed.items():
         variants[name] = lambda g=g: g(x)
     for k in sorted({p.decision.chunks for p in plan.table}):
@@ -279,16 +302,36 @@ def tp_rank(
 
         variants[f"T_comm k={k}"] = comm
     print(f"rank {rank}: timing {len(variants)} variants", flush=True)
-    timing, errors = interleaved(variants, device, reps)
+    with _dynamo_counts(dynamo, "while timing"):  # T_comp variants compile here too
+        timing, errors = interleaved(variants, device, reps)
+    out["dynamo"] = dynamo
     print(f"rank {rank}: timed", flush=True)
     out["timing"] = timing
     out["timing_errors"] = errors
     return out
 
 
+@contextlib.contextmanager
+def _dynamo_counts(into: dict[str, Any], name: str):
+    """Record in `into[name]` how many graphs dynamo compiled and the reasons of the graph
+    breaks it met inside the block."""
+    from torch._dynamo.utils import counters
+
+    graphs, breaks = counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+    try:
+        yield
+    finally:
+        new = {
+            reason[:200]: n - breaks.get(reason, 0)
+            for reason, n in counters["graph_break"].items()
+            if n > breaks.get(reason, 0)
+        }
+        into[name] = {"graphs": counters["stats"]["unique_graphs"] - graphs, "breaks": new}
+
+
 def _call_fixed(module: Any, decision: Any, collectives: bool, x: torch.Tensor) -> Any:
-    """`module(x)` (a TPBlock, or a PlannedTPBlock run with `decision`) with its collectives
-    on or off for this call."""
+    """`module(x)` (a TPBlock, or a PlannedTPBlock or WholePlannedTPBlock run with
+    `decision`) with its collectives on or off for this call."""
     if decision is not None:
         module.decision = decision
     module.collectives = collectives
@@ -314,7 +357,7 @@ def tp_row(a: argparse.Namespace, shape, rows, timeout_s: float) -> dict[str, An
     return run_ranks(
         a.world_size,
         "benchmarks.distributed_gpu:tp_rank",
-        (list(shape), a.dtype, a.tp_reps, a.compile, ar_model, [1, 2, 4]),
+        (list(shape), a.dtype, a.tp_reps, a.compile, ar_model, [1, 2, 4], a.whole),
         timeout_s=timeout_s,
         backend=a.backend,
     )
@@ -420,6 +463,29 @@ def _ratio(t: dict[str, Any], a: str, b: str) -> str:
     return "-"
 
 
+def _exposed(t: dict[str, Any], name: str) -> float | None:
+    """Variant `name`'s median less its T_comp's (None unless both were timed)."""
+    if name in t and f"{name} T_comp" in t:
+        return t[name]["median_s"] - t[f"{name} T_comp"]["median_s"]
+    return None
+
+
+def _dynamo_lines(tp: list[dict[str, Any]]) -> list[str]:
+    """What dynamo compiled per variant (rows that recorded it): graphs and graph breaks."""
+    rows = [r for r in tp if r.get("ok") and r.get("dynamo")]
+    if not rows:
+        return []
+    out = ["", "Graphs dynamo compiled (and graph breaks) per compiled variant:", ""]
+    for r in rows:
+        parts = []
+        for name, c in r["dynamo"].items():
+            breaks = sum(c["breaks"].values())
+            why = f": {_cell('; '.join(c['breaks']), 160)}" if breaks else ""
+            parts.append(f"{name} {c['graphs']} graph(s), {breaks} break(s){why}")
+        out.append(f"- {','.join(map(str, r['shape']))}: " + "; ".join(parts))
+    return out
+
+
 def _graphed_table(tp: list[dict[str, Any]]) -> list[str]:
     """The CUDA-graph executor's table (rows that measured it): the eager block and the
     planner's decision each replayed as one graph per call, against `reduce-overhead`
@@ -442,11 +508,6 @@ def _graphed_table(tp: list[dict[str, Any]]) -> list[str]:
         pl = f"planned graphed {dec}"
         pred = next(p for p in r["predicted_graphed"] if p["decision"] == dec)
 
-        def exposed(name: str, t: dict[str, Any] = t) -> float | None:
-            if name in t and f"{name} T_comp" in t:
-                return t[name]["median_s"] - t[f"{name} T_comp"]["median_s"]
-            return None
-
         names = ("eager graphed", "reduce-overhead", pl)
         checks = [r["checks"][n] for n in names if n in r["checks"]]
         ok = bool(checks) and all(c.get("ok") for c in checks)
@@ -460,7 +521,7 @@ def _graphed_table(tp: list[dict[str, Any]]) -> list[str]:
             f"| {','.join(map(str, r['shape']))} | {_timed(t, 'eager graphed')} | "
             f"{_timed(t, 'reduce-overhead')} | {_timed(t, pl)} ({dec}) | "
             f"{_ratio(t, pl, 'eager graphed')} | {_ratio(t, pl, 'reduce-overhead')} | "
-            f"{_ratio(t, pl, 'compile')} | {_us(exposed('eager graphed'))} / {_us(exposed(pl))} | "
+            f"{_ratio(t, pl, 'compile')} | {_us(_exposed(t, 'eager graphed'))} / {_us(_exposed(t, pl))} | "
             f"{_us(pred['total_s'])} / {_us(pred['exposed_comm_s'])} | "
             f"{'ok' if ok else 'MISMATCH'} (worst {worst:.1e}){' ' + errors if errors else ''} |"
         )
@@ -500,37 +561,50 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         out.append("")
     tp = [r for k, r in rows.items() if k.startswith("tp:")]
     if tp:
+        # the whole-graph columns only where some row measured them (older runs did not)
+        whole = any(
+            n.startswith("planned whole ")
+            for r in tp
+            for n in (*r.get("checks", {}), *r.get("timing", {}))
+        )
+        whole_head = (
+            "| planned whole | planned whole / eager | planned whole / compile "
+            "| T_comp planned whole | exposed planned whole "
+            if whole
+            else ""
+        )
+        ncols = 12 + 5 * whole
         out += [
             "## Tensor-parallel block (median µs ± half the interquartile range)",
             "",
             "| B,S,D,H | eager | compile | planned (decision) | planned/eager | planned/compile "
             "| T_comp eager / planned | T_comm | exposed eager / planned | predicted planned total / T_comp / T_comm / exposed "
-            "| predicted eager total / exposed | outputs |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            f"| predicted eager total / exposed {whole_head}| outputs |",
+            "|---" * ncols + "|",
         ]
         for r in tp:
             shape = ",".join(map(str, r.get("shape", [])))
             if not r.get("ok"):
-                out.append(f"| {r['key'][3:]} | error: {_cell(r.get('error', ''))} |" + " |" * 10)
+                out.append(
+                    f"| {r['key'][3:]} | error: {_cell(r.get('error', ''))} |" + " |" * (ncols - 2)
+                )
                 continue
             t, dec = r["timing"], r["chosen"]
             pl = f"planned {dec}"
             pred = next(p for p in r["predicted"] if p["decision"] == dec)
             pe = r.get("predicted_eager", {})
             k = next(p["chunks"] for p in r["predicted"] if p["decision"] == dec)
-            exp_e = (
-                t["eager"]["median_s"] - t["eager T_comp"]["median_s"]
-                if "eager" in t and "eager T_comp" in t
-                else None
-            )
-            exp_p = (
-                t[pl]["median_s"] - t[f"{pl} T_comp"]["median_s"]
-                if pl in t and f"{pl} T_comp" in t
-                else None
-            )
+            exp_e, exp_p = _exposed(t, "eager"), _exposed(t, pl)
             ok = all(c.get("ok") for c in r["checks"].values())
             worst = max(
                 (c.get("max_rel_err", float("inf")) for c in r["checks"].values()), default=0.0
+            )
+            wh = f"planned whole {dec}"
+            whole_cells = (
+                f"{_timed(t, wh)} | {_ratio(t, wh, 'eager')} | {_ratio(t, wh, 'compile')} | "
+                f"{_timed(t, wh + ' T_comp')} | {_us(_exposed(t, wh))} | "
+                if whole
+                else ""
             )
             out.append(
                 f"| {shape} | {_timed(t, 'eager')} | {_timed(t, 'compile')} | "
@@ -539,14 +613,17 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"{_timed(t, 'T_comm k=1')} (k=1), {_timed(t, f'T_comm k={k}')} (k={k}) | "
                 f"{_us(exp_e)} / {_us(exp_p)} | "
                 f"{_us(pred['total_s'])} / {_us(pred['t_comp_s'])} / {_us(pred['t_comm_s'])} / "
-                f"{_us(pred['exposed_comm_s'])} | {_us(pe.get('total_s'))} / {_us(pe.get('exposed_comm_s'))} "
-                f"| {'ok' if ok else 'MISMATCH'} (worst {worst:.1e}) |"
+                f"{_us(pred['exposed_comm_s'])} | {_us(pe.get('total_s'))} / {_us(pe.get('exposed_comm_s'))} | "
+                f"{whole_cells}{'ok' if ok else 'MISMATCH'} (worst {worst:.1e}) |"
             )
+        out += _dynamo_lines(tp)
         out += _graphed_table(tp)
         out += ["", "Every decision the planner priced, predicted against measured (µs):", ""]
         out += [
-            "| B,S,D,H | decision | predicted total | measured total | predicted T_comp | measured T_comp |",
-            "|---|---|---|---|---|---|",
+            "| B,S,D,H | decision | predicted total | measured total | predicted T_comp | measured T_comp "
+            + ("| measured whole total | measured whole T_comp " if whole else "")
+            + "|",
+            "|---" * (6 + 2 * whole) + "|",
         ]
         for r in tp:
             if not r.get("ok"):
@@ -555,9 +632,12 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
             for p in r["predicted"]:
                 name = f"planned {p['decision']}"
                 mark = " (chosen)" if p["decision"] == r["chosen"] else ""
+                wh = f"planned whole {p['decision']}"
+                whole_cells = f" {_timed(t, wh)} | {_timed(t, wh + ' T_comp')} |" if whole else ""
                 out.append(
                     f"| {','.join(map(str, r['shape']))} | {p['decision']}{mark} | {_us(p['total_s'])} | "
                     f"{_timed(t, name)} | {_us(p['t_comp_s'])} | {_timed(t, name + ' T_comp')} |"
+                    + whole_cells
                 )
         out.append("")
     dp = [r for k, r in rows.items() if k.startswith("dp:")]
@@ -609,6 +689,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="torch.compile variants and compiled regions (default: on CUDA only)",
+    )
+    ap.add_argument(
+        "--whole",
+        choices=("all", "chosen", "off"),
+        default="all",
+        help="time the whole-graph planned block for every decision, the chosen one, or not "
+        "(with --compile)",
     )
     ap.add_argument("--shapes", default=None, help="B,S,D,H;B,S,D,H;... (default: the anchors)")
     ap.add_argument("--comm-reps", type=int, default=None)

@@ -9,6 +9,8 @@ the CPU or NCCL on GPUs, the same code):
 - `host_costs`: the host's seconds to issue one eager kernel, one compiled call and one
   async all-reduce (issue time only: calls without waiting for the device), the maximum
   over ranks, for the planner's host stream.
+- `planned_vs_eager`, `whole_vs_eager`: the planned block (region by region, or as one
+  compiled graph) against `TPBlock` on the ranks' group.
 """
 
 from __future__ import annotations
@@ -152,4 +154,57 @@ def planned_vs_eager(
             planned.decision = TPDecision(int(k), bool(fuse))
             y = planned(x)
             out[planned.decision.label] = float((y - ref).abs().max() / ref.abs().max())
+    return out
+
+
+def whole_vs_eager(
+    rank: int, world: int, b: int, s: int, d: int, h: int, runs: dict[str, list]
+) -> dict[str, object]:
+    """`WholePlannedTPBlock` against `TPBlock` on this group, float32, the same seeded
+    weights and input on every rank. `runs`: torch.compile backend -> the decisions
+    [chunks, fuse_epilogue] to run with it. Returns, per backend and decision, max |whole -
+    eager| / max |eager| with collectives (key "<backend> <label>") and without them
+    against `TPBlock` without them ("... T_comp"); per backend the graphs dynamo made and
+    its graph breaks ("<backend> graphs", "<backend> breaks"); "grad error": the message a
+    forward that wants a gradient raises (None if none)."""
+    from torch._dynamo.utils import counters
+
+    from planner.distributed.parallel_models import TPBlock
+    from planner.distributed.tp_plan import TPDecision, WholePlannedTPBlock
+    from planner.errors import ModelSpecError
+
+    torch.manual_seed(0)
+    block = TPBlock(d, h, world, dist.group.WORLD)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.2)
+    x = torch.randn(b, s, d)
+    out: dict[str, object] = {}
+
+    def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+        return float((y - ref).abs().max() / ref.abs().max())
+
+    with torch.no_grad():
+        ref = block(x)
+        block.collectives = False
+        ref_comp = block(x)
+        block.collectives = True
+        for backend, decisions in runs.items():
+            graphs = counters["stats"]["unique_graphs"]
+            breaks = sum(counters["graph_break"].values())
+            whole = WholePlannedTPBlock(block, TPDecision(), backend=backend)
+            for k, fuse in decisions:
+                whole.decision = TPDecision(int(k), bool(fuse))
+                label = f"{backend} {whole.decision.label}"
+                out[label] = rel(whole(x), ref)
+                whole.collectives = False
+                out[f"{label} T_comp"] = rel(whole(x), ref_comp)
+                whole.collectives = True
+            out[f"{backend} graphs"] = counters["stats"]["unique_graphs"] - graphs
+            out[f"{backend} breaks"] = sum(counters["graph_break"].values()) - breaks
+    try:
+        WholePlannedTPBlock(block, TPDecision(), backend="eager")(x.requires_grad_())
+        out["grad error"] = None
+    except ModelSpecError as e:
+        out["grad error"] = str(e)
     return out

@@ -12,7 +12,7 @@ import pytest
 
 from planner.distributed.tp_plan import RegionCosts, TPDecision, predict
 from profiling.commbench import run_ranks
-from profiling.tpbench import planned_vs_eager
+from profiling.tpbench import planned_vs_eager, whole_vs_eager
 from search.tp_search import region_costs, search_tp_block
 
 US = 1e-6
@@ -178,3 +178,73 @@ def test_graphed_table_compares_the_chosen_graphed_decision_with_each_contender(
     # a row measured before the graphed variants existed renders without that table
     old = {k: v for k, v in row.items() if "graphed" not in k}
     assert "eager graphed" not in markdown({old["key"]: old}, {})
+
+
+def _whole_vs_eager(runs: dict[str, list]) -> None:
+    res = run_ranks(2, whole_vs_eager, (2, 8, 48, 6, runs), timeout_s=300)
+    for backend, decisions in runs.items():
+        for k, f in decisions:
+            label = f"{backend} {TPDecision(k, f).label}"
+            assert res[label] < 1e-5 and res[f"{label} T_comp"] < 1e-5, res
+        # one graph per chunk count and collectives setting (fused and unfused share it)
+        assert res[f"{backend} graphs"] == 2 * len({k for k, _ in decisions}), res
+        assert res[f"{backend} breaks"] == 0, res
+    assert "forward only" in res["grad error"]
+
+
+def test_whole_graph_block_equals_the_tp_block_in_one_graph_per_program() -> None:
+    # dynamo's graphs and their lowering to aten ops (the collectives functionalized);
+    # Inductor's code for them: the slow test below
+    _whole_vs_eager({"aot_eager": [[k, f] for k in (1, 2, 4) for f in (False, True)]})
+
+
+@pytest.mark.slow
+def test_whole_graph_block_compiled_by_inductor_equals_the_tp_block() -> None:
+    _whole_vs_eager({"inductor": [[1, False], [2, True], [4, False]]})
+
+
+def test_tp_table_shows_the_whole_graph_columns_only_for_rows_that_timed_them() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.distributed_gpu import markdown
+
+    def timed(us: float) -> dict[str, float]:
+        return {"median_s": us * US, "p25_s": us * US, "p75_s": us * US, "reps": 3}
+
+    pred = {"decision": "k=2", "chunks": 2, "total_s": 90 * US, "exposed_comm_s": 5 * US}
+    pred |= {"t_comp_s": 85 * US, "t_comm_s": 20 * US}
+    names = {"eager": 400.0, "compile": 300.0, "planned k=2": 350.0, "planned k=2 T_comp": 250.0}
+    names |= {"planned whole k=2": 240.0, "planned whole k=2 T_comp": 180.0}
+    row = {
+        "key": "tp:1x8x16x2",
+        "ok": True,
+        "shape": [1, 8, 16, 2],
+        "timing": {n: timed(v) for n, v in names.items()},
+        "checks": {n: {"ok": True, "max_rel_err": 1e-3} for n in names if "T_comp" not in n},
+        "chosen": "k=2",
+        "predicted": [pred],
+        "dynamo": {
+            "compile": {"graphs": 1, "breaks": {}},
+            "planned whole": {"graphs": 1, "breaks": {"a reason": 2}},
+        },
+    }
+    md = markdown({row["key"]: row}, {})
+    assert "- 1,8,16,2: compile 1 graph(s), 0 break(s); planned whole 1 graph(s), " in md
+    assert "2 break(s): a reason" in md
+    head = next(x for x in md.splitlines() if x.startswith("| B,S,D,H | eager"))
+    line = next(x for x in md.splitlines() if x.startswith("| 1,8,16,2 | 400.0"))
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    cells = dict(zip(cols, (c.strip() for c in line.strip("|").split("|")), strict=True))
+    assert cells["planned whole"].startswith("240.0")
+    assert cells["planned whole / eager"] == f"{240 / 400:.3f}"
+    assert cells["planned whole / compile"] == f"{240 / 300:.3f}"
+    assert cells["T_comp planned whole"].startswith("180.0")
+    assert cells["exposed planned whole"] == f"{240 - 180:.1f}"
+    assert cells["planned/compile"] == f"{350 / 300:.3f}"  # the regional plan's as before
+    every = next(x for x in md.splitlines() if x.startswith("| 1,8,16,2 | k=2 (chosen)"))
+    assert every.rstrip(" |").endswith("180.0 ± 0.0")
+    # a row measured before the whole-graph variants existed keeps the older columns
+    old = {k: {n: v for n, v in row[k].items() if "whole" not in n} for k in ("checks", "timing")}
+    old = dict(row, **old)
+    del old["dynamo"]
+    assert "planned whole" not in markdown({old["key"]: old}, {})
+    assert "graph breaks" not in markdown({old["key"]: old}, {})

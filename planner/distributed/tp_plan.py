@@ -28,10 +28,17 @@ compute stream wait for it), then the epilogue. Where a gradient is wanted (regi
 eagerly) the block has Megatron's backward: the chunked GEMM's all-reduce passes the
 gradient unchanged (`_ChunkedRowParallel`) and the inputs of the column-parallel GEMMs sum
 theirs over the group (`parallel_models.copy_to_tp`), as `TPBlock` does.
+
+`WholePlannedTPBlock` runs the same decision as one `torch.compile` graph (forward only):
+attention, the chunked row-parallel GEMMs with one functional all-reduce per chunk
+(`_c10d_functional.all_reduce`, its wait placed after the last chunk's GEMM), the MLP's
+first GEMM + GELU and the epilogues, one compiled program per chunk count and collectives
+setting, one host call per forward.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -347,3 +354,103 @@ class GraphedTP(nn.Module):
             )
             self._graphs[key] = replay
         return replay((x,))[0]
+
+
+# ---- the whole forward as one compiled graph -----------------------------------------
+def _functional_row_parallel(inp: torch.Tensor, w: torch.Tensor, k: int, group_name: str | None):
+    """inp @ W^T over k token slices, each slice's partial sums all-reduced by the
+    functional collective right after its GEMM, every wait after the last GEMM (so in the
+    graph slice i's all-reduce runs beside slice i+1's GEMM); no collective without
+    `group_name`."""
+    parts = []
+    for piece in inp.chunk(k):
+        part = torch.matmul(piece, w.t())
+        if group_name is not None:
+            part = torch.ops._c10d_functional.all_reduce(part, "sum", group_name)
+        parts.append(part)
+    if group_name is not None:
+        parts = [torch.ops._c10d_functional.wait_tensor(p) for p in parts]
+    return torch.cat(parts) if k > 1 else parts[0]
+
+
+class _WholeProgram(nn.Module):
+    """The planned forward of one chunk count, collectives on or off, written for one
+    trace: no Python-side collective handles, no autograd functions."""
+
+    def __init__(self, block: TPBlock, chunks: int, group_name: str | None):
+        super().__init__()
+        self.block, self.chunks, self.group_name = block, chunks, group_name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        blk, k, name = self.block, self.chunks, self.group_name
+        b, s, d = x.shape
+        x2 = x.reshape(b * s, d)
+        ctx = local_attention(x, blk.ln1, blk.q, blk.k, blk.v, blk.local_heads, blk.dh)
+        ctx = ctx.reshape(b * s, ctx.shape[-1])
+        h = _functional_row_parallel(ctx, blk.o.weight, k, name) + blk.o_bias + x2
+        a = F.gelu(blk.mlp.fc1(blk.ln2(h)))
+        out = _functional_row_parallel(a, blk.mlp.fc2.weight, k, name) + blk.mlp.bias + h
+        return out.view(b, s, d)
+
+
+def _run_program(program: _WholeProgram, x: torch.Tensor) -> torch.Tensor:
+    return program(x)
+
+
+def _entry_point(tag: str) -> Callable[[_WholeProgram, torch.Tensor], torch.Tensor]:
+    """`_run_program` under a code object of its own: dynamo keeps its compiled graphs
+    per code object, so each program holds one entry (one guard check per call) and none
+    counts against another's recompile limit."""
+    code = _run_program.__code__.replace(co_name=f"planned_whole_{tag}")
+    return types.FunctionType(code, _run_program.__globals__, code.co_name)
+
+
+class WholePlannedTPBlock(nn.Module):
+    """A `TPBlock`'s forward run as `decision` says, the whole of it one `torch.compile`
+    graph (`dynamic=False`, `fullgraph=True`: a graph break raises): attention, each
+    row-parallel GEMM in `chunks` token slices with a functional all-reduce per slice,
+    fc1 + GELU, and bias + residual (+ LayerNorm) after each reduction, which Inductor
+    fuses whether or not the decision asks for a fused epilogue, so the two decisions of
+    one chunk count run the same program. Programs are compiled at their first call, one
+    per (chunks, collectives) (`collectives=False`: the T_comp variant, each rank's partial
+    sums), and `decision` and `collectives` may change between calls. Forward only: where a
+    gradient is wanted it raises; `PlannedTPBlock` with eager regions trains. `backend` is
+    torch.compile's (Inductor by default)."""
+
+    def __init__(
+        self,
+        block: TPBlock,
+        decision: TPDecision,
+        collectives: bool = True,
+        backend: str = "inductor",
+    ):
+        super().__init__()
+        self.block, self.decision, self.collectives = block, decision, collectives
+        self.backend = backend
+        self.group_name = block.group.group_name
+        self._programs: dict[tuple[int, bool], tuple[_WholeProgram, Callable]] = {}
+
+    def program(self) -> tuple[_WholeProgram, Callable]:
+        """The current decision's (program, its compiled entry), built on first use."""
+        key = (self.decision.chunks, bool(self.collectives))
+        if key not in self._programs:
+            prog = _WholeProgram(self.block, key[0], self.group_name if key[1] else None)
+            entry = _entry_point(f"k{key[0]}{'' if key[1] else '_tcomp'}_{id(self):x}")
+            self._programs[key] = (
+                prog,
+                torch.compile(entry, dynamic=False, fullgraph=True, backend=self.backend),
+            )
+        return self._programs[key]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens, k = x.shape[0] * x.shape[1], self.decision.chunks
+        if k < 1 or tokens % k:
+            raise ModelSpecError(f"{tokens} tokens do not split into {k} chunks")
+        wants_grad = x.requires_grad or any(p.requires_grad for p in self.block.parameters())
+        if torch.is_grad_enabled() and wants_grad:
+            raise ModelSpecError(
+                "the whole-graph planned TP block runs the forward only: call it under "
+                "torch.no_grad(), or use PlannedTPBlock (compile_regions=False) for training"
+            )
+        prog, compiled = self.program()
+        return compiled(prog, x)
