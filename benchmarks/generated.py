@@ -590,6 +590,7 @@ GENERATED: tuple[Generated, ...] = (
             "distributed_h200x2_run2",
             "distributed_h200x2_run3",
             "distributed_h200x2_run4",
+            "distributed_h200x2_run5",
         )
     ),
     Generated(
