@@ -359,11 +359,15 @@ def _time_sizes(
             dist.barrier()
             sync(device)
             samples[i].append(timed_s(ops[i], device, inners[i]))
-    # a collective ends on every rank when the slowest has sent its share: max over ranks
-    med = torch.tensor([_quantile(s, quantile) for s in samples], dtype=torch.float64)
-    med = med.to(device)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
-    return list(zip(sizes, med.cpu().tolist(), strict=True))
+    # A sample starts on each rank when that rank starts the call, and the collective
+    # cannot begin before the last rank has: the ranks that started earlier also timed
+    # their wait for it. So each sample's time is its minimum over the ranks (the rank
+    # that started last saw the collective alone), then the `quantile` over the samples.
+    mine = torch.tensor(samples, dtype=torch.float64, device=device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    per_sample = torch.stack(every).amin(dim=0).cpu().tolist()
+    return [(b, _quantile(s, quantile)) for b, s in zip(sizes, per_sample, strict=True)]
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -379,9 +383,11 @@ def measure_collective(
     backend: str = "gloo",
     timeout_s: float = 120.0,
 ) -> list[tuple[int, float]]:
-    """(bytes, seconds) of `collective` per size over `world_size` ranks of `backend`: the
-    `quantile` of each rank's repetitions (the median by default; a lower one on a
-    machine shared with other jobs, whose load only ever adds time), max over ranks."""
+    """(bytes, seconds) of `collective` per size over `world_size` ranks of `backend`.
+    Each repetition's time is the one the rank that started it last measured (the
+    minimum over the ranks: the others also timed their wait for it); a size's time is
+    the `quantile` of its repetitions (the median by default; a lower one on a machine
+    shared with other jobs, whose load only ever adds time)."""
     rows = run_ranks(
         world_size,
         _time_sizes,

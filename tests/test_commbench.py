@@ -171,3 +171,9 @@ def test_a_teardown_that_hangs_is_left_behind_with_the_jobs_exit_code(monkeypatc
     release.set()
     monkeypatch.setattr(commbench.dist, "destroy_process_group", lambda: None)
     assert commbench.leave_group(0, timeout_s=5) is None
+
+
+def test_a_sample_is_timed_on_the_rank_that_started_last() -> None:
+    # rank 1 starts each sample 50 ms late: rank 0 times that wait, rank 1 the all-reduce
+    ((nbytes, seconds),) = run_ranks(2, "tests.tp_ranks:late_rank_times", (), timeout_s=60)
+    assert nbytes == 4096 and 0 < seconds < 0.025, seconds

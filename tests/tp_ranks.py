@@ -1,8 +1,8 @@
 """Rank-side programs that tests run with `run_ranks` on gloo ranks, kept apart from the
 test modules so that each rank imports only the planner: the sites of a captured
 tensor-parallel program and every decision's output against the unplanned program's and
-the unsharded model's (tests/test_tp_graph.py), and a rank that stalls after rank 0's
-result is written (tests/test_commbench.py)."""
+the unsharded model's (tests/test_tp_graph.py), a rank that stalls after rank 0's
+result is written and a rank that starts late (tests/test_commbench.py)."""
 
 from __future__ import annotations
 
@@ -643,3 +643,15 @@ def both_stall(rank: int, world: int) -> list[float]:
 
     time.sleep(120)
     return [float(rank), float(world)]
+
+
+def late_rank_times(rank: int, world: int) -> list[list[float]]:
+    """A 4 KiB all-reduce timed by commbench while rank 1 starts every sample 50 ms after
+    rank 0 (it sleeps after the barrier): rank 0's samples hold that wait."""
+    import time
+
+    from profiling import commbench
+
+    if rank == 1:
+        commbench.sync = lambda device: time.sleep(0.05)
+    return commbench._time_sizes(rank, world, "all_reduce", [4096], 3)
