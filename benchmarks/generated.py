@@ -516,6 +516,8 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_t",
             "runtime_stream_gpt2_tuned_h100_u",
             "runtime_stream_gpt2_tuned_h100_v",
+            "runtime_stream_gpt2_tuned_h100_w1",
+            "runtime_stream_gpt2_tuned_h100_w2",
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
@@ -642,6 +644,8 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_t",
             "runtime_stream_gpt2_tuned_h100_u",
             "runtime_stream_gpt2_tuned_h100_v",
+            "runtime_stream_gpt2_tuned_h100_w1",
+            "runtime_stream_gpt2_tuned_h100_w2",
         )
     ),
     *(
