@@ -155,6 +155,8 @@ def test_plan_reports_the_chosen_partition_over_two_streams(capsys) -> None:
     )
 
 
+@pytest.mark.slow  # about 10 s; tests/test_tp_plan_record.py runs `plan` on the same block
+# and checks its chosen decision in the default run
 def test_plan_prices_the_tensor_parallel_decisions_of_a_captured_block(capsys) -> None:
     args = ["plan", "--model", "zoo:tp-block", "--shape", "B=2,S=16,D=64,H=4", "--device"]
     assert main([*args, "h100", "--interconnect", "nvlink4", "--format", "json"]) == 0

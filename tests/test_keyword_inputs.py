@@ -48,6 +48,7 @@ def test_keyword_inputs_become_a_positional_call_of_the_same_model(factory):
     assert spec.dims["S"] == ((0, 1),)  # the decoder's length does not follow S
 
 
+@pytest.mark.slow  # about 14 s: tune and serve a T5; the default run keeps the capture
 def test_tuned_with_keywords_and_served_to_a_keyword_call(factory, tmp_path, capsys):
     db = str(tmp_path / "plans.sqlite")
     args = ["tune", "--model", factory, "--shape", "B=2", "--dynamic", "S=16..16"]

@@ -32,6 +32,8 @@ def planned(tmp_path_factory) -> Plan:
     return Plan.from_json(json.loads(out.read_text()))
 
 
+@pytest.mark.slow  # about 15 s with its fixture; plan records the same decision in
+# tests/test_tp_plan_record.py, which the default run keeps
 def test_tune_in_one_process_records_the_decision_from_its_prediction(tmp_path, planned) -> None:
     cfg = TuneConfig(
         spec=resolve("zoo:tp-block", SHAPE),
@@ -76,6 +78,8 @@ def test_tune_on_gloo_ranks_measures_the_decision_as_served(tmp_path, planned) -
     assert res["ranks"][0] == res["ranks"][1], res["ranks"]
 
 
+@pytest.mark.slow  # about 15 s; the ranks' agreement on a failure is also checked in
+# tests/test_tp_plan_record.py, by realizing a decision that fails on one rank
 def test_tune_on_gloo_ranks_fails_a_candidate_that_fails_on_one_rank_on_every_rank(
     tmp_path,
 ) -> None:
