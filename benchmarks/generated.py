@@ -593,6 +593,8 @@ GENERATED: tuple[Generated, ...] = (
             "distributed_h200x2_run3",
             "distributed_h200x2_run4",
             "distributed_h200x2_run5",
+            "distributed_h200x2_run6a",
+            "distributed_h200x2_run6b",
         )
     ),
     Generated(
