@@ -532,8 +532,14 @@ def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     out = [f"# Distributed plans measured: {meta}", ""]
     comm = [r for k, r in rows.items() if k.startswith("comm:")]
     if comm:
+        trained = {int(b) for r in comm for b, _ in r.get("train", [])}
+        grid = (
+            "powers of two"
+            if all(b & (b - 1) == 0 for b in trained)
+            else "powers of two and 1.25x, 1.75x each"
+        )
         out += [
-            "## α-β per collective (fitted on powers of two, held out at 1.5x)",
+            f"## α-β per collective (fitted on {grid}, held out at 1.5x)",
             "",
             "| collective | size range (bytes) | α_c µs | B_c GB/s | held-out median error | held-out worst error | held-out sizes within 10% |",
             "|---|---|---|---|---|---|---|",

@@ -497,15 +497,18 @@ class CommBenchResult:
 
 
 def default_sizes(quick: bool, backend: str = "gloo") -> tuple[list[int], list[int]]:
-    """Training sizes (powers of two) and held-out sizes (1.5x each power of two between
-    them), in bytes: 1 KiB - 4 MiB over gloo (256 KiB quick), 4 KiB - 256 MiB over NCCL
-    (1 MiB quick)."""
+    """Training and held-out sizes in bytes. Held out: 1.5x each power of two but the
+    last. Trained on: the powers of two, 1 KiB - 4 MiB over gloo (256 KiB quick); over NCCL
+    4 KiB - 256 MiB (1 MiB quick), with 1.25x and 1.75x each power of two as well, since
+    NCCL changes protocol with the size and a change between two powers of two is only
+    located as finely as the sizes measured around it."""
     if backend == "nccl":
-        ks = range(12, 21 if quick else 29)
+        ks = list(range(12, 21 if quick else 29))
+        train = sorted({1 << k for k in ks} | {m << (k - 2) for k in ks[:-1] for m in (5, 7)})
     else:
-        ks = range(10, 19 if quick else 23, 2 if quick else 1)
-    train = [1 << k for k in ks]
-    heldout = [3 << (k - 1) for k in list(ks)[:-1]]
+        ks = list(range(10, 19 if quick else 23, 2 if quick else 1))
+        train = [1 << k for k in ks]
+    heldout = [3 << (k - 1) for k in ks[:-1]]
     return train, heldout
 
 
