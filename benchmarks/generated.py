@@ -595,6 +595,8 @@ GENERATED: tuple[Generated, ...] = (
             "distributed_h200x2_run5",
             "distributed_h200x2_run6a",
             "distributed_h200x2_run6b",
+            "distributed_h200x2_run7a",
+            "distributed_h200x2_run7b",
         )
     ),
     Generated(
