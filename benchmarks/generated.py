@@ -597,6 +597,8 @@ GENERATED: tuple[Generated, ...] = (
             "distributed_h200x2_run6b",
             "distributed_h200x2_run7a",
             "distributed_h200x2_run7b",
+            "distributed_h200x2_run8a",
+            "distributed_h200x2_run8b",
         )
     ),
     Generated(
