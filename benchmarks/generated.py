@@ -599,6 +599,8 @@ GENERATED: tuple[Generated, ...] = (
             "distributed_h200x2_run7b",
             "distributed_h200x2_run8a",
             "distributed_h200x2_run8b",
+            "distributed_h200x2_run9a",
+            "distributed_h200x2_run9b",
         )
     ),
     Generated(
