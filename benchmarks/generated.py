@@ -346,6 +346,16 @@ def _comm_cpu_low_q() -> str:
     return comm_alpha_beta.render_low_quantile([RESULTS / f"{n}.json" for n in COMM_LOW_Q])
 
 
+# the same command after each repetition became its minimum over the ranks, with bridges
+COMM_MIN_RANK = tuple(f"comm_alpha_beta_cpu_minrank_run{i}" for i in (1, 2, 3))
+
+
+def _comm_cpu_min_rank() -> str:
+    from benchmarks import comm_alpha_beta
+
+    return comm_alpha_beta.render_low_quantile([RESULTS / f"{n}.json" for n in COMM_MIN_RANK])
+
+
 PIPELINE_GLOO_RUNS = ("pipeline_gloo_cpu", "pipeline_gloo_cpu_run2", "pipeline_gloo_cpu_run3")
 
 
@@ -666,6 +676,7 @@ GENERATED: tuple[Generated, ...] = (
             ("comm_alpha_beta_cpu", _comm_cpu),
             ("comm_alpha_beta_cpu_runs", _comm_cpu_runs),
             ("comm_alpha_beta_cpu_low_q", _comm_cpu_low_q),
+            ("comm_alpha_beta_cpu_minrank", _comm_cpu_min_rank),
             ("dp_bucket_cpu_b8", _dp_cpu),
             ("dp_bucket_cpu_runs", _dp_cpu_runs),
             ("dp_bucket_cpu_summary", _dp_cpu_summary),
