@@ -128,23 +128,35 @@ def host_costs(
     return out
 
 
+def _seeded_block(world: int, b: int, s: int, d: int, h: int) -> tuple[Any, torch.Tensor]:
+    """A float32 `TPBlock` shard on the world group and its input (B, S, D), from seed 0:
+    the same weights and input on every rank."""
+    from planner.distributed.parallel_models import TPBlock
+
+    torch.manual_seed(0)
+    block = TPBlock(d, h, world, dist.group.WORLD)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.2)
+    return block, torch.randn(b, s, d)
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |y - ref| / max |ref|."""
+    return float((y - ref).abs().max() / ref.abs().max())
+
+
 def planned_vs_eager(
     rank: int, world: int, b: int, s: int, d: int, h: int, decisions: list[list]
 ) -> dict[str, float]:
     """Max |planned - eager| / max |eager| of `PlannedTPBlock` against `TPBlock` on this
     group, float32, for each decision [chunks, fuse_epilogue]; the same seeded weights and
     input on every rank."""
-    from planner.distributed.parallel_models import TPBlock
     from planner.distributed.tp_plan import PlannedTPBlock, TPDecision
     from profiling.commbench import rank_device
 
     device = rank_device(rank)
-    torch.manual_seed(0)
-    block = TPBlock(d, h, world, dist.group.WORLD)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(0.0, 0.2)
-    x = torch.randn(b, s, d)
+    block, x = _seeded_block(world, b, s, d, h)
     block, x = block.to(device), x.to(device)
     out: dict[str, float] = {}
     with torch.no_grad():
@@ -152,8 +164,7 @@ def planned_vs_eager(
         planned = PlannedTPBlock(block, TPDecision())
         for k, fuse in decisions:
             planned.decision = TPDecision(int(k), bool(fuse))
-            y = planned(x)
-            out[planned.decision.label] = float((y - ref).abs().max() / ref.abs().max())
+            out[planned.decision.label] = _rel_err(planned(x), ref)
     return out
 
 
@@ -169,21 +180,11 @@ def whole_vs_eager(
     forward that wants a gradient raises (None if none)."""
     from torch._dynamo.utils import counters
 
-    from planner.distributed.parallel_models import TPBlock
     from planner.distributed.tp_plan import TPDecision, WholePlannedTPBlock
     from planner.errors import ModelSpecError
 
-    torch.manual_seed(0)
-    block = TPBlock(d, h, world, dist.group.WORLD)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(0.0, 0.2)
-    x = torch.randn(b, s, d)
+    block, x = _seeded_block(world, b, s, d, h)
     out: dict[str, object] = {}
-
-    def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
-        return float((y - ref).abs().max() / ref.abs().max())
-
     with torch.no_grad():
         ref = block(x)
         block.collectives = False
@@ -196,9 +197,9 @@ def whole_vs_eager(
             for k, fuse in decisions:
                 whole.decision = TPDecision(int(k), bool(fuse))
                 label = f"{backend} {whole.decision.label}"
-                out[label] = rel(whole(x), ref)
+                out[label] = _rel_err(whole(x), ref)
                 whole.collectives = False
-                out[f"{label} T_comp"] = rel(whole(x), ref_comp)
+                out[f"{label} T_comp"] = _rel_err(whole(x), ref_comp)
                 whole.collectives = True
             out[f"{backend} graphs"] = counters["stats"]["unique_graphs"] - graphs
             out[f"{backend} breaks"] = sum(counters["graph_break"].values()) - breaks
