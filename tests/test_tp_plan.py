@@ -18,6 +18,19 @@ from search.tp_search import region_costs, search_tp_block
 US = 1e-6
 
 
+def _distributed_gpu():
+    """benchmarks/distributed_gpu.py (the repository root on the path)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import distributed_gpu
+
+    return distributed_gpu
+
+
+def _timed(us: float) -> dict[str, float]:
+    """A timing record of `us` microseconds, as the benchmark's ranks write one."""
+    return {"median_s": us * US, "p25_s": us * US, "p75_s": us * US, "reps": 3}
+
+
 def _costs(host_op: float = 0.0, **kw) -> RegionCosts:
     base = dict(
         attn_s=0.0,
@@ -89,11 +102,8 @@ def test_planned_block_equals_the_tp_block_on_gloo_ranks(world: int) -> None:
 
 
 def _bench(tmp_path: Path, *extra: str) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks.distributed_gpu import main
-
     args = ["--backend", "gloo", "--device", "cpu", "--quick", "--out", str(tmp_path), *extra]
-    return main(args)
+    return _distributed_gpu().main(args)
 
 
 def test_benchmark_tp_smoke_on_gloo_records_rows_and_resumes(tmp_path, capsys) -> None:
@@ -141,11 +151,7 @@ def test_graphed_block_off_cuda_or_under_autograd_runs_the_module_itself() -> No
 
 
 def test_graphed_table_compares_the_chosen_graphed_decision_with_each_contender() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks.distributed_gpu import markdown
-
-    def timed(us: float) -> dict[str, float]:
-        return {"median_s": us * US, "p25_s": us * US, "p75_s": us * US, "reps": 3}
+    markdown = _distributed_gpu().markdown
 
     pred = {"decision": "k=2 fused", "chunks": 2, "total_s": 90 * US, "exposed_comm_s": 5 * US}
     pred |= {"t_comp_s": 85 * US, "t_comm_s": 20 * US}
@@ -162,7 +168,7 @@ def test_graphed_table_compares_the_chosen_graphed_decision_with_each_contender(
         "key": "tp:1x8x16x2",
         "ok": True,
         "shape": [1, 8, 16, 2],
-        "timing": {n: timed(v) for n, v in names.items()},
+        "timing": {n: _timed(v) for n, v in names.items()},
         "checks": {n: {"ok": True, "max_rel_err": 1e-3} for n in names if "T_comp" not in n},
         "chosen": "k=2 fused",
         "predicted": [pred],
@@ -204,11 +210,7 @@ def test_whole_graph_block_compiled_by_inductor_equals_the_tp_block() -> None:
 
 
 def test_tp_table_shows_the_whole_graph_columns_only_for_rows_that_timed_them() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks.distributed_gpu import markdown
-
-    def timed(us: float) -> dict[str, float]:
-        return {"median_s": us * US, "p25_s": us * US, "p75_s": us * US, "reps": 3}
+    markdown = _distributed_gpu().markdown
 
     pred = {"decision": "k=2", "chunks": 2, "total_s": 90 * US, "exposed_comm_s": 5 * US}
     pred |= {"t_comp_s": 85 * US, "t_comm_s": 20 * US}
@@ -218,7 +220,7 @@ def test_tp_table_shows_the_whole_graph_columns_only_for_rows_that_timed_them() 
         "key": "tp:1x8x16x2",
         "ok": True,
         "shape": [1, 8, 16, 2],
-        "timing": {n: timed(v) for n, v in names.items()},
+        "timing": {n: _timed(v) for n, v in names.items()},
         "checks": {n: {"ok": True, "max_rel_err": 1e-3} for n in names if "T_comp" not in n},
         "chosen": "k=2",
         "predicted": [pred],
