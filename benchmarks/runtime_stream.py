@@ -149,12 +149,14 @@ def tuned_latencies(cache_url: str, dim: str) -> list[dict[str, Any]]:
             if len(ranges) != 1:
                 continue
             lo, hi = (int(x) for x in ranges[0].split("-"))
+            synced = e.plan.measured_synced_s
             out.append(
                 {
                     "bucket_key": e.bucket_key,
                     "range": [lo, hi],
                     "pow2_bucket": pow2_bucket(hi),
                     "measured_ms": e.measured_s * 1e3,
+                    "synced_ms": None if synced is None else synced * 1e3,
                 }
             )
     return out
@@ -278,7 +280,8 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     mspec = resolve(cfg["model"], cfg["shape"])
     axes = mspec.dims[cfg["dim"]]  # (input, axis), or several for a file factory
     pairs = [tuple(axes)] if isinstance(axes[0], int) else [tuple(a) for a in axes]
-    module, base = mspec.with_params(**{cfg["dim"]: max(lengths)}).build(
+    reps: list[int] = cfg.get("rep_lengths") or []
+    module, base = mspec.with_params(**{cfg["dim"]: max(lengths + reps)}).build(
         dtype=dtype, device=dev, seed=cfg["seed"]
     )
 
@@ -291,7 +294,9 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     # One input per distinct length, cut from one seeded tensor: made before any timing,
     # identical across contenders. Cloned, so none is a view: dynamo guards on a view's
     # base, and a stream whose first input is a view recompiles at the first non-view.
-    inputs = {s: tuple(cut(x, i, s) for i, x in enumerate(base)) for s in sorted(set(lengths))}
+    inputs = {
+        s: tuple(cut(x, i, s) for i, x in enumerate(base)) for s in sorted(set(lengths + reps))
+    }
     del base
 
     def sync() -> None:
@@ -370,6 +375,8 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
             _say(f"{name}: a profiled extra pass, top functions by own time\n{top_text(prof, 40)}")
         gc.enable()  # as it was before the passes (--gc: this contender's passes only)
         gc.unfreeze()
+        if reps:  # after the stream: each tuned bucket's representative, both ways
+            out_reps = rep_timings(fn, inputs, reps, dev)
         checks = []
         tol = tolerance_for(dtype)
         for s in cfg["check_lengths"]:
@@ -404,6 +411,8 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         "modules": {m: m in sys.modules for m in ("optuna", "sklearn")},
         "threads": torch.get_num_threads(),
     }
+    if reps:
+        out["rep_timing"] = out_reps
     if be is not None:
         st = asdict(be.stats)
         st["fallbacks"] = len(be.stats.fallbacks)
@@ -414,6 +423,43 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     if cuda:
         out["max_memory_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
     torch._dynamo.reset()
+    return out
+
+
+# calls of a representative size before it is timed: it recurs, so the serving path it
+# gets is the one a recurring shape gets (the planner's static specialization, a CUDA
+# graph recorded), as `tune`'s runner makes it before timing
+REP_WARM_CALLS = 30
+
+
+def rep_timings(
+    fn: Callable[..., Any], inputs: dict[int, tuple[Any, ...]], reps: list[int], dev: Any
+) -> dict[str, dict[str, float]]:
+    """Each representative size called alone, timed with `tune`'s two protocols in this
+    process: calls back to back in rounds (profiling.timer.measure_interleaved with the
+    runner's STEADY_TIMER, the `measured` latency tune stores) and isolated calls waited
+    for (profiling.timer.measure_synced, the plan's `measured_synced_s`). Seconds, by
+    size."""
+    from profiling.runner import STEADY_TIMER
+    from profiling.timer import measure_interleaved, measure_synced
+
+    out = {}
+    for s in reps:
+        x = inputs[s]
+
+        def call(x: tuple[Any, ...] = x) -> Any:
+            return fn(*x)
+
+        for _ in range(REP_WARM_CALLS):
+            call()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+        b2b = measure_interleaved({"c": call}, device=dev, **STEADY_TIMER)["c"]
+        alone = measure_synced(call, device=dev)
+        out[str(s)] = {"b2b_s": b2b.median_s, "synced_s": alone.median_s}
+        _say(
+            f"  at {s}: back to back {b2b.median_s * 1e3:.3f} ms, alone {alone.median_s * 1e3:.3f} ms"
+        )
     return out
 
 
@@ -571,6 +617,92 @@ def _shares(sums: dict[str, dict[str, Any]]) -> str:
     return "\nSteady state, lower is better: " + "; ".join(parts) + ".\n"
 
 
+def served_vs_tuned(meta: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per tuned bucket whose representative was timed after the stream: what tune stored
+    (back to back, and one call waited for), what the planner gave at that size in this
+    process both ways, and the stream's steady calls in that bucket; the three ratios
+    (None where a side is missing: a cache tuned before one-call times were stored)."""
+    planner = next(
+        (r for r in results if r.get("contender") == "planner" and "rep_timing" in r), None
+    )
+    if planner is None:
+        return []
+    steady = summarize(planner, meta["lengths"]).get("steady_bucket_median_ms", {})
+    rows = []
+    for t in sorted(meta.get("tuned", []), key=lambda t: t["range"][1]):
+        got = planner["rep_timing"].get(str(t["range"][1]))
+        if got is None:
+            continue
+        b2b, alone = got["b2b_s"] * 1e3, got["synced_s"] * 1e3
+        stream = steady.get(t["pow2_bucket"])
+        want, want_alone = t["measured_ms"], t.get("synced_ms")
+        rows.append(
+            {
+                "bucket": t["pow2_bucket"],
+                "rep": t["range"][1],
+                "tuned_ms": want,
+                "tuned_synced_ms": want_alone,
+                "b2b_ms": b2b,
+                "synced_ms": alone,
+                "stream_ms": stream,
+                "b2b_ratio": b2b / want,
+                "synced_ratio": alone / want_alone if want_alone else None,
+                "stream_ratio": stream / want_alone if want_alone and stream else None,
+            }
+        )
+    return rows
+
+
+def _rep_text(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    """The table of served against tuned at each tuned bucket's representative, every
+    contender timed there both ways; empty when the run timed none."""
+    rows = served_vs_tuned(meta, results)
+    if not rows:
+        return ""
+    timed = [r for r in results if "rep_timing" in r]
+    head = ["S bucket", "representative", "tuned ms (stored)", "tuned one call ms (stored)"]
+    head += [f"{TITLES[r['contender']]}: back to back ms | one call ms" for r in timed]
+    head += [
+        "planner back to back / tuned",
+        "planner one call / tuned one call",
+        "planner stream steady / tuned one call",
+    ]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|---|---|---|---|" + "---|---|" * len(timed) + "---|---|---|",
+    ]
+    for row in rows:
+        cells = [
+            row["bucket"],
+            str(row["rep"]),
+            _fmt(row["tuned_ms"]),
+            _fmt(row["tuned_synced_ms"]),
+        ]
+        for r in timed:
+            got = r["rep_timing"].get(str(row["rep"]), {})
+            cells.append(
+                f"{_fmt(got.get('b2b_s', math.nan) * 1e3)} | {_fmt(got.get('synced_s', math.nan) * 1e3)}"
+            )
+        cells += [
+            _fmt(row["b2b_ratio"], ".2f"),
+            _fmt(row["synced_ratio"], ".2f"),
+            _fmt(row["stream_ratio"], ".2f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return (
+        "\nServed against tuned at each tuned bucket's representative size (its largest, where "
+        f"`tune` measured), timed after the stream in each contender's process, after "
+        f"{REP_WARM_CALLS} calls of that size: *back to back* is `tune`'s stored "
+        "`measured` latency's protocol (calls back to back in rounds, CUDA events), *one "
+        "call* the plan's `measured_synced_s` protocol (one call alone, waited for, the wall "
+        "clock), which is also how the stream's calls are timed. The last column compares "
+        "the stream's steady calls in the bucket (sizes up to the representative, the "
+        "length changing every call) with the stored one-call latency.\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
 def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lengths = meta["lengths"]
     sums = {r["contender"]: summarize(r, lengths) for r in results}
@@ -707,7 +839,7 @@ Per bucket (first call of the bucket in pass 1; median call of the steady state)
 {bhead} |
 |---|---|---|{"---|---|" * (len(ok) + bool(tuned))}
 {chr(10).join(brows)}
-
+{_rep_text(meta, results)}
 - Buckets in these tables: pow2 over {meta["dim"]}, the runtime's default (a tuned cache's own bucket spec may clip the outer edges to the tuned range).
 {TUNED_NOTE if tuned else ""}- *pass 1 - steady*: what the cold pass cost over a steady one: compiles, plus, for the planner, one cache lookup (and queued miss) per new shape.
 - *calls that compiled*: calls during which dynamo compiled a frame, Inductor compiled a graph or the planner realized a plan (from torch._dynamo.utils.counters and RuntimeStats, read around each call).
@@ -751,6 +883,9 @@ def summary_jsonl(path: Path) -> str:
     cache = "a tuned plan cache" if meta["cache"] else "an empty plan cache (every shape a miss)"
     shares = _shares(sums).strip()
     host = _host_text(sums).strip()
+    vs_tuned = _vs_tuned_text(
+        served_vs_tuned(meta, [r for r in rows if r.get("kind") == "contender"])
+    )
     return (
         f"- `{meta['command']}` ({meta['date']}, {meta['device_name']}, torch "
         f"{meta['torch']}): `{meta['model']}` {meta['shape']} {meta['dtype']}, "
@@ -760,6 +895,29 @@ def summary_jsonl(path: Path) -> str:
         f"- Cold pass minus a steady one (compiles, first calls): {cold}.\n"
         + (f"- {shares}\n" if shares else "")
         + (f"- {host}\n" if host else "")
+        + (f"- {vs_tuned}\n" if vs_tuned else "")
+    )
+
+
+def _vs_tuned_text(rows: list[dict[str, Any]]) -> str:
+    """One line: the planner's served / tuned ratios over the tuned buckets, each as its
+    largest (worst) value and the buckets it covers."""
+    if not rows:
+        return ""
+    parts = []
+    for key, what in (
+        ("b2b_ratio", "back to back (tune's stored latency)"),
+        ("synced_ratio", "one call waited for"),
+        ("stream_ratio", "the stream's steady calls / tuned one call"),
+    ):
+        xs = [r[key] for r in rows if r[key] is not None]
+        if xs:
+            parts.append(f"{what} {min(xs):.2f}..{max(xs):.2f}")
+        else:
+            parts.append(f"{what} n/a (no one-call latency stored)")
+    return (
+        f"Served / tuned at the {len(rows)} tuned buckets' representative sizes (worst "
+        "last): " + "; ".join(parts) + "."
     )
 
 
@@ -865,9 +1023,13 @@ def main(argv: list[str] | None = None) -> int:
         "profile": args.profile,
         "threads": args.threads or (1 if args.quick else None),
     }
+    tuned = tuned_latencies(args.cache, args.dim) if args.cache else []
+    # after the stream, each tuned bucket's representative inside the stream's range is
+    # timed as tune timed it (rep_timings)
+    cfg["rep_lengths"] = sorted({t["range"][1] for t in tuned if lo <= t["range"][1] <= hi})
     meta = {
         **cfg,
-        "tuned": tuned_latencies(args.cache, args.dim) if args.cache else [],
+        "tuned": tuned,
         "kind": "meta",
         "command": "python benchmarks/runtime_stream.py " + shlex.join(argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),

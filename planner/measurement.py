@@ -116,6 +116,9 @@ class Measurement:
     error: MeasureError | None = None
     compile_s: float = 0.0  # realizing and compiling, before the first timed call
     call_s: float = math.nan  # whole calls from the host, where `timing` is kernels alone
+    # one isolated call waited for (wall clock, device idle before it): what a loop that
+    # needs each result sees; `timing` is calls back to back (the served executor)
+    synced_s: float = math.nan
     check: str = ""  # what the accuracy check compared, and what it found
     fallbacks: Mapping[int, str] = field(default_factory=dict)  # group -> why it runs eagerly
     realizations: tuple[str, ...] = ()

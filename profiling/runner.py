@@ -42,7 +42,7 @@ from planner.plans.cache import PlanCache
 from planner.plans.plan import Plan
 from planner.realize.realizer import GroupCompiler, RealizedPlan, realize
 from planner.runtime.backend import FusionPlannerBackend
-from profiling.timer import measure, measure_in_graph, measure_interleaved
+from profiling.timer import measure, measure_in_graph, measure_interleaved, measure_synced
 from profiling.verify import Mismatch, verify_against_eager
 
 # Default timer settings for a whole plan: a stable median within a few seconds.
@@ -449,6 +449,12 @@ class DeviceRunner:
                     call = measure_interleaved(
                         {"plan": p.call}, device=self.device, dtype=dtype, **self.steady
                     )["plan"]
+                    # the same call alone and waited for: what a loop needing each result
+                    # sees (on ranks: a fixed count of calls, the same on every rank)
+                    limit = math.inf if self.agree is not None else 2.0
+                    about["synced_s"] = measure_synced(
+                        p.call, device=self.device, dtype=dtype, max_seconds=limit
+                    ).median_s
             else:
                 call, _ = self._timed(p.call, dtype)
         except Exception as e:

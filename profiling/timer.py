@@ -4,6 +4,9 @@
 on repetitions or seconds is hit), and returns median, p99, spread and the context
 every measurement row records (device fingerprint, torch version, dtype).
 
+`measure_synced(fn)` times isolated calls with the wall clock, each waited for: what a
+loop that needs every result before its next call sees.
+
 `measure_in_graph(fn)` times a piece of work as it runs inside a realized plan's CUDA
 graph, among other kernels: several copies of it captured back to back in one graph,
 the timing divided by the copies. Timing one replay of a graph that holds one small
@@ -31,6 +34,7 @@ __all__ = [
     "measure",
     "measure_in_graph",
     "measure_interleaved",
+    "measure_synced",
     "summarize",
 ]
 
@@ -194,6 +198,43 @@ def measure(
         if time.perf_counter() - t_start > max_seconds:
             break
     return summarize(samples, stable=stable, device=dev, dtype=dtype)
+
+
+def measure_synced(
+    fn: Callable[[], Any],
+    *,
+    device: str | torch.device | None = None,
+    warmup: int = 3,
+    reps: int = 40,
+    max_seconds: float = 2.0,
+    dtype: str = "",
+) -> Timing:
+    """Time `fn()` as one isolated, synchronized call: the wall clock from the call until
+    the device has finished its work, the device idle before each call. This is what a
+    loop that waits for each result sees (a generation step, a request served alone): the
+    host work in front of the kernels is not hidden behind the previous call's kernels,
+    as it is in `measure_interleaved`'s back-to-back calls. `reps` samples, fewer where
+    `max_seconds` runs out first (at least 3)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = dev.type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    t_start = time.perf_counter()
+    while len(samples) < reps:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - t0)
+        if len(samples) >= 3 and time.perf_counter() - t_start > max_seconds:
+            break
+    return summarize(samples, stable=_settled(samples), device=dev, dtype=dtype)
 
 
 def _run_reps(fn: Callable[[], Any], reps: int, device: torch.device) -> float:

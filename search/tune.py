@@ -440,10 +440,15 @@ def tune_bucket(
         )
         if m.timing is not None:
             fb = f"; {len(c.fallbacks)} group(s) fell back" if c.fallbacks else ""
+            alone = (
+                ""
+                if math.isnan(m.synced_s)
+                else f"; one call waited for {units.seconds(m.synced_s)}"
+            )
             progress(
                 f"  {c.strategy:<9} {len(c.partition):>3} groups: predicted "
                 f"{units.seconds(c.predicted_s)}, measured {units.seconds(m.timing.median_s)}"
-                f" ({m.executor}){fb}"
+                f" ({m.executor}{alone}){fb}"
             )
         else:  # a candidate that fails is dropped, never stored
             progress(f"  {c.strategy:<9} failed: {c.error[:200]}")
@@ -488,11 +493,13 @@ def tune_bucket(
     plan, stored = None, "nothing measured: no plan stored"
     if best is not None:
         plan = candidate_plan(objective, best, device=device, dtype=dt)
+        synced = best.measurement.synced_s if best.measurement is not None else math.nan
         plan = plan.with_measurement(
             best.measured.median_s,
             best.measured.p99_s,
             eager_s=eager.median_s,
             device_fingerprint=device_fingerprint(dev),
+            measured_synced_s=None if math.isnan(synced) else synced,
         )
         if best.tensor_parallel is not None:  # what the notes say of the decision
             plan = dataclasses.replace(plan, notes="; ".join(n for n in (plan.notes, tp_note) if n))

@@ -272,3 +272,34 @@ def test_stream_counts_collections_and_names_a_changed_collector():
     assert runtime_stream._gc_text({}) == "" and runtime_stream._gc_text({"gc": "on"}) == ""
     assert "frozen" in runtime_stream._gc_text({"gc": "freeze"})
     assert "off" in runtime_stream._gc_text({"gc": "off"})
+
+
+def test_stream_served_vs_tuned_compares_like_with_like_at_each_representative():
+    lengths = [100, 200, 100, 200]
+    passes = [
+        {"total_s": 1.0, "times_s": [1e-3, 2e-3, 1e-3, 2e-3], "compiled": [False] * 4}
+        for _ in range(3)
+    ]
+    rep = {"128": {"b2b_s": 0.5e-3, "synced_s": 1.2e-3}, "256": {"b2b_s": 1e-3, "synced_s": 3e-3}}
+    planner = {"contender": "planner", "passes": passes, "checks": [], "rep_timing": rep}
+    tuned = [  # what tune stored: one bucket with its one-call latency, one from before it
+        {"range": [129, 256], "pow2_bucket": "129-256", "measured_ms": 0.8, "synced_ms": 2.0},
+        {"range": [65, 128], "pow2_bucket": "65-128", "measured_ms": 0.5, "synced_ms": None},
+        {"range": [257, 512], "pow2_bucket": "257-512", "measured_ms": 2.0, "synced_ms": 4.0},
+    ]
+    meta = {"lengths": lengths, "tuned": tuned}
+    rows = runtime_stream.served_vs_tuned(meta, [planner])
+    assert [r["rep"] for r in rows] == [128, 256]  # ordered; 512 was not timed
+    low, high = rows
+    assert low["b2b_ratio"] == pytest.approx(1.0) and low["synced_ratio"] is None
+    assert high["b2b_ratio"] == pytest.approx(1.25) and high["synced_ratio"] == pytest.approx(1.5)
+    assert high["stream_ratio"] == pytest.approx(2.0 / 2.0)  # the bucket's steady median / 2 ms
+    text = runtime_stream._rep_text(meta, [planner, {"contender": "eager", "error": "x"}])
+    assert "| 129-256 | 256 | 0.800 | 2.000 | 1.000 | 3.000 | 1.25 | 1.50 | 1.00 |" in text
+    assert "| 65-128 | 128 | 0.500 | n/a | 0.500 | 1.200 | 1.00 | n/a | n/a |" in text
+    line = runtime_stream._vs_tuned_text(rows)
+    assert "back to back (tune's stored latency) 1.00..1.25" in line
+    assert "one call waited for 1.50..1.50" in line
+    untimed = {k: v for k, v in planner.items() if k != "rep_timing"}  # a run before it
+    assert runtime_stream.served_vs_tuned(meta, [untimed]) == []
+    assert runtime_stream._rep_text(meta, [untimed]) == ""

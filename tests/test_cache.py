@@ -512,6 +512,18 @@ def test_export_import_round_trip(graph, url, tmp_path):
         dst.import_records({"format": "something else"})
 
 
+def test_the_one_call_latency_is_stored_and_records_without_it_still_read(graph, url):
+    spec = parse_dynamic("B=1..64", DIMS)
+    plan = make_plan(graph).with_measurement(1e-3, measured_synced_s=1.5e-3)
+    cache = PlanCache(url)
+    cache.store(plan, spec.bucket_of([(4, 16)]))
+    cache.set_bucket_spec(graph.structure_key, spec, DEV)
+    assert cache.lookup(graph.structure_key, [(3, 16)], DEV).plan.measured_synced_s == 1.5e-3
+    old = make_plan(graph, measured=1e-3)
+    assert "measured_synced_s" not in old.to_json()  # written as before the field existed
+    assert Plan.from_json(old.to_json()).measured_synced_s is None
+
+
 def test_default_location_is_under_the_user_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cache = PlanCache()

@@ -12,6 +12,7 @@ from profiling.timer import (
     measure,
     measure_in_graph,
     measure_interleaved,
+    measure_synced,
     summarize,
 )
 
@@ -138,3 +139,18 @@ def test_interleaved_rounds_are_stable_only_when_both_halves_agree():
     assert _settled([1.0, 1.01, 0.99, 1.0, 1.02, 0.98])
     assert not _settled([1.0, 1.0, 1.0, 1.3, 1.3, 1.3])  # drifted between the halves
     assert not _settled([1.0, 1.0, 1.0])  # too few rounds to tell
+
+
+def test_synced_calls_are_timed_whole_and_bounded():
+    calls = []
+
+    def fn() -> None:
+        calls.append(1)
+        spin(1e-3)()
+
+    t = measure_synced(fn, device="cpu", warmup=2, reps=8)
+    assert t.reps == 8 and len(calls) == 2 + 8  # the warm-up calls are not samples
+    assert 1e-3 <= t.min_s <= t.median_s <= t.p99_s
+    # a time bound cuts a slow call's samples, never below three
+    slow = measure_synced(spin(2e-2), device="cpu", warmup=0, reps=100, max_seconds=0.05)
+    assert 3 <= slow.reps < 100 and slow.median_s >= 2e-2

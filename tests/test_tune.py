@@ -46,11 +46,17 @@ def test_tune_stores_a_measured_plan_per_bucket_and_lookup_finds_it(tmp_path):
             assert all(c.error == "" for c in r.candidates)
             # the stored plan is the measured best among the candidates
             assert r.plan.measured_s == min(c.measured.median_s for c in r.candidates)
+            best = min(r.candidates, key=lambda c: c.measured.median_s)
+            if best.measurement is not None:  # a served candidate: its one call alone too
+                assert r.plan.measured_synced_s == best.measurement.synced_s > 0
+            else:  # eager beat the candidates (timed as a callable, not served)
+                assert best.strategy == "eager" and r.plan.measured_synced_s is None
         # a shape inside the second bucket, captured the way the runtime does, hits it
         module, inputs = cfg.spec.with_params(S=12).build(device="meta")
         g = capture(module, inputs)
         hit = cache.lookup(g.structure_key, g.input_shapes)
         assert hit.hit and hit.entry.plan.n_groups == results[1].plan.n_groups
+        assert hit.entry.plan.measured_synced_s == results[1].plan.measured_synced_s
 
 
 def _mlp_tune_args(cache: str) -> list[str]:

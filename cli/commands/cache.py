@@ -87,6 +87,11 @@ def _show(cache: PlanCache, args: argparse.Namespace) -> int:
     print(
         f"{'latency':<12} predicted {fmt.time_s(e.predicted_s)}, measured "
         f"{fmt.time_s(e.measured_s)}, eager {fmt.time_s(e.plan.eager_s)}"
+        + (
+            ""
+            if e.plan.measured_synced_s is None
+            else f"; one call waited for {fmt.time_s(e.plan.measured_synced_s)}"
+        )
     )
     print(f"{'made':<12} {e.created_at} (torch {e.torch_version}); updated {e.updated_at}")
     names = _op_names(e)
@@ -235,6 +240,7 @@ def _row(cache: PlanCache, e: CacheEntry) -> dict[str, Any]:
         "groups": e.plan.n_groups,
         "predicted_s": e.predicted_s,
         "measured_s": e.measured_s,
+        "measured_synced_s": e.plan.measured_synced_s,
         "eager_s": e.plan.eager_s,
         "torch_version": e.torch_version,
         "cost_model": e.cost_model,

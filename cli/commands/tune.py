@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -150,6 +151,11 @@ def _row(r: BucketResult, dims: Any) -> dict[str, Any]:
                 "groups": len(c.partition),
                 "predicted_s": c.predicted_s,
                 "measured_s": c.measured.median_s if c.measured else None,
+                "synced_s": (
+                    c.measurement.synced_s
+                    if c.measurement is not None and not math.isnan(c.measurement.synced_s)
+                    else None
+                ),
                 "measured": fmt.timing_dict(c.measured),
                 "error": c.error,
                 "fallbacks": {str(g): why for g, why in c.fallbacks.items()},
@@ -166,10 +172,11 @@ def _row(r: BucketResult, dims: Any) -> dict[str, Any]:
 
 def _table(label: str, device: str, cache_url: str, results: list[BucketResult], dims: Any) -> str:
     """Per bucket: the best plan's time next to eager and torch.compile, each as median
-    ±half the IQR, and the speed-ups, marked where a rerun may not agree."""
+    ±half the IQR, and the speed-ups, marked where a rerun may not agree; then the plan's
+    call alone and waited for (what a loop needing each result sees), where measured."""
     head = (
         f"{'bucket':<16} {'plan':<9} {'groups':>6} {'plan':>16} {'eager':>16} "
-        f"{'compile':>16} {'vs eager':>9} {'vs compile':>10} {'fell back':>9}"
+        f"{'compile':>16} {'vs eager':>9} {'vs compile':>10} {'fell back':>9} {'one call':>9}"
     )
     lines = [f"tuned {label} on {device}; plans in {cache_url}", head, "-" * len(head)]
     flagged = False
@@ -183,9 +190,12 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
         cells = [fmt.timing(t), fmt.timing(r.eager), fmt.timing(r.compiled)]
         ups = [fmt.speedup(r.eager, t), fmt.speedup(r.compiled, t)]
         flagged |= any(fmt.UNSTABLE_MARK in c for c in cells + ups)
+        whole = best.measurement
+        alone = "-" if whole is None or math.isnan(whole.synced_s) else fmt.time_s(whole.synced_s)
         lines.append(
             f"{name:<16} {best.strategy:<9} {len(best.partition):>6} {cells[0]:>16} "
             f"{cells[1]:>16} {cells[2]:>16} {ups[0]:>9} {ups[1]:>10} {len(best.fallbacks):>9}"
+            f" {alone:>9}"
         )
         for g, why in best.fallbacks.items():  # one short reason per group
             lines.append(f"{'':<4}group {g} runs eagerly: {short_reason(why, 100)}")
@@ -203,7 +213,10 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
             lines.append(f"  {r.stored}")
         if r.tensor_parallel:  # a rank program's decision: measured, or said it was not
             lines.append(f"  {r.tensor_parallel}")
-    lines.append("times: median ±half the interquartile range")
+    lines.append(
+        "times: median ±half the interquartile range; plan: calls back to back through the "
+        "serving path; one call: the plan's call alone, waited for (the wall clock)"
+    )
     if flagged:
         lines.append(fmt.UNSTABLE_NOTE)
     return "\n".join(lines)

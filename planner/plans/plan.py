@@ -189,7 +189,11 @@ class Plan:
     """A fusion plan for one graph on one device.
 
     `predicted_s` is the objective's value under `cost_model`; `measured_s` and
-    `measured_p99_s` are filled in once the plan ran on the device (profiling).
+    `measured_p99_s` are filled in once the plan ran on the device (profiling): a call
+    through the serving path, calls back to back. `measured_synced_s`: one such call
+    alone, waited for (the wall clock, the device idle before it), what a loop that needs
+    each result sees; None where it was not measured (and in records written before it
+    existed).
     `tensor_parallel`: the decision for a tensor-parallel rank program's sites (None for
     other programs, and in records written before it existed). `data_parallel`: the
     gradient bucket decision of a graph holding a data-parallel gradient sync (None
@@ -213,6 +217,7 @@ class Plan:
     notes: str = ""
     tensor_parallel: TPChoice | None = None
     data_parallel: DPChoice | None = None
+    measured_synced_s: float | None = None
 
     @classmethod
     def from_partition(
@@ -372,6 +377,8 @@ class Plan:
             del d["data_parallel"]
         else:
             d["data_parallel"] = self.data_parallel.to_json()
+        if self.measured_synced_s is None:  # likewise
+            del d["measured_synced_s"]
         d["schema"] = SCHEMA_VERSION
         return d
 
