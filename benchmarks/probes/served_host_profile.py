@@ -5,7 +5,8 @@
 
 One Hugging Face GPT-2 (benchmarks/models/gpt2.py) at one shape, served by
 `torch.compile(model, backend=fusion_planner_backend(cache), dynamic=True)` and by
-`torch.compile(model, mode="reduce-overhead", dynamic=True)`, each warmed up (the shape's
+`torch.compile(model, mode="reduce-overhead", dynamic=True)` (`--static`: and by the backend
+with `static_after=3`, every shape its static specialization), each warmed up (the shape's
 CUDA graph recorded), then: the median host time per call (from the call until it
 returned, before synchronizing) and per whole call, over `--calls` calls; and cProfile over
 as many calls again, its top functions by own time and the cumulative time of the
@@ -95,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         "--cycle", default="1", help="numbers K of sequence lengths S..S+K-1 served in turn"
     )
     p.add_argument(
+        "--static",
+        action="store_true",
+        help="also the planner with static_after=3: each shape served by its static "
+        "specialization (as `tune` times a plan) beside the bucket realization that serves "
+        "it by default until it has recurred long enough to pay for one",
+    )
+    p.add_argument(
         "--spread",
         default=None,
         help="LO..HI: the K lengths spread geometrically from LO to HI instead (across buckets)",
@@ -148,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     contenders = {
         "planner": torch.compile(model, backend=fusion_planner_backend(cache), dynamic=True),
     }
+    if args.static:
+        contenders["planner, static_after=3"] = torch.compile(
+            model, backend=fusion_planner_backend(cache, static_after=3), dynamic=True
+        )
     if cuda:
         contenders["reduce-overhead"] = torch.compile(model, mode="reduce-overhead", dynamic=True)
     print(f"# Served host time per call: GPT-2 B={b},S={s} on {dev} ({torch.__version__})\n")
