@@ -376,7 +376,7 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         gc.enable()  # as it was before the passes (--gc: this contender's passes only)
         gc.unfreeze()
         if reps:  # after the stream: each tuned bucket's representative, both ways
-            out_reps = rep_timings(fn, inputs, reps, dev)
+            out_reps = rep_timings(fn, inputs, reps, dev, be, cfg.get("recur_s", 0.0))
         checks = []
         tol = tolerance_for(dtype)
         for s in cfg["check_lengths"]:
@@ -432,18 +432,52 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 REP_WARM_CALLS = 30
 
 
+def recur_until_decided(call: Callable[[], Any], be: Any, limit_s: float, dev: Any) -> str:
+    """Call one shape again and again, as a server that keeps meeting it would, until the
+    backend's static_after policy has settled it (a static specialization built and kept,
+    built and dropped as slower, or failed) or `limit_s` passed; what happened, in words."""
+    st = be.stats
+    gains, failed = len(st.static_gains), len(st.static_failed)
+    t0 = time.perf_counter()
+    calls = 0
+    while time.perf_counter() - t0 < limit_s:
+        for _ in range(50):
+            call()
+        calls += 50
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        if len(st.static_failed) > failed:
+            return f"specialization failed ({calls} calls)"
+        if len(st.static_gains) > gains:
+            gain = st.static_gains[-1]
+            kept = (
+                "static specialization serves it"
+                if gain > 0
+                else "kept the bucket's (static slower)"
+            )
+            return f"{kept}, gain {gain:+.0%} ({calls} calls, {time.perf_counter() - t0:.0f} s)"
+    return f"not specialized within {limit_s:.0f} s ({calls} calls)"
+
+
 def rep_timings(
-    fn: Callable[..., Any], inputs: dict[int, tuple[Any, ...]], reps: list[int], dev: Any
-) -> dict[str, dict[str, float]]:
+    fn: Callable[..., Any],
+    inputs: dict[int, tuple[Any, ...]],
+    reps: list[int],
+    dev: Any,
+    be: Any = None,
+    recur_s: float = 0.0,
+) -> dict[str, dict[str, Any]]:
     """Each representative size called alone, timed with `tune`'s two protocols in this
     process: calls back to back in rounds (profiling.timer.measure_interleaved with the
     runner's STEADY_TIMER, the `measured` latency tune stores) and isolated calls waited
     for (profiling.timer.measure_synced, the plan's `measured_synced_s`). Seconds, by
-    size."""
+    size. With the planner's backend `be` and `recur_s` > 0, each size first recurs until
+    the backend has decided its static specialization (recur_until_decided), as a shape a
+    server keeps meeting does; `tune` times the specialization."""
     from profiling.runner import STEADY_TIMER
     from profiling.timer import measure_interleaved, measure_synced
 
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for s in reps:
         x = inputs[s]
 
@@ -454,11 +488,15 @@ def rep_timings(
             call()
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
+        static = ""
+        if be is not None and recur_s > 0:
+            static = recur_until_decided(call, be, recur_s, dev)
         b2b = measure_interleaved({"c": call}, device=dev, **STEADY_TIMER)["c"]
         alone = measure_synced(call, device=dev)
-        out[str(s)] = {"b2b_s": b2b.median_s, "synced_s": alone.median_s}
+        out[str(s)] = {"b2b_s": b2b.median_s, "synced_s": alone.median_s, "static": static}
         _say(
-            f"  at {s}: back to back {b2b.median_s * 1e3:.3f} ms, alone {alone.median_s * 1e3:.3f} ms"
+            f"  at {s}: back to back {b2b.median_s * 1e3:.3f} ms, alone "
+            f"{alone.median_s * 1e3:.3f} ms{'; ' + static if static else ''}"
         )
     return out
 
@@ -648,6 +686,7 @@ def served_vs_tuned(meta: dict[str, Any], results: list[dict[str, Any]]) -> list
                 "b2b_ratio": b2b / want,
                 "synced_ratio": alone / want_alone if want_alone else None,
                 "stream_ratio": stream / want_alone if want_alone and stream else None,
+                "static": got.get("static", ""),
             }
         )
     return rows
@@ -667,9 +706,12 @@ def _rep_text(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         "planner one call / tuned one call",
         "planner stream steady / tuned one call",
     ]
+    recurred = any(row["static"] for row in rows)  # --recur-s: each size recurred first
+    if recurred:
+        head.append("planner: the representative after it recurred")
     lines = [
         "| " + " | ".join(head) + " |",
-        "|---|---|---|---|" + "---|---|" * len(timed) + "---|---|---|",
+        "|---|---|---|---|" + "---|---|" * len(timed) + "---|---|---|" + "---|" * recurred,
     ]
     for row in rows:
         cells = [
@@ -688,6 +730,8 @@ def _rep_text(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             _fmt(row["synced_ratio"], ".2f"),
             _fmt(row["stream_ratio"], ".2f"),
         ]
+        if recurred:
+            cells.append(row["static"] or "-")
         lines.append("| " + " | ".join(cells) + " |")
     return (
         "\nServed against tuned at each tuned bucket's representative size (its largest, where "
@@ -695,9 +739,19 @@ def _rep_text(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         f"{REP_WARM_CALLS} calls of that size: *back to back* is `tune`'s stored "
         "`measured` latency's protocol (calls back to back in rounds, CUDA events), *one "
         "call* the plan's `measured_synced_s` protocol (one call alone, waited for, the wall "
-        "clock), which is also how the stream's calls are timed. The last column compares "
-        "the stream's steady calls in the bucket (sizes up to the representative, the "
-        "length changing every call) with the stored one-call latency.\n\n"
+        "clock), which is also how the stream's calls are timed. *planner stream steady / "
+        "tuned one call* compares the stream's steady calls in the bucket (sizes up to the "
+        "representative, the length changing every call) with the stored one-call latency. "
+        "`tune` times a plan's static specialization (what a shape gets once it recurs long "
+        "enough to pay for one); "
+        + (
+            f"here each representative first recurred until the backend decided it (at most "
+            f"{meta.get('recur_s', 0):.0f} s of calls), as the last column says.\n\n"
+            if recurred
+            else "here the representatives were not made to recur that long, so the planner "
+            "served them with the bucket's realization, but where the RuntimeStats line above "
+            "counts static specializations (`--recur-s` makes them recur).\n\n"
+        )
         + "\n".join(lines)
         + "\n"
     )
@@ -964,6 +1018,14 @@ def main(argv: list[str] | None = None) -> int:
         help="after the passes, one more pass under cProfile, not counted (its top functions "
         "go to stderr): a diagnostic",
     )
+    p.add_argument(
+        "--recur-s",
+        type=float,
+        default=0.0,
+        help="planner: before each tuned representative is timed after the stream, call it "
+        "until the backend has decided its static specialization, at most this many seconds "
+        "(0: only a few calls)",
+    )
     p.add_argument("--check", type=int, default=4, help="stream entries checked against eager")
     p.add_argument("--timeout", type=float, default=None, help="seconds per contender")
     p.add_argument("--same-process", action="store_true")
@@ -1021,6 +1083,7 @@ def main(argv: list[str] | None = None) -> int:
         "static_after": static_after,
         "gc": args.gc,
         "profile": args.profile,
+        "recur_s": args.recur_s,
         "threads": args.threads or (1 if args.quick else None),
     }
     tuned = tuned_latencies(args.cache, args.dim) if args.cache else []

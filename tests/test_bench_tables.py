@@ -303,3 +303,29 @@ def test_stream_served_vs_tuned_compares_like_with_like_at_each_representative()
     untimed = {k: v for k, v in planner.items() if k != "rep_timing"}  # a run before it
     assert runtime_stream.served_vs_tuned(meta, [untimed]) == []
     assert runtime_stream._rep_text(meta, [untimed]) == ""
+
+
+def test_a_representative_recurs_until_the_backend_decides_its_specialization():
+    from types import SimpleNamespace
+
+    stats = SimpleNamespace(static_gains=[], static_failed=[])
+    be, calls = SimpleNamespace(stats=stats), []
+
+    def call(decide_at: int, gain: float):
+        calls.append(1)
+        if len(calls) == decide_at:
+            stats.static_gains.append(gain)
+
+    dev = SimpleNamespace(type="cpu")  # no device to wait for
+    said = runtime_stream.recur_until_decided(lambda: call(120, 0.2), be, 5.0, dev)
+    assert said.startswith("static specialization serves it, gain +20% (150 calls")
+    at = len(calls) + 10
+    said = runtime_stream.recur_until_decided(lambda: call(at, -0.1), be, 5.0, dev)
+    assert said.startswith("kept the bucket's (static slower), gain -10% (50 calls")
+    said = runtime_stream.recur_until_decided(lambda: None, be, 0.05, dev)
+    assert said.startswith("not specialized within 0 s (")
+    stats.static_failed.append("x")  # failed before: only a new failure counts
+    said = runtime_stream.recur_until_decided(
+        lambda: stats.static_failed.append("y"), be, 30.0, dev
+    )
+    assert said == "specialization failed (50 calls)"
