@@ -528,6 +528,10 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_v",
             "runtime_stream_gpt2_tuned_h100_w1",
             "runtime_stream_gpt2_tuned_h100_w2",
+            "runtime_stream_gpt2_tuned_h200_x",
+            "runtime_stream_llama_tuned_h200_x",
+            "runtime_stream_gpt2_tuned_h200_p",
+            "runtime_stream_gpt2_tuned_h200_q",
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
@@ -664,6 +668,10 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_v",
             "runtime_stream_gpt2_tuned_h100_w1",
             "runtime_stream_gpt2_tuned_h100_w2",
+            "runtime_stream_gpt2_tuned_h200_x",
+            "runtime_stream_llama_tuned_h200_x",
+            "runtime_stream_gpt2_tuned_h200_p",
+            "runtime_stream_gpt2_tuned_h200_q",
         )
     ),
     *(
