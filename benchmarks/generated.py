@@ -532,6 +532,7 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_llama_tuned_h200_x",
             "runtime_stream_gpt2_tuned_h200_p",
             "runtime_stream_gpt2_tuned_h200_q",
+            "runtime_stream_gpt2_tuned_h200_r",
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
@@ -672,6 +673,7 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_llama_tuned_h200_x",
             "runtime_stream_gpt2_tuned_h200_p",
             "runtime_stream_gpt2_tuned_h200_q",
+            "runtime_stream_gpt2_tuned_h200_r",
         )
     ),
     *(

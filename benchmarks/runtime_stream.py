@@ -937,6 +937,7 @@ def summary_jsonl(path: Path) -> str:
     cache = "a tuned plan cache" if meta["cache"] else "an empty plan cache (every shape a miss)"
     shares = _shares(sums).strip()
     host = _host_text(sums).strip()
+    per_bucket = _per_bucket_text(sums)
     vs_tuned = _vs_tuned_text(
         served_vs_tuned(meta, [r for r in rows if r.get("kind") == "contender"])
     )
@@ -949,7 +950,33 @@ def summary_jsonl(path: Path) -> str:
         f"- Cold pass minus a steady one (compiles, first calls): {cold}.\n"
         + (f"- {shares}\n" if shares else "")
         + (f"- {host}\n" if host else "")
+        + (f"- {per_bucket}\n" if per_bucket else "")
         + (f"- {vs_tuned}\n" if vs_tuned else "")
+    )
+
+
+def _per_bucket_text(sums: dict[str, dict[str, Any]]) -> str:
+    """One line: the planner's steady median call per bucket over the best alternative's
+    (the alternative with the shortest steady pass), their geometric mean and the worst
+    bucket; empty without a planner or an alternative."""
+    steady = {c: s["steady_s"] for c, s in sums.items() if s}
+    alts = [c for c in ALTERNATIVES if c in steady]
+    if "planner" not in steady or not alts:
+        return ""
+    best = min(alts, key=steady.__getitem__)
+    mine = sums["planner"]["steady_bucket_median_ms"]
+    theirs = sums[best]["steady_bucket_median_ms"]
+    ratios = {b: mine[b] / theirs[b] for b in mine if theirs.get(b)}
+    if not ratios:
+        return ""
+    geo = math.exp(statistics.fmean(math.log(r) for r in ratios.values()))
+    worst = max(ratios, key=ratios.__getitem__)
+    each = ", ".join(
+        f"{b} {r:.2f}" for b, r in sorted(ratios.items(), key=lambda kv: int(kv[0].split("-")[0]))
+    )
+    return (
+        f"Per bucket, planner / {TITLES[best]} steady median call: {each}; geometric mean "
+        f"{geo:.2f}, worst {ratios[worst]:.2f} ({worst})."
     )
 
 

@@ -329,3 +329,16 @@ def test_a_representative_recurs_until_the_backend_decides_its_specialization():
         lambda: stats.static_failed.append("y"), be, 30.0, dev
     )
     assert said == "specialization failed (50 calls)"
+
+
+def test_stream_per_bucket_line_compares_with_the_best_alternative_and_names_the_worst():
+    sums = {
+        "compile": {"steady_s": 2.0, "steady_bucket_median_ms": {"65-128": 1.0, "129-256": 1.0}},
+        "compile-ro": {"steady_s": 1.0, "steady_bucket_median_ms": {"65-128": 0.5, "129-256": 2.0}},
+        "planner": {"steady_s": 0.9, "steady_bucket_median_ms": {"65-128": 0.55, "129-256": 1.0}},
+    }
+    line = runtime_stream._per_bucket_text(sums)
+    assert line.startswith("Per bucket, planner / torch.compile(reduce-overhead) steady")
+    assert "65-128 1.10, 129-256 0.50" in line  # ordered by bucket
+    assert "geometric mean 0.74, worst 1.10 (65-128)" in line
+    assert runtime_stream._per_bucket_text({"planner": sums["planner"]}) == ""
