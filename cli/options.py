@@ -181,6 +181,14 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved"))
     g.add_argument(
+        "--virtual-stages",
+        type=int,
+        default=None,
+        help="--schedule interleaved: model chunks per pipeline stage (v; the graph is cut "
+        "into v x --pp chunks, chunk c of stage d being chunk c*pp + d); --microbatches "
+        "must then be a multiple of --pp",
+    )
+    g.add_argument(
         "--activation-limit-mb",
         type=float,
         default=None,

@@ -10,7 +10,7 @@ from cli.main import main
 from planner.distributed.comm_cost import bubble_fraction
 from planner.distributed.dp import BACKWARD_FACTOR
 from planner.distributed.links import get_link
-from planner.distributed.pipeline import p2p_time_s
+from planner.distributed.pipeline import StageCost, p2p_time_s, price_microbatches
 from planner.hardware import get_spec
 
 B, D, HID = 8, 16, 32
@@ -88,11 +88,64 @@ def test_text_breakdown(capsys) -> None:
     assert [ln.split()[6] for ln in lines] == ["2", "2", "2"]  # GPipe holds every micro-batch
 
 
-def test_interleaved_keeps_the_closed_form_bubble(capsys) -> None:
-    out = _run(capsys, "--pp", "4", "--schedule", "interleaved", "--microbatches", "8")
+INTERLEAVED = ("--schedule", "interleaved", "--virtual-stages")
+
+
+def test_interleaved_prices_the_step_over_chunks(capsys) -> None:
+    p, v, m = 2, 2, 4
+    out = _run(capsys, "--pp", str(p), *INTERLEAVED, str(v), "--microbatches", str(m))
+    rows, pipe = out["rows"], out["distributed"]["pipeline"]
+    costs, step = pipe["stage_costs"], pipe["step_model"]
+    assert (pipe["virtual_stages"], step["chunks"], step["stages"]) == (v, v, p)
+    # the 5 ops cut into v·p = 4 contiguous chunks; chunk k is chunk k // p of stage k % p
+    assert [(c["stage"], c["chunk"]) for c in costs] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert [c["ops"][0] for c in costs] == [0] + [c["ops"][1] for c in costs[:-1]]
+    assert costs[-1]["ops"][1] == len(rows) and costs[-1]["send_bytes"] == 0
+    # the same costs through the library give the same step
+    chunks = [
+        StageCost(c["forward_s"], c["backward_s"], c["activation_bytes"], c["send_bytes"],
+                  c["forward_overhead_s"], c["backward_overhead_s"])
+        for c in costs
+    ]  # fmt: skip
+    row = price_microbatches("interleaved", chunks, m, get_link("pcie4"), chunks=v)
+    assert step["step_s"] == pytest.approx(row.step.step_s)
+    for d, st in enumerate(step["per_stage"]):
+        # a stage's micro-batch runs all its chunks: each its fixed part plus 1/m of the rest
+        mine = [c for c in costs if c["stage"] == d]
+        want = sum(c["forward_overhead_s"] + (c["forward_s"] - c["forward_overhead_s"]) / m
+                   for c in mine)  # fmt: skip
+        assert st["forward_s"] == pytest.approx(want)
+        assert st["busy_s"] == pytest.approx(m * (st["forward_s"] + st["backward_s"]))
+        assert st["busy_s"] + st["idle_s"] == pytest.approx(step["step_s"])
+        # Megatron's warm-up plus one, in (micro-batch, chunk) pairs
+        assert st["peak_in_flight"] == min((p - d - 1) * 2 + (v - 1) * p + 1, v * m)
+        # every chunk but the last virtual stage sends one message per micro-batch
+        sends = [p2p_time_s(c["send_bytes"] / m, get_link("pcie4")) for c in mine]
+        assert st["send_s"] == pytest.approx(sum(sends))
+    assert pipe["bubble_fraction"] == bubble_fraction("interleaved", p, m, v)
+    assert step["bubble_fraction_measured"] >= pipe["bubble_fraction"] - 1e-12
+    assert step["exposed_p2p_s"] > 0
+    # text
+    assert main(["analyze", *MLP, "--pp", "2", *INTERLEAVED, "2", "--microbatches", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "pipeline interleaved: 5 ops cut into 4 chunks in op order" in text
+    assert "2 stages x 2 chunks x 4 micro-batches of 2 samples: step" in text
+    assert "in flight counts (micro-batch, chunk) pairs" in text
+
+
+def test_interleaved_with_one_chunk_is_1f1b(capsys) -> None:
+    one_f = _run(capsys, "--pp", "2", "--schedule", "1f1b", "--microbatches", "4")
+    inter = _run(capsys, "--pp", "2", *INTERLEAVED, "1", "--microbatches", "4")
+    a, b = one_f["distributed"]["pipeline"], inter["distributed"]["pipeline"]
+    assert b["step_model"]["step_s"] == a["step_model"]["step_s"]
+    assert b["step_model"]["per_stage"] == a["step_model"]["per_stage"]
+
+
+def test_interleaved_auto_searches_the_multiples_of_the_stages(capsys) -> None:
+    out = _run(capsys, "--pp", "2", *INTERLEAVED, "2")
     pipe = out["distributed"]["pipeline"]
-    assert pipe["bubble_fraction"] == bubble_fraction("interleaved", 4, 8)
-    assert pipe["step_model"] is None
+    assert [r["microbatches"] for r in pipe["search"]] == [2, 4, 8]  # divisors of B=8
+    assert pipe["microbatches"] == min(pipe["search"], key=lambda r: r["step_s"])["microbatches"]
 
 
 @pytest.mark.parametrize(
@@ -105,7 +158,12 @@ def test_interleaved_keeps_the_closed_form_bubble(capsys) -> None:
         (["--pp", "9"], "9 pipeline stages need at least 9 ops; the graph has 5"),
         (["--pp", "2", "--activation-limit-mb", "0"], "--activation-limit-mb must be > 0"),
         (["--pp", "2", "--microbatch-overhead-us", "1e9"], "exceeds stage 0's whole forward"),
-        (["--pp", "2", "--schedule", "interleaved"], "needs --microbatches M"),
+        (["--pp", "2", "--schedule", "interleaved"], "needs --virtual-stages V"),
+        (["--pp", "2", *INTERLEAVED, "0"], "--virtual-stages must be >= 1, got 0"),
+        (["--pp", "2", "--virtual-stages", "2"], "--virtual-stages 2 needs --schedule interleaved"),
+        (["--pp", "2", *INTERLEAVED, "2", "--microbatches", "1"], "a multiple of --pp 2"),
+        (["--pp", "3", *INTERLEAVED, "2"], "multiples of --pp 3, and there are none"),
+        (["--pp", "2", *INTERLEAVED, "3", "--microbatches", "2"], "6 chunks need at least 6 ops"),
     ],
 )
 def test_bad_pipeline_input_is_a_clear_message(capsys, argv, message) -> None:

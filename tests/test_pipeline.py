@@ -9,8 +9,12 @@ from planner.distributed.links import AlphaBeta
 from planner.distributed.pipeline import (
     StageCost,
     choose_microbatches,
+    device_order,
     divisors,
+    even_chunks,
+    interleaved_order,
     pipeline_step,
+    price_microbatches,
     stage_order,
 )
 from planner.errors import FusionPlannerError
@@ -114,7 +118,8 @@ def test_a_link_slower_than_compute_paces_the_step() -> None:
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: pipeline_step("interleaved", [1.0], [1.0], 2), "interleaved"),
+        (lambda: pipeline_step("1f1b", [1.0] * 4, [1.0] * 4, 2, chunks=2), "interleaved"),
+        (lambda: pipeline_step("zero-bubble", [1.0], [1.0], 2), "runs gpipe, 1f1b"),
         (lambda: pipeline_step("gpipe", [1.0], [1.0], 0), "micro-batch"),
         (lambda: pipeline_step("gpipe", [1.0, 1.0], [1.0], 2), "backward time per stage"),
         (lambda: pipeline_step("gpipe", [1.0, 1.0], [1.0, 1.0], 2, [1.0, 2.0]), "1 links"),
@@ -176,3 +181,185 @@ def test_microbatch_choice_scales_the_transfers() -> None:
     choice = choose_microbatches("gpipe", [cost, cost], [1, 2, 4], link)
     for row in choice.table:
         assert row.step.transfer_s == pytest.approx((0.4 / row.microbatches,))
+
+
+# ---- interleaved 1F1B (virtual stages) -------------------------------------------------
+def _interleaved(p: int, v: int, m: int, tf: float, tb: float, **kw) -> object:
+    """Equal stages of t_f, t_b per micro-batch, each split into v chunks of t_f/v, t_b/v."""
+    n = v * p
+    return pipeline_step("interleaved", [tf / v] * n, [tb / v] * n, m, chunks=v, **kw)
+
+
+@pytest.mark.parametrize(
+    ("p", "v", "m", "tf", "tb"),
+    [
+        (2, 2, 2, 1.0, 2.0), (2, 2, 4, 1.0, 2.0), (4, 2, 8, 1.0, 2.0), (4, 3, 8, 1.5, 1.0),
+        (4, 2, 4, 1.0, 3.0), (3, 4, 6, 1.0, 1.0), (5, 2, 10, 2.0, 1.0), (2, 3, 6, 1.0, 0.5),
+        (1, 3, 4, 1.0, 2.0),
+    ],
+)  # fmt: skip
+def test_interleaved_equal_stages_with_free_transfers_match_the_closed_form(
+    p, v, m, tf, tb
+) -> None:
+    # Narayanan et al. 2021 §2.2.2: the fill and drain shrink to (p - 1)·(t_f + t_b)/v,
+    # so the step is m·(t_f + t_b) + (p - 1)·(t_f + t_b)/v = (v·m + p - 1)·(t_f + t_b)/v.
+    # Its bubble is (p - 1)/(v·m) of the ideal m·(t_f + t_b), (p - 1)/(v·m + p - 1) of the
+    # step: the latter is what the timeline measures and comm_cost.bubble_fraction gives.
+    step = _interleaved(p, v, m, tf, tb)
+    assert step.step_s == pytest.approx((v * m + p - 1) * (tf + tb) / v)
+    assert step.bubble_fraction == pytest.approx(bubble_fraction("interleaved", p, m, v))
+    assert step.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1))
+    assert step.exposed_p2p_s == 0.0
+    assert step.busy_s == pytest.approx([m * (tf + tb)] * p)
+    assert step.idle_s == pytest.approx([(p - 1) * (tf + tb) / v] * p)
+    assert step.forward_s == pytest.approx([tf] * p) and step.chunks == v
+
+
+def test_interleaved_two_stages_two_chunks_by_hand() -> None:
+    # p = 2, v = 2, m = 2; each chunk f = 1, b = 2 (a stage: t_f = 2, t_b = 4). Virtual
+    # stages 0..3 are (stage 0, chunk 0), (1, 0), (0, 1), (1, 1). Warm-up forwards:
+    # stage 0 (2-0-1)·2 + (2-1)·2 = 4 (all of them), stage 1 0·2 + 2 = 2.
+    #   stage 0: F0c0 0-1, F1c0 1-2, F0c1 2-3 (after F0 on 1c0, 1-2), F1c1 3-4,
+    #            B0c1 6-8 (gradient of B0 on 1c1), B1c1 9-11, B0c0 11-13, B1c0 13-15
+    #   stage 1: F0c0 1-2, F1c0 2-3, F0c1 3-4, B0c1 4-6 (last virtual stage: after its own
+    #            forward), F1c1 6-7, B1c1 7-9, B0c0 9-11 (gradient at 8, stage free at 9),
+    #            B1c0 11-13 (gradient at 11)
+    # The step ends at 15 = (v·m + p - 1)·(t_f + t_b)/v = 5·6/2; 1F1B takes 3·6 = 18.
+    assert interleaved_order(2, 0, 2, 2) == [
+        ("F", 0, 0), ("F", 1, 0), ("F", 0, 1), ("F", 1, 1),
+        ("B", 0, 1), ("B", 1, 1), ("B", 0, 0), ("B", 1, 0),
+    ]  # fmt: skip
+    assert interleaved_order(2, 1, 2, 2) == [
+        ("F", 0, 0), ("F", 1, 0), ("F", 0, 1), ("B", 0, 1),
+        ("F", 1, 1), ("B", 1, 1), ("B", 0, 0), ("B", 1, 0),
+    ]  # fmt: skip
+    step = _interleaved(2, 2, 2, 2.0, 4.0)
+    assert step.step_s == pytest.approx(15.0)
+    ends = dict(zip((t.name for t in step.timeline.tasks), step.timeline.end_s))
+    assert (ends["B0@1c1"], ends["B0@0c1"], ends["B1@1c0"]) == (6.0, 8.0, 13.0)
+    assert step.idle_s == pytest.approx([3.0, 3.0])
+    assert pipeline_step("1f1b", [2.0] * 2, [4.0] * 2, 2).step_s == pytest.approx(18.0)
+    # m = 4 by the same rule: 9·6/2 = 27
+    assert _interleaved(2, 2, 4, 2.0, 4.0).step_s == pytest.approx(27.0)
+
+
+def test_interleaved_order_follows_megatron() -> None:
+    # p = 4, v = 2, m = 8: the k-th forward is chunk (k mod 8) // 4 of micro-batch
+    # 4·(k // 8) + k mod 4; backwards take chunk 1 first; warm-up (p-d-1)·2 + (v-1)·p
+    p, v, m = 4, 2, 8
+    for d in range(p):
+        order = interleaved_order(p, d, m, v)
+        warm = next(n for n, (kind, *_) in enumerate(order) if kind == "B") - 1
+        assert warm == (p - d - 1) * 2 + (v - 1) * p
+        fwd = [(i, c) for kind, i, c in order if kind == "F"]
+        bwd = [(i, c) for kind, i, c in order if kind == "B"]
+        assert fwd == [(g * p + r, c) for g in range(2) for c in range(v) for r in range(p)]
+        assert bwd == [(g * p + r, c) for g in range(2) for c in (1, 0) for r in range(p)]
+        # after the warm-up, forwards and backwards alternate until the forwards run out
+        steady = order[warm : warm + 2 * (v * m - warm)]
+        assert [kind for kind, *_ in steady] == ["F", "B"] * (v * m - warm)
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (3, 2), (2, 5), (1, 3), (4, 1)])
+def test_interleaved_with_one_chunk_is_1f1b(p, m) -> None:
+    # Megatron-LM runs its non-interleaved 1F1B for v = 1, whatever m
+    link = AlphaBeta(0.3, 0.0)
+    f, b = [1.0 + 0.5 * s for s in range(p)], [2.0] * p
+    sends = [100.0] * (p - 1)
+    inter = pipeline_step("interleaved", f, b, m, sends, link, chunks=1)
+    one_f = pipeline_step("1f1b", f, b, m, sends, link)
+    for d in range(p):
+        assert device_order("interleaved", p, d, m) == [
+            (k, i, 0) for k, i in stage_order("1f1b", p, d, m)
+        ]
+    assert inter.timeline.start_s == one_f.timeline.start_s
+    assert inter.step_s == one_f.step_s and inter.peak_in_flight == one_f.peak_in_flight
+    assert inter.exposed_p2p_s == one_f.exposed_p2p_s
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 4), (3, 6), (8, 16)])
+def test_interleaving_shrinks_the_bubble(p, m) -> None:
+    tf, tb = 1.0, 2.0
+    one_f = pipeline_step("1f1b", [tf] * p, [tb] * p, m)
+    steps = [one_f] + [_interleaved(p, v, m, tf, tb) for v in (2, 4)]
+    # by (p - 1)·(t_f + t_b)·(1 - 1/v): the fill and drain shrink, the work does not
+    for v, s in zip((2, 4), steps[1:]):
+        assert one_f.step_s - s.step_s == pytest.approx((p - 1) * (tf + tb) * (1 - 1 / v))
+    assert steps[0].step_s > steps[1].step_s > steps[2].step_s
+    assert steps[0].bubble_fraction > steps[1].bubble_fraction > steps[2].bubble_fraction
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (3, 6)])
+def test_interleaving_sends_v_times_the_messages_and_exposes_more_on_a_slow_link(p, m) -> None:
+    # each micro-batch crosses v·p - 1 virtual-stage boundaries each way, against p - 1;
+    # a message of c = 1 s (as long as a stage's whole forward, twice a chunk's at v = 2)
+    c, tf, tb = 1.0, 1.0, 2.0
+    steps = []
+    for v in (1, 2, 4):
+        n = v * p
+        step = pipeline_step("interleaved", [tf / v] * n, [tb / v] * n, m, [64.0] * (n - 1),
+                             AlphaBeta(c, 0.0), chunks=v)  # fmt: skip
+        messages = [t for t in step.timeline.tasks if t.stream.startswith("p2p")]
+        assert len(messages) == 2 * m * (v * p - 1)
+        assert step.p2p_busy_s == pytest.approx(2 * m * (v * p - 1) * c)
+        steps.append(step)
+    assert steps[0].exposed_p2p_s < steps[1].exposed_p2p_s < steps[2].exposed_p2p_s
+    # chunk c of stage p-1 sends to chunk c+1 of stage 0: the link from last to first
+    streams = {t.stream for t in steps[1].timeline.tasks}
+    assert {f"p2p {p - 1}->0", f"p2p 0->{p - 1}"} <= streams
+    wrap = [t.name for t in steps[1].timeline.tasks if t.name.startswith(f"act0 {p - 1}c0->")]
+    assert wrap == [f"act0 {p - 1}c0->0c1"]
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(4, 2, 8), (4, 3, 4), (2, 2, 2), (3, 2, 9)])
+def test_interleaved_in_flight_and_memory_per_stage(p, v, m) -> None:
+    # a stage holds its warm-up forwards plus one, in (micro-batch, chunk) pairs, each
+    # 1/v of a micro-batch's activations
+    act = 600.0
+    stage = StageCost(1.0, 2.0, act, 10.0)
+    row = price_microbatches("interleaved", even_chunks([stage] * p, v), m, chunks=v)
+    peaks = tuple(min((p - d - 1) * 2 + (v - 1) * p + 1, v * m) for d in range(p))
+    assert row.step.peak_in_flight == peaks
+    assert row.memory_bytes == pytest.approx([n * act / (v * m) for n in peaks])
+    assert row.step.step_s == pytest.approx((v * m + p - 1) * 3.0 / (v * m))
+
+
+def test_even_chunks_splits_each_stage() -> None:
+    stages = [StageCost(2.0, 4.0, 80.0, 8.0, 0.2, 0.4), StageCost(4.0, 6.0, 40.0, 0.0)]
+    out = even_chunks(stages, 2)
+    assert [c.forward_s for c in out] == [1.0, 2.0, 1.0, 2.0]
+    assert [c.backward_overhead_s for c in out] == [0.2, 0.0, 0.2, 0.0]
+    assert [c.activation_bytes for c in out] == [40.0, 20.0, 40.0, 20.0]
+    # stage 1 (the last) sends across the wrap what the largest sender sends; the last
+    # virtual stage sends nothing
+    assert [c.send_bytes for c in out] == [8.0, 8.0, 8.0, 0.0]
+    assert even_chunks(stages, 1) == stages  # one chunk: the stages themselves
+
+
+def test_interleaved_choice_takes_multiples_of_the_stages() -> None:
+    p, v = 2, 2
+    cost = StageCost(1.0, 2.0, 100.0, 0.0, forward_overhead_s=0.01, backward_overhead_s=0.02)
+    chunks = even_chunks([cost] * p, v)
+    choice = choose_microbatches("interleaved", chunks, [2, 4, 8], chunks=v)
+    assert [r.microbatches for r in choice.table] == [2, 4, 8]
+    with pytest.raises(FusionPlannerError, match="multiple of the 2 stages"):
+        choose_microbatches("interleaved", chunks, [1, 2], chunks=v)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: _interleaved(4, 2, 6, 1.0, 1.0), "multiple of the 4 stages"),
+        (lambda: _interleaved(2, 2, 3, 1.0, 1.0), "multiple of the 2 stages.*got 3"),
+        (lambda: pipeline_step("interleaved", [1.0], [1.0], 2, chunks=0), ">= 1 chunk"),
+        (lambda: interleaved_order(2, 0, 2, 0), ">= 1 chunk"),
+        (lambda: pipeline_step("interleaved", [1.0] * 3, [1.0] * 3, 2, chunks=2), "2 chunks"),
+        (lambda: pipeline_step("interleaved", [1.0] * 4, [1.0] * 4, 2, [1.0], chunks=2),
+         "4 virtual stages have 3 links"),
+        (lambda: stage_order("interleaved", 2, 0, 2), "interleaved_order"),
+        (lambda: even_chunks([StageCost(1.0, 1.0)], 0), ">= 1 chunk"),
+    ],
+)  # fmt: skip
+def test_bad_interleaved_input_is_a_clear_error(call, match) -> None:
+    with pytest.raises(FusionPlannerError, match=match):
+        call()

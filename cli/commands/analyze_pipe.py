@@ -9,6 +9,11 @@ costs each stage its fixed overhead (the stage's kernel launches, or
 times the forward (or the measured backward's ratio when `--dp` measured one). The step
 is laid out by planner.distributed.pipeline; with `auto` every divisor of B is priced and
 the fastest whose activations fit `--activation-limit-mb` per stage is used.
+
+`--schedule interleaved --virtual-stages V` cuts the graph into V·N chunks the same way
+(chunk c of stage d is the (c·N + d)-th in op order), or splits the stage program evenly
+into V chunks (`pipeline.even_chunks`); M, or each divisor `auto` tries, must be a
+multiple of N (Megatron-LM's requirement). `--microbatch-overhead-us` is then each chunk's.
 """
 
 from __future__ import annotations
@@ -20,11 +25,11 @@ from planner.distributed.comm_cost import Schedule, bubble_fraction
 from planner.distributed.dp import BACKWARD_FACTOR
 from planner.distributed.links import LinkSpec
 from planner.distributed.pipeline import (
-    SCHEDULES,
     MicrobatchRow,
     StageCost,
     choose_microbatches,
     divisors,
+    even_chunks,
     price_microbatches,
 )
 from planner.distributed.pipeline_split import (
@@ -58,7 +63,31 @@ def _count(n: int, noun: str, plural: str = "") -> str:
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
-def _candidates(m: int | None, batch: int | None) -> list[int]:
+def _virtual_stages(args: argparse.Namespace, schedule: Schedule) -> int:
+    """v, the model chunks per stage: `--virtual-stages`, only with the interleaved schedule."""
+    v = getattr(args, "virtual_stages", None)
+    if v is not None and v < 1:
+        raise ModelSpecError(f"--virtual-stages must be >= 1, got {v}")
+    if schedule is Schedule.INTERLEAVED:
+        if v is None:
+            raise ModelSpecError(
+                "--schedule interleaved needs --virtual-stages V (model chunks per stage)"
+            )
+        return v
+    if v not in (None, 1):
+        raise ModelSpecError(
+            f"--virtual-stages {v} needs --schedule interleaved ({schedule.value} runs one "
+            "chunk per stage)"
+        )
+    return 1
+
+
+def _candidates(m: int | None, batch: int | None, stages: int = 1, chunks: int = 1) -> list[int]:
+    if chunks > 1 and m is not None and m % stages:
+        raise ModelSpecError(
+            f"--schedule interleaved needs --microbatches a multiple of --pp {stages} "
+            f"(Megatron-LM's requirement), got {m}"
+        )
     if batch is None:
         if m is None:
             raise ModelSpecError(
@@ -67,7 +96,15 @@ def _candidates(m: int | None, batch: int | None) -> list[int]:
             )
         return [m]
     if m is None:
-        return divisors(batch)
+        if chunks == 1:
+            return divisors(batch)
+        found = [d for d in divisors(batch) if d % stages == 0]
+        if not found:
+            raise ModelSpecError(
+                f"--microbatches auto with --schedule interleaved tries the divisors of B={batch} "
+                f"that are multiples of --pp {stages}, and there are none: change B or --pp"
+            )
+        return found
     if batch % m:
         raise ModelSpecError(
             f"--microbatches {m} does not split the batch B={batch} into equal "
@@ -83,28 +120,44 @@ def _stages(
     op_time_s: list[float],
     op_launch_s: list[float],
     factor: float,
+    chunks: int = 1,
 ) -> tuple[list[StageCost], str, list[range] | None]:
-    """The stages' costs, how they were made, and the op runs (None when replicated)."""
+    """The stages' costs (per virtual stage with `chunks` > 1), how they were made, and
+    the op runs (None when replicated)."""
     overhead = getattr(args, "microbatch_overhead_us", None)
     if overhead is not None and overhead < 0:
         raise ModelSpecError(f"--microbatch-overhead-us must be >= 0, got {overhead}")
+    p, n = args.pp, args.pp * chunks
+    in_chunks = (
+        f" of {_count(chunks, 'chunk')} each (chunk c of stage d is the (c*{p} + d)-th)"
+        if chunks > 1
+        else ""
+    )
     if is_pipeline_stage(graph):
-        costs = replicated_stages(graph, args.pp, op_time_s, op_launch_s, factor)
-        how = f"the stage program repeated on {args.pp} stages"
+        costs = replicated_stages(graph, p, op_time_s, op_launch_s, factor)
+        costs = even_chunks(costs, chunks) if chunks > 1 else costs
+        how = f"the stage program repeated on {_count(p, 'stage')}" + (
+            f", split evenly into {_count(chunks, 'chunk')} each" if chunks > 1 else ""
+        )
         runs = None
     else:
-        runs = split_stages(op_time_s, args.pp)
+        if chunks > 1 and n > len(op_time_s):
+            raise ModelSpecError(
+                f"--pp {p} x --virtual-stages {chunks} = {n} chunks need at least {n} ops; "
+                f"the graph has {len(op_time_s)}"
+            )
+        runs = split_stages(op_time_s, n)
         costs = stage_costs(graph, runs, op_time_s, op_launch_s, factor)
-        how = (
-            f"{_count(len(graph.nodes), 'op')} cut into {_count(args.pp, 'stage')} in op "
-            "order, balancing cost"
-        )
+        pieces = _count(n, "chunk") if chunks > 1 else _count(p, "stage")
+        how = f"{_count(len(graph.nodes), 'op')} cut into {pieces} in op order, balancing cost"
+        how += f", on {_count(p, 'stage')}{in_chunks}" if chunks > 1 else ""
     if overhead is not None:
         fixed = overhead * US
         too_big = [s for s, c in enumerate(costs) if fixed > c.forward_s]
         if too_big:
+            what = f"stage {too_big[0]}" if chunks == 1 else f"chunk {too_big[0]}"
             raise ModelSpecError(
-                f"--microbatch-overhead-us {overhead} exceeds stage {too_big[0]}'s whole "
+                f"--microbatch-overhead-us {overhead} exceeds {what}'s whole "
                 f"forward ({costs[too_big[0]].forward_s / US:.3g} us)"
             )
         costs = [
@@ -127,31 +180,20 @@ def pipeline_report(
     """The pipeline step's breakdown (payload, text lines) for `--pp`."""
     stages = args.pp
     schedule = Schedule(args.schedule)
+    chunks = _virtual_stages(args, schedule)
     m = parse_microbatches(args.microbatches)
-    if schedule not in SCHEDULES:
-        if m is None:
-            raise ModelSpecError(f"--schedule {schedule.value} needs --microbatches M, not auto")
-        frac = bubble_fraction(schedule, stages, m)
-        payload = {"schedule": schedule.value, "stages": stages, "microbatches": m,
-                   "bubble_fraction": frac, "step_model": None}  # fmt: skip
-        line = (
-            f"pipeline {schedule.value}: {stages} stages x {m} micro-batches, bubble "
-            f"{frac:.1%} of the step (closed form; the step model runs "
-            f"{' and '.join(s.value for s in SCHEDULES)} only)"
-        )
-        return payload, [line]
     limit_mb = getattr(args, "activation_limit_mb", None)
     if limit_mb is not None and limit_mb <= 0:
         raise ModelSpecError(f"--activation-limit-mb must be > 0, got {limit_mb}")
     limit = limit_mb * MB if limit_mb is not None else None
     factor = backward_ratio if backward_ratio is not None else BACKWARD_FACTOR
-    costs, how, runs = _stages(args, graph, op_time_s, op_launch_s, factor)
-    candidates = _candidates(m, batch)
+    candidates = _candidates(m, batch, stages, chunks)
+    costs, how, runs = _stages(args, graph, op_time_s, op_launch_s, factor, chunks)
     if m is None:
-        choice = choose_microbatches(schedule, costs, candidates, link, limit)
+        choice = choose_microbatches(schedule, costs, candidates, link, limit, chunks)
         table, row = list(choice.table), choice.chosen
     else:
-        row = price_microbatches(schedule, costs, m, link, limit)
+        row = price_microbatches(schedule, costs, m, link, limit, chunks)
         table = [row]
     backward = (
         f"backward {factor:.3g}x forward (measured)"
@@ -160,11 +202,13 @@ def pipeline_report(
     )
     lines = [
         f"pipeline {schedule.value}: {how}; p2p over {link.name}; {backward}; a micro-batch "
-        "costs each stage its fixed overhead plus its share of the rest",
+        f"costs each {'chunk' if chunks > 1 else 'stage'} its fixed overhead plus its share of "
+        "the rest",
     ]
     payload: dict[str, Any] = {
         "schedule": schedule.value,
         "stages": stages,
+        "virtual_stages": chunks,
         "batch": batch,
         "backward_factor": factor,
         "backward_source": "measured" if backward_ratio is not None else "estimated",
@@ -172,6 +216,8 @@ def pipeline_report(
         "memory_limit_bytes": limit,
         "stage_costs": [
             {
+                "stage": s % stages,
+                "chunk": s // stages,
                 "ops": [runs[s].start, runs[s].stop] if runs else None,
                 "forward_s": c.forward_s,
                 "backward_s": c.backward_s,
@@ -195,7 +241,7 @@ def pipeline_report(
     step = row.step
     payload.update(
         microbatches=row.microbatches,
-        bubble_fraction=bubble_fraction(schedule, stages, row.microbatches),
+        bubble_fraction=bubble_fraction(schedule, stages, row.microbatches, chunks),
         step_model={**step.summary(), "memory_bytes": list(row.memory_bytes), "fits": row.fits},
     )
     lines += _step_lines(row, stages, batch)
@@ -205,17 +251,25 @@ def pipeline_report(
 def _step_lines(row: MicrobatchRow, stages: int, batch: int | None) -> list[str]:
     step, m = row.step, row.microbatches
     size = f" of {batch // m} samples" if batch else ""
-    closed = bubble_fraction(step.schedule, stages, m)
+    closed = bubble_fraction(step.schedule, stages, m, step.chunks)
+    chunked = f" x {_count(step.chunks, 'chunk')}" if step.chunks > 1 else ""
     lines = [
-        f"  {_count(stages, 'stage')} x {_count(m, 'micro-batch', 'micro-batches')}{size}: step {step.step_s / US:.1f} us, bubble "
+        f"  {_count(stages, 'stage')}{chunked} x {_count(m, 'micro-batch', 'micro-batches')}{size}: step {step.step_s / US:.1f} us, bubble "
         f"{step.bubble_fraction:.1%} measured ({closed:.1%} for equal stages, free p2p), "
         f"exposed p2p {step.exposed_p2p_s / US:.2f} us"
         + ("" if row.fits else "  (over the activation limit)"),
+    ]
+    if step.chunks > 1:
+        lines.append(
+            "  per stage one micro-batch through all its chunks; in flight counts (micro-batch, "
+            "chunk) pairs"
+        )
+    lines += [
         f"  {'stage':>5} {'fwd us':>9} {'bwd us':>9} {'busy us':>10} {'idle us':>10} "
         f"{'send us':>8} {'in flight':>9} {'act MiB':>9}",
     ]
     for s in range(stages):
-        send = step.transfer_s[s] if s < stages - 1 else 0.0
+        send = step.send_s[s]
         lines.append(
             f"  {s:>5} {step.forward_s[s] / US:9.2f} {step.backward_s[s] / US:9.2f} "
             f"{step.busy_s[s] / US:10.1f} {step.idle_s[s] / US:10.1f} {send / US:8.2f} "

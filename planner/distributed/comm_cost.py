@@ -226,7 +226,9 @@ def bubble_fraction(
 ) -> float:
     """Idle fraction of a pipeline step: (p-1)/(v·m + p-1) for p stages, m micro-batches,
     v chunks per stage (v = 1 for GPipe and 1F1B, whose bubbles are equal; 1F1B differs
-    in memory: `in_flight_microbatches`)."""
+    in memory: `in_flight_microbatches`). The bubble time (p-1)·(t_f + t_b)/v is divided
+    by the whole step, m·(t_f + t_b) + the bubble; Narayanan et al. 2021 (§2.2.2) divide
+    it by the ideal m·(t_f + t_b) instead, giving (1/v)·(p-1)/m."""
     if stages < 1 or microbatches < 1 or chunks < 1:
         raise FusionPlannerError(
             f"a pipeline needs stages, micro-batches and chunks >= 1; got {stages}, "
@@ -238,7 +240,9 @@ def bubble_fraction(
 
 
 def in_flight_microbatches(schedule: Schedule | str, stages: int, microbatches: int) -> int:
-    """Micro-batches whose activations the first stage holds at its peak."""
+    """Micro-batches whose activations the first stage holds at its peak (GPipe, 1F1B;
+    the interleaved schedule's, in (micro-batch, chunk) pairs, come from
+    `pipeline.interleaved_order`)."""
     if Schedule(schedule) is Schedule.GPIPE:
         return microbatches
     return min(stages, microbatches)
