@@ -426,9 +426,9 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     return out
 
 
-# calls of a representative size before it is timed: it recurs, so the serving path it
-# gets is the one a recurring shape gets (the planner's static specialization, a CUDA
-# graph recorded), as `tune`'s runner makes it before timing
+# calls of a representative size before it is timed: enough for the per-shape CUDA graph
+# (the planner's, reduce-overhead's) to be recorded and replayed; the planner's static
+# specialization, which `tune`'s runner makes before timing, only with --recur-s
 REP_WARM_CALLS = 30
 
 
@@ -699,7 +699,8 @@ def _rep_text(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     timed = [r for r in results if "rep_timing" in r]
-    head = ["S bucket", "representative", "tuned ms (stored)", "tuned one call ms (stored)"]
+    head = [f"{meta['dim']} bucket", "representative", "tuned ms (stored)"]
+    head.append("tuned one call ms (stored)")
     head += [f"{TITLES[r['contender']]}: back to back ms | one call ms" for r in timed]
     head += [
         "planner back to back / tuned",
@@ -981,8 +982,8 @@ def _per_bucket_text(sums: dict[str, dict[str, Any]]) -> str:
 
 
 def _vs_tuned_text(rows: list[dict[str, Any]]) -> str:
-    """One line: the planner's served / tuned ratios over the tuned buckets, each as its
-    largest (worst) value and the buckets it covers."""
+    """One line: the planner's served / tuned ratios, each as its range over the tuned
+    buckets (smallest..largest, the worst last)."""
     if not rows:
         return ""
     parts = []

@@ -287,7 +287,7 @@ def test_stream_served_vs_tuned_compares_like_with_like_at_each_representative()
         {"range": [65, 128], "pow2_bucket": "65-128", "measured_ms": 0.5, "synced_ms": None},
         {"range": [257, 512], "pow2_bucket": "257-512", "measured_ms": 2.0, "synced_ms": 4.0},
     ]
-    meta = {"lengths": lengths, "tuned": tuned}
+    meta = {"lengths": lengths, "tuned": tuned, "dim": "S"}
     rows = runtime_stream.served_vs_tuned(meta, [planner])
     assert [r["rep"] for r in rows] == [128, 256]  # ordered; 512 was not timed
     low, high = rows
