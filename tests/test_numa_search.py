@@ -222,3 +222,23 @@ def test_searched_homes_are_never_worse_than_the_reference_ones(name, shape) -> 
         assert all(rnd.kept for rnd in found.rounds[:-1])  # a round no cheaper is the last
         # round 0 searches under the reference homes: the plan --numa-homes reference makes
         assert found.reference.model.version == model.version
+
+
+def test_plan_numa_homes_searched_prints_the_rounds_and_refuses_it_without_numa(capsys) -> None:
+    argv = ["plan", *MLP, "--numa", "two-node", "--strategy", "exact"]
+    assert main([*argv, "--numa-homes", "searched", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)["numa"]
+    rounds = out["homes"]["rounds"]
+    assert out["homes"]["mode"] == "searched" and 1 <= len(rounds) <= 4
+    assert out["objective_s"] == pytest.approx(min(r["placed_s"] for r in rounds))
+    assert out["objective_s"] <= rounds[0]["placed_s"]
+    assert main([*argv, "--numa-homes", "searched"]) == 0
+    assert "round 0:" in capsys.readouterr().out
+    assert main([*argv, "--numa-homes", "reference", "--format", "json"]) == 0
+    assert "homes" not in json.loads(capsys.readouterr().out)["numa"]  # today's report
+    assert main(["plan", *MLP, "--numa-homes", "searched"]) == 2
+    assert "give --numa two-node|os with it" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main([*argv, "--numa-homes", "everywhere"])
+    assert refused.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
