@@ -35,6 +35,15 @@ is least: it reads and writes each boundary tensor where that tensor lives (the 
 allocates it there). For a group on the node its outputs live on, this is `place`'s
 C(G, n). A partition costs the sum over its groups, which the strategies (the exact
 planner's dynamic programming included) minimize as they do any cost model's.
+
+The homes can also be searched with the partition (search.numa_search, `plan --numa-homes
+searched`), by alternating minimization: search the partition under the current homes
+(`NumaCostModel.with_homes`; round 0: the reference homes), `place` it from the starting
+homes (activations on their writer's node, inputs migrated where `migrate_or_read_remote`
+says the move pays), take the homes `place` ends with as the next round's, and repeat
+while the placed cost improves, up to a few rounds, keeping the cheapest. The kept plan's
+placed cost is never worse than the reference-homes plan's; it is not a global optimum
+over homes (each round's homes follow from the round before).
 """
 
 from __future__ import annotations
