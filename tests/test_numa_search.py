@@ -4,6 +4,7 @@ the simulated two-node machine (numa.two_node: 100 ns local, 150 ns remote)."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 
 import pytest
@@ -14,7 +15,9 @@ from planner.distributed.numa import NumaCostModel, NumaTopology, group_cost_s, 
 from planner.fusion.partition import Partition
 from planner.ir.capture import capture
 from planner.objective import Objective
+from search.numa_search import search_homes
 from search.planning import make_plan
+from tests.partition_helpers import zoo_graph
 
 N = 1 << 18  # fp32 elements: 1 MiB per input
 S = 4 * N
@@ -160,3 +163,82 @@ def test_a_topology_without_nodes_is_refused() -> None:
 
     with pytest.raises(FusionPlannerError, match="at least one node"):
         NumaCostModel(NumaTopology((), 1e9, 1e12))
+
+
+class ScaleByShiftedSums(torch.nn.Module):
+    """a * (b + row sums of c): c is reduced to one value per row, added to b, scales a."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return a * (b + c.sum(dim=-1, keepdim=True))
+
+
+def test_searched_homes_fuse_where_the_reference_home_of_the_output_misled_the_search() -> None:
+    # a on node 0, b and c on node 1; S bytes each, `sums` the 64 row sums. Alone, the
+    # sum and the add run on node 1, the mul on node 0 (a local, the add's output remote;
+    # on node 1 it is the mirror image: ties go to the lower node), so u = a * (...)
+    # lives on node 0 under the reference homes. Fused on node 1 (b, c local, a remote),
+    # the group writes u remotely at its reference home: (2 + 2r) S, as on node 0 (a, u
+    # local, b, c remote); the search splits off the sum instead: its {add, mul} writes u
+    # locally on node 0. `place` then runs {add, mul} on node 1 (the sums local) and u is
+    # written there, first touch: the next round prices the fused group with u local,
+    # (3 + r) S, cheaper than the split by a launch and the sums' round trip, and keeps it.
+    g = capture(ScaleByShiftedSums(), tuple(torch.randn(64, N // 64) for _ in range(3)))
+    a, b, c = (t.id for t in g.tensors if t.kind == "input")
+    model = NumaCostModel(two_node(), home={a: 0, b: 1, c: 1})
+    r, sums = R, 4 * 64
+    split = (S + sums) / B + L + (S + sums + r * S + S) / B + L  # both groups on node 1
+    fused = (S + S + r * S + S) / B + L  # on node 1: b, c, u local, a remote
+    assert split - fused == pytest.approx(2 * sums / B + L)  # > 0
+    assert (2 + 2 * r) * S / B + L > split  # what the reference homes price the fused group at
+
+    found = search_homes(g, model, strategy="exact")
+    assert [len(rnd.partition) for rnd in found.rounds] == [2, 1]
+    assert found.reference.cost_s == pytest.approx(split)
+    assert found.best.cost_s == pytest.approx(fused) and found.best_index == 1
+    assert found.best.placed.node_of_group == (1,)
+    assert found.migrations == ()  # one reader each: reading remotely beats moving
+    (u,) = next(n.outputs for n in g.nodes if n.op == "mul")
+    assert model.homes(g)[u] == 0 and found.best.model.homes(g)[u] == 1
+
+
+ZOO_SMALL = [  # fp32 on the meta device: shapes only
+    ("mlp", {"B": 8, "D": 64, "HID": 256}),
+    ("transformer-block", {"B": 1, "S": 16, "D": 32, "H": 2}),
+    ("llama-block", {}),
+]
+
+
+@pytest.mark.parametrize("name,shape", ZOO_SMALL)
+def test_searched_homes_are_never_worse_than_the_reference_ones(name, shape) -> None:
+    graph = zoo_graph(name, torch.float32, **shape)
+    model = NumaCostModel(two_node())
+    for cap in (1, 2, 4):
+        found = search_homes(graph, model, strategy="priority", max_rounds=cap)
+        assert 1 <= len(found.rounds) <= cap
+        assert found.best.cost_s <= found.reference.cost_s
+        assert found.best.cost_s == min(found.round_costs)
+        kept = [rnd.cost_s for rnd in found.rounds if rnd.kept]
+        assert all(x > y for x, y in itertools.pairwise(kept))  # the kept rounds only get cheaper
+        assert all(rnd.kept for rnd in found.rounds[:-1])  # a round no cheaper is the last
+        # round 0 searches under the reference homes: the plan --numa-homes reference makes
+        assert found.reference.model.version == model.version
+
+
+def test_plan_numa_homes_searched_prints_the_rounds_and_refuses_it_without_numa(capsys) -> None:
+    argv = ["plan", *MLP, "--numa", "two-node", "--strategy", "exact"]
+    assert main([*argv, "--numa-homes", "searched", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)["numa"]
+    rounds = out["homes"]["rounds"]
+    assert out["homes"]["mode"] == "searched" and 1 <= len(rounds) <= 4
+    assert out["objective_s"] == pytest.approx(min(r["placed_s"] for r in rounds))
+    assert out["objective_s"] <= rounds[0]["placed_s"]
+    assert main([*argv, "--numa-homes", "searched"]) == 0
+    assert "round 0:" in capsys.readouterr().out
+    assert main([*argv, "--numa-homes", "reference", "--format", "json"]) == 0
+    assert "homes" not in json.loads(capsys.readouterr().out)["numa"]  # today's report
+    assert main(["plan", *MLP, "--numa-homes", "searched"]) == 2
+    assert "give --numa two-node|os with it" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main([*argv, "--numa-homes", "everywhere"])
+    assert refused.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err

@@ -27,6 +27,7 @@ from planner.distributed.numa import (
 from planner.errors import FusionPlannerError
 from planner.hardware import DeviceSpec, get_spec
 from planner.ir.graph import OpGraph
+from search.numa_search import HomesSearch, placed_cost
 
 NUMA_CHOICES = ("two-node", "os")
 _SHOWN = 8  # names listed per node before "... and N more"
@@ -92,6 +93,53 @@ def plan_numa_report(
         "producer runs alone; groups priced by the NUMA cost model",
         migrate=False,
     )
+
+
+def plan_numa_homes_report(
+    homes: HomesSearch, graph: OpGraph, groups: list[frozenset[int]], names: list[str]
+) -> tuple[dict[str, Any], str]:
+    """The placement of the plan `--numa-homes searched` kept (search.numa_search): each
+    round's cost under `place`, then the kept plan's groups, tensors and migrations as
+    `place` puts them from the starting homes (the cost the rounds compare)."""
+    reference = homes.reference.model
+    plan = placed_cost(reference, graph, groups)
+    lines = [
+        f"NUMA homes searched with the partition: {len(homes.rounds)} round(s), kept round "
+        f"{homes.best_index}"
+    ]
+    for i, rnd in enumerate(homes.rounds):
+        what = "reference homes" if i == 0 else "homes from the previous round's placement"
+        lines.append(
+            f"  round {i}: {fmt.time_s(rnd.cost_s)} placed, {len(rnd.partition)} group(s), "
+            f"{len(rnd.placed.migrations)} migration(s); {what}"
+            + ("" if rnd.kept else " (not cheaper: stopped)")
+        )
+    home = dict(plan.home)
+    home.update((t, n) for t, n in reference.start_home(graph).items() if t not in home)
+    payload, text = _render(
+        graph,
+        reference.topo,
+        groups,
+        names,
+        plan,
+        home,
+        "inputs and parameters placed as --numa-homes reference starts them; each activation "
+        "on its writer's node, inputs migrated where the move pays",
+    )
+    payload["homes"] = {
+        "mode": "searched",
+        "kept_round": homes.best_index,
+        "rounds": [
+            {
+                "placed_s": rnd.cost_s,
+                "groups": len(rnd.partition),
+                "migrations": len(rnd.placed.migrations),
+                "kept": rnd.kept,
+            }
+            for rnd in homes.rounds
+        ],
+    }
+    return payload, "\n".join([*lines, text])
 
 
 def _render(

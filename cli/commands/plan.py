@@ -10,7 +10,9 @@ data-parallel gradient sync also gets its gradient bucket size decided (beside D
 25 MiB) and recorded in the Plan (`data_parallel`). The cost model is the
 one `--cost-model` names (search.cost_models; the same default as every command), or with
 `--numa two-node|os` the NUMA objective (planner.distributed.numa.NumaCostModel), and the
-groups' placement on the nodes is printed after the totals.
+groups' placement on the nodes is printed after the totals. `--numa-homes searched` decides
+where tensors live with the partition (search.numa_search: the strategy runs once per
+round) and prints the rounds, the placement and the migrations of the cheapest.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from cli import fmt
 from cli.commands.analyze_dist import gradient_sync_decision, streams_report, tp_report
-from cli.commands.analyze_numa import plan_numa_report, topology
+from cli.commands.analyze_numa import plan_numa_homes_report, plan_numa_report, topology
 from cli.common import (
     capture_for_planning,
     emit,
@@ -41,6 +43,7 @@ from planner.fusion.recompute import group_cost as recompute_cost
 from planner.hardware import get_spec
 from planner.objective import Evaluation, Objective
 from search.cost_models import cost_model_for
+from search.numa_search import search_homes
 from search.strategy import Budget, SearchResult
 
 
@@ -49,14 +52,29 @@ def run(args: argparse.Namespace) -> int:
     captured = capture_for_planning(r)
     graph = captured.graph
     model = _cost_model(args, r.device_name, r.dtype_name)
-    objective = Objective(
-        model,
-        spec=get_spec(r.device_name),
-        latency_bound_s=args.latency_bound_us * 1e-6 if args.latency_bound_us else None,
-        memory_bound_bytes=int(args.memory_bound_mb * 1e6) if args.memory_bound_mb else None,
-    )
+
+    def objective_for(cost_model: CostModel) -> Objective:
+        return Objective(
+            cost_model,
+            spec=get_spec(r.device_name),
+            latency_bound_s=args.latency_bound_us * 1e-6 if args.latency_bound_us else None,
+            memory_bound_bytes=int(args.memory_bound_mb * 1e6) if args.memory_bound_mb else None,
+        )
+
     budget = Budget(args.budget_evals, args.budget_seconds)
-    result = run_search(args, graph, objective, budget)
+    homes = None
+    if getattr(args, "numa_homes", None) == "searched":  # each round runs the strategy
+        assert isinstance(model, NumaCostModel)
+        homes = search_homes(
+            graph,
+            model,
+            lambda objective: run_search(args, graph, objective, budget),
+            objective_for=objective_for,
+        )
+        model, result = homes.best.model, homes.best.result
+    objective = objective_for(model)
+    if homes is None:
+        result = run_search(args, graph, objective, budget)
     unfused = objective.unfused(graph)
     plan = objective.make_plan(
         result.partition,
@@ -128,7 +146,10 @@ def run(args: argparse.Namespace) -> int:
         by_nodes = {tuple(sorted(g)): g for g in result.partition.groups}
         groups = [by_nodes[tuple(row["nodes"])] for row in rows]
         names = [f"#{row['group']}" for row in rows]
-        payload["numa"], numa_text = plan_numa_report(model, graph, groups, names)
+        if homes is None:
+            payload["numa"], numa_text = plan_numa_report(model, graph, groups, names)
+        else:
+            payload["numa"], numa_text = plan_numa_homes_report(homes, graph, groups, names)
         summary.append(numa_text)
     emit(args, payload, _table(title, rows, summary))
     return 0
@@ -137,6 +158,11 @@ def run(args: argparse.Namespace) -> int:
 def _cost_model(args: argparse.Namespace, device: str, dtype: str) -> CostModel:
     """`--cost-model`'s model, or with `--numa` the NUMA objective on that topology."""
     if not getattr(args, "numa", None):
+        if getattr(args, "numa_homes", None):
+            raise FusionPlannerError(
+                f"--numa-homes {args.numa_homes} decides where tensors live on NUMA nodes; "
+                "give --numa two-node|os with it"
+            )
         return cost_model_for(args.cost_model, device)
     if args.cost_model:
         raise FusionPlannerError(

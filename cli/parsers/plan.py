@@ -34,6 +34,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "reports them); replaces --cost-model",
     )
     p.add_argument(
+        "--numa-homes",
+        default=None,
+        choices=("reference", "searched"),
+        help="with --numa: where tensors live. reference (default): fixed before the search, "
+        "each activation where its producer runs alone; searched: decided with the partition, "
+        "alternating the partition search and the placement (search.numa_search)",
+    )
+    p.add_argument(
         "--latency-bound-us",
         type=positive_float,
         default=None,

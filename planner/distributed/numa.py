@@ -35,6 +35,15 @@ is least: it reads and writes each boundary tensor where that tensor lives (the 
 allocates it there). For a group on the node its outputs live on, this is `place`'s
 C(G, n). A partition costs the sum over its groups, which the strategies (the exact
 planner's dynamic programming included) minimize as they do any cost model's.
+
+The homes can also be searched with the partition (search.numa_search, `plan --numa-homes
+searched`), by alternating minimization: search the partition under the current homes
+(`NumaCostModel.with_homes`; round 0: the reference homes), `place` it from the starting
+homes (activations on their writer's node, inputs migrated where `migrate_or_read_remote`
+says the move pays), take the homes `place` ends with as the next round's, and repeat
+while the placed cost improves, up to a few rounds, keeping the cheapest. The kept plan's
+placed cost is never worse than the reference-homes plan's; it is not a global optimum
+over homes (each round's homes follow from the round before).
 """
 
 from __future__ import annotations
@@ -291,32 +300,46 @@ class NumaCostModel:
         spec: DeviceSpec | None = None,
         home: Mapping[int, int] | None = None,
         label: str = "",
+        tensor_home: Mapping[int, int] | None = None,
     ):
         if topo.n_nodes == 0:
             raise FusionPlannerError("a NUMA topology needs at least one node")
         self.topo, self.spec = topo, spec
         self.fixed_home = dict(home) if home is not None else None
+        self.tensor_home = dict(tensor_home) if tensor_home is not None else None
         self.label = label or topo.source
         pins = (
             "interleaved" if home is None else ",".join(f"{t}:{n}" for t, n in sorted(home.items()))
         )
         figures = (topo.latency_ns, topo.local_bw_Bps, topo.peak_flops, topo.launch_s)
-        self.version = f"numa-1/{_digest(repr((figures, pins)))}"
+        decided = sorted(self.tensor_home.items()) if self.tensor_home is not None else None
+        self.version = f"numa-1/{_digest(repr((figures, pins) + ((decided,) if decided else ())))}"
         self._homes: dict[str, dict[int, int]] = {}
 
     def __repr__(self) -> str:
         return f"NumaCostModel({self.topo.n_nodes} nodes, {self.label})"
 
+    def start_home(self, graph: OpGraph) -> dict[int, int]:
+        """Where the graph's inputs and parameters live before any group runs: `home`,
+        or spread evenly over the nodes (`interleaved_home`)."""
+        if self.fixed_home is not None:
+            return dict(self.fixed_home)
+        return interleaved_home(graph, self.topo.n_nodes)
+
     def homes(self, graph: OpGraph) -> dict[int, int]:
-        """Root tensor id -> node, for every tensor of the graph (`reference_home`)."""
+        """Root tensor id -> node, for every tensor of the graph: `reference_home`, with
+        the tensors `tensor_home` decides (search.numa_search) where it puts them."""
         got = self._homes.get(graph.key)
         if got is None:
-            start = self.fixed_home
-            if start is None:
-                start = interleaved_home(graph, self.topo.n_nodes)
-            got = reference_home(graph, self.topo, start)
+            got = reference_home(graph, self.topo, self.start_home(graph))
+            got.update(self.tensor_home or {})
             self._homes[graph.key] = got
         return got
+
+    def with_homes(self, tensor_home: Mapping[int, int]) -> NumaCostModel:
+        """The same model with each tensor in `tensor_home` (root tensor id -> node)
+        living there instead of at its reference home."""
+        return NumaCostModel(self.topo, self.spec, self.fixed_home, self.label, tensor_home)
 
     def best_node(self, graph: OpGraph, nodes: frozenset[int]) -> tuple[int, GroupCost]:
         """The node the group runs on (the cheapest; ties: the lower) and its cost there."""
