@@ -123,8 +123,8 @@ def plan_numa_homes_report(
         names,
         plan,
         home,
-        "inputs and parameters placed as --numa-homes reference starts them; each activation "
-        "on its writer's node, inputs migrated where the move pays",
+        "inputs and parameters where they start (as for the reference homes); each "
+        "activation on its writer's node, inputs migrated where the move pays",
     )
     payload["homes"] = {
         "mode": "searched",
