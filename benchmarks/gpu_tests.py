@@ -32,12 +32,10 @@ WATCHED = (
     "profiling/timer.py",
     "profiling/runner.py",
 )
-# -n 0: one process (the default run spreads tests over pytest-xdist workers; here they
-# would share the one GPU, and some compare timings)
-PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "gpu", "tests"]
+PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"]
 HEADER = """# GPU tests on the lent GPU
 
-Command: `python3 -m pytest -q -p no:cacheprovider -n 0 -m gpu tests` (through
+Command: `python3 -m pytest -q -p no:cacheprovider -m gpu tests` (through
 `python benchmarks/gpu_tests.py`, which appends the row; rows before it name the test files
 they ran).
 

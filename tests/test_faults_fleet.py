@@ -31,10 +31,6 @@ from planner.plans.plan import Plan
 from planner.runtime import backend as runtime
 from tests.backend_helpers import Recording, run_shapes, small_block
 
-# one PostgreSQL server, which these tests stop and start: under pytest-xdist they all run
-# on one worker, one after another
-pytestmark = pytest.mark.xdist_group("postgresql")
-
 DEV = "cpu-testdevice"
 DIMS = {"B": (0, 0)}
 URL = os.environ.get("FUSION_PLANNER_TEST_PG_URL", "")
