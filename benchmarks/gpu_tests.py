@@ -32,10 +32,13 @@ WATCHED = (
     "profiling/timer.py",
     "profiling/runner.py",
 )
-PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"]
+# -o addopts=: without the default run's options, whose -n 2 would spread the tests over
+# pytest-xdist workers sharing the one GPU (some compare timings), and which fail where
+# pytest-xdist is not installed
+PYTEST = ["-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", "-m", "gpu", "tests"]
 HEADER = """# GPU tests on the lent GPU
 
-Command: `python3 -m pytest -q -p no:cacheprovider -m gpu tests` (through
+Command: `python3 -m pytest -q -o addopts= -p no:cacheprovider -m gpu tests` (through
 `python benchmarks/gpu_tests.py`, which appends the row; rows before it name the test files
 they ran).
 
