@@ -281,7 +281,9 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     axes = mspec.dims[cfg["dim"]]  # (input, axis), or several for a file factory
     pairs = [tuple(axes)] if isinstance(axes[0], int) else [tuple(a) for a in axes]
     reps: list[int] = cfg.get("rep_lengths") or []
-    module, base = mspec.with_params(**{cfg["dim"]: max(lengths + reps)}).build(
+    others: list[int] = cfg.get("other_lengths") or []
+    rotations: dict[str, list[int]] = cfg.get("rotation_lengths") or {}
+    module, base = mspec.with_params(**{cfg["dim"]: max(lengths + reps + others)}).build(
         dtype=dtype, device=dev, seed=cfg["seed"]
     )
 
@@ -295,7 +297,8 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     # identical across contenders. Cloned, so none is a view: dynamo guards on a view's
     # base, and a stream whose first input is a view recompiles at the first non-view.
     inputs = {
-        s: tuple(cut(x, i, s) for i, x in enumerate(base)) for s in sorted(set(lengths + reps))
+        s: tuple(cut(x, i, s) for i, x in enumerate(base))
+        for s in sorted(set(lengths + reps + others))
     }
     del base
 
@@ -377,6 +380,10 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         gc.unfreeze()
         if reps:  # after the stream: each tuned bucket's representative, both ways
             out_reps = rep_timings(fn, inputs, reps, dev, be, cfg.get("recur_s", 0.0))
+        if others:  # other sizes of those buckets, recurring as the representatives did
+            out_others = rep_timings(fn, inputs, others, dev)
+        if rotations:  # a length changing every call against the same length repeated
+            out_rot = rotation_timings(fn, inputs, rotations, dev)
         checks = []
         tol = tolerance_for(dtype)
         for s in cfg["check_lengths"]:
@@ -413,6 +420,10 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     }
     if reps:
         out["rep_timing"] = out_reps
+    if others:
+        out["other_timing"] = out_others
+    if rotations:
+        out["rotation"] = out_rot
     if be is not None:
         st = asdict(be.stats)
         st["fallbacks"] = len(be.stats.fallbacks)
@@ -498,6 +509,67 @@ def rep_timings(
             f"  at {s}: back to back {b2b.median_s * 1e3:.3f} ms, alone "
             f"{alone.median_s * 1e3:.3f} ms{'; ' + static if static else ''}"
         )
+    return out
+
+
+def other_sizes(lengths: list[int], tuned: list[dict[str, Any]], per_bucket: int = 2) -> list[int]:
+    """Sizes of the stream other than each tuned bucket's representative, `per_bucket` per
+    bucket: its shortest length in the stream, then the median of the rest (the sizes a
+    bucket's plan serves without having been measured there)."""
+    order = sorted(set(lengths))
+    out: list[int] = []
+    for t in tuned:
+        lo, hi = t["range"]
+        inside = [s for s in order if lo <= s <= hi and s != hi]
+        picks: list[int] = []
+        while inside and len(picks) < per_bucket:
+            pick = inside[0] if not picks else inside[len(inside) // 2]
+            picks.append(pick)
+            inside.remove(pick)
+        out += picks
+    return sorted(set(out))
+
+
+def rotation_timings(
+    fn: Callable[..., Any],
+    inputs: dict[int, tuple[Any, ...]],
+    groups: dict[str, list[int]],
+    dev: Any,
+    rounds: int = 5,
+    repeats: int = 5,
+) -> dict[str, dict[str, float]]:
+    """Per bucket, its sizes (each met before, so each has whatever a recurring shape gets)
+    called two ways, every call alone and waited for, as the stream times its calls: each
+    size `repeats` times in a row (the calls after the first: the same length as the call
+    before) and the sizes in turn for `rounds` rounds (every call a new length). Medians
+    of the whole call and of its host part (until it returned), in seconds, by bucket."""
+
+    def timed(x: tuple[Any, ...]) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        fn(*x)
+        t1 = time.perf_counter()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0, t1 - t0
+
+    out: dict[str, dict[str, float]] = {}
+    for bucket, sizes in groups.items():
+        if len(sizes) < 2:  # one length cannot change
+            continue
+        same: list[tuple[float, float]] = []
+        changed: list[tuple[float, float]] = []
+        for s in sizes:
+            timed(inputs[s])  # the first call after a switch: neither kind
+            same += [timed(inputs[s]) for _ in range(repeats)]
+        for _ in range(rounds):
+            changed += [timed(inputs[s]) for s in sizes]
+        out[bucket] = {
+            "sizes": len(sizes),
+            "same_s": statistics.median(t for t, _ in same),
+            "changed_s": statistics.median(t for t, _ in changed),
+            "same_host_s": statistics.median(h for _, h in same),
+            "changed_host_s": statistics.median(h for _, h in changed),
+        }
     return out
 
 
@@ -758,6 +830,130 @@ def _rep_text(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     )
 
 
+def served_other(meta: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per other size of a tuned bucket timed after the stream (`--other-sizes`): what tune
+    stored for its bucket (measured at the representative), what the planner gave at the
+    size both ways, their ratios, and the planner's one call over the fastest
+    alternative's one call at the same size (None where no alternative timed it)."""
+    planner = next(
+        (r for r in results if r.get("contender") == "planner" and "other_timing" in r), None
+    )
+    if planner is None:
+        return []
+    alts = [r for r in results if r.get("contender") in ALTERNATIVES and "other_timing" in r]
+    rows = []
+    for key, got in sorted(planner["other_timing"].items(), key=lambda kv: int(kv[0])):
+        size = int(key)
+        t = next((t for t in meta.get("tuned", []) if t["range"][0] <= size <= t["range"][1]), None)
+        if t is None:
+            continue
+        b2b, alone = got["b2b_s"] * 1e3, got["synced_s"] * 1e3
+        theirs = {
+            r["contender"]: r["other_timing"][key]["synced_s"] * 1e3
+            for r in alts
+            if key in r["other_timing"]
+        }
+        best = min(theirs, key=theirs.__getitem__) if theirs else None
+        want, want_alone = t["measured_ms"], t.get("synced_ms")
+        rows.append(
+            {
+                "bucket": t["pow2_bucket"],
+                "size": size,
+                "rep": t["range"][1],
+                "tuned_ms": want,
+                "tuned_synced_ms": want_alone,
+                "b2b_ms": b2b,
+                "synced_ms": alone,
+                "b2b_ratio": b2b / want,
+                "synced_ratio": alone / want_alone if want_alone else None,
+                "best_alt": best,
+                "vs_alt": alone / theirs[best] if best else None,
+            }
+        )
+    return rows
+
+
+def _other_text(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    """The table of served against tuned at other sizes of the tuned buckets; empty when
+    the run timed none."""
+    rows = served_other(meta, results)
+    if not rows:
+        return ""
+    timed = [r for r in results if "other_timing" in r]
+    head = [f"{meta['dim']} bucket", meta["dim"], "tuned ms (stored)", "tuned one call ms (stored)"]
+    head += [f"{TITLES[r['contender']]}: back to back ms | one call ms" for r in timed]
+    head += [
+        "planner back to back / tuned",
+        "planner one call / tuned one call",
+        "planner one call / fastest alternative's",
+    ]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|---|---|---|---|" + "---|---|" * len(timed) + "---|---|---|",
+    ]
+    for row in rows:
+        cells = [
+            row["bucket"],
+            str(row["size"]),
+            _fmt(row["tuned_ms"]),
+            _fmt(row["tuned_synced_ms"]),
+        ]
+        for r in timed:
+            got = r["other_timing"].get(str(row["size"]), {})
+            cells.append(
+                f"{_fmt(got.get('b2b_s', math.nan) * 1e3)} | {_fmt(got.get('synced_s', math.nan) * 1e3)}"
+            )
+        alt = f" ({TITLES[row['best_alt']]})" if row["best_alt"] else ""
+        cells += [
+            _fmt(row["b2b_ratio"], ".2f"),
+            _fmt(row["synced_ratio"], ".2f"),
+            _fmt(row["vs_alt"], ".2f") + alt,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return (
+        "\nServed against tuned at other sizes of each tuned bucket (sizes the plan serves "
+        "but `tune` did not measure at: the bucket's shortest length in the stream and a "
+        f"middle one), each recurring first ({REP_WARM_CALLS} calls), then timed as the "
+        "representatives above; the stored figures are the bucket's, measured at its "
+        "representative, which is the bucket's longest size.\n\n" + "\n".join(lines) + "\n"
+    )
+
+
+def _rotation_text(results: list[dict[str, Any]]) -> str:
+    """The table of each bucket's lengths called in turn against each repeated, per
+    contender; empty when the run timed none."""
+    timed = [r for r in results if r.get("rotation")]
+    if not timed:
+        return ""
+    buckets = sorted({b for r in timed for b in r["rotation"]}, key=lambda b: int(b.split("-")[0]))
+    head = ["bucket", "lengths"] + [
+        f"{TITLES[r['contender']]}: same ms | new ms | new / same | host same ms | host new ms"
+        for r in timed
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---|---|---|---|---|" * len(timed)]
+    for b in buckets:
+        n = next(r["rotation"][b]["sizes"] for r in timed if b in r["rotation"])
+        cells = [b, str(n)]
+        for r in timed:
+            x = r["rotation"].get(b)
+            if x is None:
+                cells.append("— | — | — | — | —")
+                continue
+            cells.append(
+                f"{_fmt(x['same_s'] * 1e3)} | {_fmt(x['changed_s'] * 1e3)} | "
+                f"{x['changed_s'] / x['same_s']:.2f} | {_fmt(x['same_host_s'] * 1e3)} | "
+                f"{_fmt(x['changed_host_s'] * 1e3)}"
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return (
+        "\nA length changing every call against the same length repeated (`--rotation`): "
+        "after the stream, each contender calls the stream's lengths of each tuned bucket "
+        "in turn (*new*: every call a length other than the last one's) and each length "
+        "several times in a row (*same*); every call alone and waited for, medians of the "
+        "whole call and of its host part (until the call returned).\n\n" + "\n".join(lines) + "\n"
+    )
+
+
 def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lengths = meta["lengths"]
     sums = {r["contender"]: summarize(r, lengths) for r in results}
@@ -894,7 +1090,7 @@ Per bucket (first call of the bucket in pass 1; median call of the steady state)
 {bhead} |
 |---|---|---|{"---|---|" * (len(ok) + bool(tuned))}
 {chr(10).join(brows)}
-{_rep_text(meta, results)}
+{_rep_text(meta, results)}{_other_text(meta, results)}{_rotation_text(results)}
 - Buckets in these tables: pow2 over {meta["dim"]}, the runtime's default (a tuned cache's own bucket spec may clip the outer edges to the tuned range).
 {TUNED_NOTE if tuned else ""}- *pass 1 - steady*: what the cold pass cost over a steady one: compiles, plus, for the planner, one cache lookup (and queued miss) per new shape.
 - *calls that compiled*: calls during which dynamo compiled a frame, Inductor compiled a graph or the planner realized a plan (from torch._dynamo.utils.counters and RuntimeStats, read around each call).
@@ -939,9 +1135,10 @@ def summary_jsonl(path: Path) -> str:
     shares = _shares(sums).strip()
     host = _host_text(sums).strip()
     per_bucket = _per_bucket_text(sums)
-    vs_tuned = _vs_tuned_text(
-        served_vs_tuned(meta, [r for r in rows if r.get("kind") == "contender"])
-    )
+    results = [r for r in rows if r.get("kind") == "contender"]
+    vs_tuned = _vs_tuned_text(served_vs_tuned(meta, results))
+    other = _other_line(served_other(meta, results))
+    rotation = _rotation_line(results)
     return (
         f"- `{meta['command']}` ({meta['date']}, {meta['device_name']}, torch "
         f"{meta['torch']}): `{meta['model']}` {meta['shape']} {meta['dtype']}, "
@@ -953,6 +1150,8 @@ def summary_jsonl(path: Path) -> str:
         + (f"- {host}\n" if host else "")
         + (f"- {per_bucket}\n" if per_bucket else "")
         + (f"- {vs_tuned}\n" if vs_tuned else "")
+        + (f"- {other}\n" if other else "")
+        + (f"- {rotation}\n" if rotation else "")
     )
 
 
@@ -1000,6 +1199,43 @@ def _vs_tuned_text(rows: list[dict[str, Any]]) -> str:
     return (
         f"Served / tuned at the {len(rows)} tuned buckets' representative sizes (worst "
         "last): " + "; ".join(parts) + "."
+    )
+
+
+def _other_line(rows: list[dict[str, Any]]) -> str:
+    """One line: the planner's served / tuned ratios at other sizes of the tuned buckets,
+    and its one call against the fastest alternative's there (ranges)."""
+    if not rows:
+        return ""
+    parts = []
+    for key, what in (
+        ("b2b_ratio", "back to back / tuned"),
+        ("synced_ratio", "one call / tuned one call"),
+        ("vs_alt", "one call / the fastest alternative's one call at the size"),
+    ):
+        xs = [r[key] for r in rows if r[key] is not None]
+        parts.append(f"{what} {min(xs):.2f}..{max(xs):.2f}" if xs else f"{what} n/a")
+    return (
+        f"At {len(rows)} other sizes of the tuned buckets, each recurring first: "
+        + "; ".join(parts)
+        + "."
+    )
+
+
+def _rotation_line(results: list[dict[str, Any]]) -> str:
+    """One line: per contender, a new length every call over the same length repeated
+    (the range over the tuned buckets)."""
+    parts = []
+    for r in results:
+        rot = r.get("rotation") or {}
+        xs = [x["changed_s"] / x["same_s"] for x in rot.values()]
+        if xs:
+            parts.append(f"{TITLES[r['contender']]} {min(xs):.2f}..{max(xs):.2f}")
+    if not parts:
+        return ""
+    return (
+        "A new length every call over the same length repeated (one call each, median per "
+        "tuned bucket, range over the buckets): " + "; ".join(parts) + "."
     )
 
 
@@ -1053,6 +1289,19 @@ def main(argv: list[str] | None = None) -> int:
         help="planner: before each tuned representative is timed after the stream, call it "
         "until the backend has decided its static specialization, at most this many seconds "
         "(0: only a few calls)",
+    )
+    p.add_argument(
+        "--other-sizes",
+        type=int,
+        default=2,
+        help="with a tuned cache: after the representatives, this many other stream lengths "
+        "of each tuned bucket are timed the same way, each recurring first (0: none)",
+    )
+    p.add_argument(
+        "--rotation",
+        action="store_true",
+        help="with a tuned cache: time each tuned bucket's stream lengths called in turn (a "
+        "new length every call) against each length repeated, in every contender's process",
     )
     p.add_argument("--check", type=int, default=4, help="stream entries checked against eager")
     p.add_argument("--timeout", type=float, default=None, help="seconds per contender")
@@ -1118,6 +1367,14 @@ def main(argv: list[str] | None = None) -> int:
     # after the stream, each tuned bucket's representative inside the stream's range is
     # timed as tune timed it (rep_timings)
     cfg["rep_lengths"] = sorted({t["range"][1] for t in tuned if lo <= t["range"][1] <= hi})
+    # ... then other sizes of those buckets, and each bucket's stream lengths in turn
+    in_range = [t for t in tuned if lo <= t["range"][1] <= hi]
+    cfg["other_lengths"] = other_sizes(lengths, in_range, args.other_sizes)
+    if args.rotation:
+        cfg["rotation_lengths"] = {
+            t["pow2_bucket"]: sorted({s for s in lengths if t["range"][0] <= s <= t["range"][1]})
+            for t in in_range
+        }
     meta = {
         **cfg,
         "tuned": tuned,

@@ -5,8 +5,10 @@ and the warm-up workers' compiles are shown, and missing contenders are named.""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+import torch
 
 from benchmarks import e2e, runtime_stream
 
@@ -342,3 +344,81 @@ def test_stream_per_bucket_line_compares_with_the_best_alternative_and_names_the
     assert "65-128 1.10, 129-256 0.50" in line  # ordered by bucket
     assert "geometric mean 0.74, worst 1.10 (65-128)" in line
     assert runtime_stream._per_bucket_text({"planner": sums["planner"]}) == ""
+
+
+def test_stream_other_sizes_are_each_tuned_buckets_shortest_and_a_middle_length():
+    lengths = [130, 200, 256, 150, 130, 300, 512, 90]
+    tuned = [
+        {"range": [129, 256], "pow2_bucket": "129-256"},
+        {"range": [257, 512], "pow2_bucket": "257-512"},  # only its representative is met
+        {"range": [65, 128], "pow2_bucket": "65-128"},
+    ]
+    # 129-256: 130 shortest, then the middle of (150, 200); 257-512: 300; 65-128: 90
+    assert runtime_stream.other_sizes(lengths, tuned) == [90, 130, 200, 300]
+    assert runtime_stream.other_sizes(lengths, tuned, per_bucket=1) == [90, 130, 300]
+    assert runtime_stream.other_sizes(lengths, tuned, per_bucket=0) == []
+
+
+def test_stream_rotation_times_new_lengths_against_repeated_ones():
+    from types import SimpleNamespace
+
+    last: list[int] = []
+
+    def fn(x: torch.Tensor) -> None:  # a call costs more when its length is not the last one's
+        n = x.shape[0]
+        time.sleep(0.004 if last and last[-1] != n else 0.001)
+        last.append(n)
+
+    inputs = {s: (torch.zeros(s),) for s in (3, 5, 7)}
+    got = runtime_stream.rotation_timings(
+        fn,
+        inputs,
+        {"1-8": [3, 5, 7], "9-16": [9]},
+        SimpleNamespace(type="cpu"),
+        rounds=3,
+        repeats=3,
+    )
+    assert list(got) == ["1-8"]  # a bucket with one length cannot change
+    row = got["1-8"]
+    assert row["sizes"] == 3
+    assert 0.001 <= row["same_s"] < 0.004 <= row["changed_s"]
+    assert row["changed_host_s"] <= row["changed_s"]
+    results = [{"contender": "planner", "rotation": got}, {"contender": "eager", "error": "x"}]
+    text = runtime_stream._rotation_text(results)
+    assert "| 1-8 | 3 |" in text and "fusion-planner backend: same ms | new ms" in text
+    line = runtime_stream._rotation_line(results)
+    ratio = row["changed_s"] / row["same_s"]
+    assert line.endswith(f"fusion-planner backend {ratio:.2f}..{ratio:.2f}.")
+    assert runtime_stream._rotation_text([{"contender": "planner"}]) == ""
+
+
+def test_stream_other_sizes_compare_with_the_buckets_stored_figures_and_the_alternatives():
+    tuned = [
+        {"range": [129, 256], "pow2_bucket": "129-256", "measured_ms": 0.5, "synced_ms": 1.0},
+        {"range": [65, 128], "pow2_bucket": "65-128", "measured_ms": 0.4, "synced_ms": None},
+    ]
+    meta = {"lengths": [100, 200], "tuned": tuned, "dim": "S"}
+    planner = {
+        "contender": "planner",
+        "other_timing": {
+            "200": {"b2b_s": 0.55e-3, "synced_s": 0.9e-3},
+            "100": {"b2b_s": 0.4e-3, "synced_s": 0.8e-3},
+        },
+    }
+    ro = {"contender": "compile-ro", "other_timing": {"200": {"b2b_s": 0.6e-3, "synced_s": 1.2e-3}}}
+    eager = {"contender": "eager", "other_timing": {"200": {"b2b_s": 2e-3, "synced_s": 2.4e-3}}}
+    rows = runtime_stream.served_other(meta, [eager, ro, planner])
+    assert [r["size"] for r in rows] == [100, 200]
+    low, high = rows
+    assert high["b2b_ratio"] == pytest.approx(1.1) and high["synced_ratio"] == pytest.approx(0.9)
+    assert high["best_alt"] == "compile-ro" and high["vs_alt"] == pytest.approx(0.75)
+    assert low["synced_ratio"] is None and low["best_alt"] is None  # nothing stored, none timed
+    text = runtime_stream._other_text(meta, [eager, ro, planner])
+    assert (
+        "| 129-256 | 200 | 0.500 | 1.000 | 2.000 | 2.400 | 0.600 | 1.200 | 0.550 | 0.900 | 1.10 | 0.90 | 0.75 (torch.compile(reduce-overhead)) |"
+        in text
+    )
+    line = runtime_stream._other_line(rows)
+    assert line.startswith("At 2 other sizes") and "one call / tuned one call 0.90..0.90" in line
+    assert runtime_stream.served_other(meta, [eager]) == []
+    assert runtime_stream._other_text(meta, [eager]) == ""
