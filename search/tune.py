@@ -46,7 +46,7 @@ from planner import units
 from planner.cost import CostModel
 from planner.errors import CacheError, FusionPlannerError, first_line, is_out_of_memory
 from planner.fusion.partition import Partition
-from planner.fusion.realization import realizations_of
+from planner.fusion.realization import choices_for, realizations_of
 from planner.hardware import cache_dir, device_fingerprint, local_device_name
 from planner.ir.capture_dynamic import one_step_inside
 from planner.measurement import MeasureError, Measurement, PlanJob, Runner, Timing
@@ -98,6 +98,9 @@ class TuneConfig:
     # store the unfused plan (served as the model's own graph) when eager measured faster
     # than every candidate beyond their spread; False stores the fastest candidate anyway
     prefer_eager: bool = True
+    # also measure the fastest candidate with its GEMM and convolution groups compiled by
+    # Inductor's max-autotune (templates benchmarked, the epilogue fused into the winner)
+    autotune_variant: bool = False
     timer: dict[str, Any] = field(
         default_factory=lambda: {"warmup": 3, "min_reps": 10, "max_reps": 100, "max_seconds": 5.0}
     )
@@ -294,6 +297,33 @@ def _joint_kwargs(cfg: TuneConfig) -> dict[str, Any]:
     return {"max_trials": cfg.trials}
 
 
+def autotuned(c: Candidate, mode: str = "autotune") -> Candidate | None:
+    """`c` with each group that offers it compiled in compile mode `mode` (its label
+    "<label>+autotune", or "inductor+autotune" for a GEMM the rule leaves to the library
+    call eagerly: Inductor's max-autotune GEMM and convolution templates, the group's
+    epilogue fused into the winner; planner.fusion.realization.choices_for), the rest as
+    they are; None when no group offers it. Recompute copies are kept."""
+    graph = c.partition.graph
+    labels = list(c.labels or realizations_of(graph, c.partition.masks))
+    changed = False
+    for i, mask in enumerate(c.partition.masks):
+        want = f"{labels[i] if labels[i] != 'eager' else 'inductor'}+{mode}"
+        if "+" not in labels[i] and want in choices_for(graph, mask):
+            labels[i], changed = want, True
+    if not changed:
+        return None
+    return dataclasses.replace(
+        c,
+        strategy=f"{c.strategy}+{mode}",
+        labels=tuple(labels),
+        found_by=f"{c.strategy}'s plan, GEMM/convolution groups with {mode}",
+        measured=None,
+        error="",
+        fallbacks={},
+        measurement=None,
+    )
+
+
 def slower_than(a: Timing, b: Timing) -> bool:
     """Whether `a` is slower than `b` beyond their spread: a's median less half its IQR is
     above b's median plus half its IQR."""
@@ -462,6 +492,13 @@ def tune_bucket(
         return min(ok, key=lambda c: c.measured.median_s, default=None)
 
     best, tp_note = fastest(), ""
+    if cfg.autotune_variant and best is not None and tp is None:
+        variant = autotuned(best)
+        if variant is None:
+            progress("  no group of the fastest plan offers a max-autotune realization")
+        else:
+            measured.append(measure(variant))
+            best = fastest()
     if tp is not None and best is not None and ranks:  # the decision measured as served
         with_tp = measure(
             dataclasses.replace(best, strategy=f"{best.strategy}+tp", tensor_parallel=tp)

@@ -146,3 +146,45 @@ def test_tune_says_when_the_buckets_plans_were_made_on_different_graphs():
     note = graph_varies([result("a"), result("b"), result("a")], "S")
     assert "graph changes with S" in note and "2 different graphs" in note
     assert "--from-queue" in note
+
+
+def test_the_autotune_variant_compiles_each_gemm_group_with_max_autotune():
+    from planner.fusion.partition import Partition
+    from search.tune import Candidate, autotuned
+
+    module, inputs = resolve("zoo:mlp", "B=4,D=16,HID=32,L=1").build(device="meta")
+    g = capture(module, inputs)  # linear -> relu -> linear
+    part = Partition.from_groups(g, [[0, 1], [2]])
+    c = Candidate("priority", part, 1e-6)
+    v = autotuned(c)
+    # the fused GEMM + ReLU keeps its rewrite in max-autotune; the GEMM the rule leaves to
+    # the library call eagerly is compiled, as templates are benchmarked against that call
+    assert v.labels == ("inductor+autotune", "inductor+autotune")
+    assert v.strategy == "priority+autotune" and v.partition is part and v.measured is None
+    assert autotuned(v) is None  # nothing left to switch
+    relu = Partition.from_groups(g, [[0], [1], [2]])
+    only_relu = Candidate("greedy", relu, 1e-6, labels=("eager", "inductor", "eager"))
+    assert autotuned(only_relu).labels == ("inductor+autotune", "inductor", "inductor+autotune")
+
+
+def test_tune_measures_the_autotune_variant_and_stores_the_faster(tmp_path):
+    torch.set_num_threads(1)
+    cfg = TuneConfig(
+        spec=resolve("zoo:mlp", "D=16,HID=32,L=1"),
+        dynamic="B=4..4",
+        strategy="priority",
+        top_k=1,
+        compile_baseline=False,
+        budget_seconds=5.0,
+        timer=FAST_TIMER,
+        prefer_eager=False,
+        autotune_variant=True,
+    )
+    with PlanCache(str(tmp_path / "plans.sqlite")) as cache:
+        (r,) = tune(cfg, AnalyticalModel(get_spec("cpu")), cache, progress=lambda m: None)
+    assert [c.strategy for c in r.candidates] == ["priority", "priority+autotune"]
+    assert all(c.error == "" and c.measured for c in r.candidates)
+    best = min(r.candidates, key=lambda c: c.measured.median_s)
+    assert r.plan.measured_s == best.measured.median_s and r.plan.strategy == best.strategy
+    labels = [gp.realization for gp in r.plan.groups]
+    assert ("+autotune" in labels[0]) == (best.strategy == "priority+autotune")

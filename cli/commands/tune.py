@@ -67,6 +67,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         compile_baseline=not args.no_compile_baseline,
         prefer_eager=not args.keep_fused,
+        autotune_variant=args.autotune,
     )
     with PlanCache(args.cache) as cache:
         only = None
@@ -174,8 +175,9 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
     """Per bucket: the best plan's time next to eager and torch.compile, each as median
     ±half the IQR, and the speed-ups, marked where a rerun may not agree; then the plan's
     call alone and waited for (what a loop needing each result sees), where measured."""
+    w = max([9, *(len(r.best.strategy) for r in results if r.best is not None)])
     head = (
-        f"{'bucket':<16} {'plan':<9} {'groups':>6} {'plan':>16} {'eager':>16} "
+        f"{'bucket':<16} {'plan':<{w}} {'groups':>6} {'plan':>16} {'eager':>16} "
         f"{'compile':>16} {'vs eager':>9} {'vs compile':>10} {'fell back':>9} {'one call':>9}"
     )
     lines = [f"tuned {label} on {device}; plans in {cache_url}", head, "-" * len(head)]
@@ -184,7 +186,7 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
         name = fmt.bucket(r.bucket.key, dims)
         best = r.best
         if best is None or r.eager is None:
-            lines.append(f"{name:<16} {'(none)':<9}  {r.stored}")
+            lines.append(f"{name:<16} {'(none)':<{w}}  {r.stored}")
             continue
         t = best.measured
         cells = [fmt.timing(t), fmt.timing(r.eager), fmt.timing(r.compiled)]
@@ -193,7 +195,7 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
         whole = best.measurement
         alone = "-" if whole is None or math.isnan(whole.synced_s) else fmt.time_s(whole.synced_s)
         lines.append(
-            f"{name:<16} {best.strategy:<9} {len(best.partition):>6} {cells[0]:>16} "
+            f"{name:<16} {best.strategy:<{w}} {len(best.partition):>6} {cells[0]:>16} "
             f"{cells[1]:>16} {cells[2]:>16} {ups[0]:>9} {ups[1]:>10} {len(best.fallbacks):>9}"
             f" {alone:>9}"
         )

@@ -111,6 +111,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="store the fastest candidate even when eager measured faster than every one "
         "(by default the unfused plan is stored then: the backend runs the model's own graph)",
     )
+    p.add_argument(
+        "--autotune",
+        action="store_true",
+        help="also measure the fastest candidate with its GEMM and convolution groups "
+        "compiled by Inductor's max-autotune (Triton templates benchmarked against the "
+        "library call, the epilogue fused into the winner); the faster one is stored. Each "
+        "bucket then takes an autotuning compile (tens of seconds on a GPU)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--dist-backend",

@@ -193,8 +193,8 @@ def choices_for(graph: OpGraph, nodes: int | Iterable[int]) -> tuple[str, ...]:
     they are instead (separate GEMMs rather than one on concatenated weights, explicit
     attention rather than SDPA); and eager (each op its own kernel, no compile). Opaque
     groups run eagerly whatever is asked."""
-    rule = rule_for(graph, nodes)
-    members = _members(nodes)
+    members = _members(nodes)  # once: `nodes` may be an iterator
+    rule = rule_for(graph, members)
     if rule.label == "eager" and _opaque(graph, members, members):
         return (rule.label,)
     if not _has_anchor(graph, members):
