@@ -60,6 +60,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -202,6 +203,56 @@ def _process_counts(cuda: bool) -> dict[str, int]:
     return out
 
 
+def cpu_snapshot() -> dict[str, Any]:
+    """Where this process's CPU time goes (Linux /proc; empty elsewhere): each thread's
+    name and CPU ticks so far, the CPU the main thread last ran on, and each CPU's busy
+    ticks machine-wide. Two snapshots around a pass say which threads of the process and
+    which CPUs of the machine worked during it (`cpu_delta`)."""
+    out: dict[str, Any] = {"threads": {}, "cpus": {}, "main_cpu": None}
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                head, _, rest = f.read().rpartition(")")
+            fields = rest.split()
+            name = head.partition("(")[2]
+            out["threads"][tid] = [name, int(fields[11]) + int(fields[12])]
+            if int(tid) == threading.get_native_id():
+                out["main_cpu"] = int(fields[36])
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("cpu") and line[3].isdigit():
+                    name, *ticks = line.split()
+                    t = [int(x) for x in ticks]
+                    out["cpus"][name] = sum(t) - t[3] - t[4]  # all but idle and iowait
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
+
+
+def cpu_delta(before: dict[str, Any], after: dict[str, Any], top: int = 4) -> dict[str, Any]:
+    """Between two `cpu_snapshot`s: the process's busiest threads (name, ticks), how many
+    threads worked at all, the CPU the main thread was on at the end, and the machine's
+    busiest CPUs (ticks); empty where a snapshot is."""
+    if not before or not after:
+        return {}
+    threads = [
+        (name, ticks - before["threads"].get(tid, [name, 0])[1])
+        for tid, (name, ticks) in after["threads"].items()
+    ]
+    busy = sorted((t for t in threads if t[1] > 0), key=lambda t: -t[1])
+    cpus = sorted(
+        ((c, after["cpus"][c] - before["cpus"].get(c, 0)) for c in after["cpus"]),
+        key=lambda t: -t[1],
+    )
+    return {
+        "threads": busy[:top],
+        "working_threads": len(busy),
+        "all_threads": len(threads),
+        "main_cpu": after["main_cpu"],
+        "cpus": [c for c in cpus if c[1] > 0][:top],
+    }
+
+
 # ---- one contender ----------------------------------------------------------------------
 def _counts(be: Any) -> tuple[int, ...]:
     """What a compile changes: dynamo frames, Inductor graphs, planner realizations and
@@ -335,6 +386,7 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
             if p == 1 and cfg.get("gc") == "off":
                 gc.disable()
             before_pass = _process_counts(cuda)
+            cpu_before = cpu_snapshot()
             sync()
             t_pass = time.perf_counter()
             for s in lengths:
@@ -352,6 +404,7 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
                     after_first = now
             total = time.perf_counter() - t_pass
             after_pass = _process_counts(cuda)
+            cpu = cpu_delta(cpu_before, cpu_snapshot())
             passes.append(
                 {
                     "total_s": total,
@@ -360,11 +413,14 @@ def run_contender(cfg: dict[str, Any], name: str) -> dict[str, Any]:
                     "compiled": compiled,
                     # garbage collections and CUDA allocator events during the pass
                     "counts": {k: after_pass[k] - before_pass.get(k, 0) for k in after_pass},
+                    # which threads of this process and which CPUs of the machine worked
+                    "cpu": cpu,
                 }
             )
             _say(
                 f"{name}: pass {p + 1}/{cfg['passes']} over {len(lengths)} calls: {total:.2f} s, "
-                f"{sum(compiled)} call(s) compiled"
+                f"{sum(compiled)} call(s) compiled; host median "
+                f"{statistics.median(host) * 1e3:.3f} ms; cpu {json.dumps(cpu)}"
             )
         if cfg.get("profile"):  # one more pass, profiled and not counted: a diagnostic
             from benchmarks.host_overhead import top_text
