@@ -69,6 +69,25 @@ def _stream_summary(name: str) -> Callable[[], str]:
     return render
 
 
+# Runs whose contender processes say how the host's pace moves between processes
+HOST_PACE_RUNS = (
+    "runtime_stream_gpt2_tuned_h200_x",
+    "runtime_stream_gpt2_tuned_h200_p",
+    "runtime_stream_gpt2_tuned_h200_q",
+    "runtime_stream_gpt2_tuned_h200_r",
+    "runtime_stream_gpt2_tuned_h200_t",
+    "host_pace_h200/stream_cpu_1",
+    "host_pace_h200/stream_cpu_2",
+    "host_pace_h200/stream_cpu_3",
+)
+
+
+def _host_pace() -> str:
+    from benchmarks import runtime_stream
+
+    return runtime_stream.host_pace_text([RESULTS / f"{n}.jsonl" for n in HOST_PACE_RUNS])
+
+
 def _raw(module: str, name: str) -> Callable[[], str]:
     """A results file rendered from the raw rows saved beside it (benchmarks/raw_rows.py)."""
 
@@ -533,6 +552,8 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h200_p",
             "runtime_stream_gpt2_tuned_h200_q",
             "runtime_stream_gpt2_tuned_h200_r",
+            "runtime_stream_gpt2_tuned_h200_t",
+            *(f"host_pace_h200/stream_cpu_{k}" for k in (1, 2, 3)),
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
@@ -674,7 +695,11 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h200_p",
             "runtime_stream_gpt2_tuned_h200_q",
             "runtime_stream_gpt2_tuned_h200_r",
+            "runtime_stream_gpt2_tuned_h200_t",
         )
+    ),
+    Generated(
+        "docs/runtime.md", _host_pace, "python benchmarks/generated.py", block="host_pace_h200"
     ),
     *(
         Generated("docs/accuracy.md", _accuracy(t), "python docs/accuracy_figures.py", block=t)

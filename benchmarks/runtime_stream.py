@@ -69,6 +69,8 @@ from typing import Any
 
 import torch
 
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
 ROOT = Path(__file__).resolve().parent.parent
 CONTENDERS = (
     "eager",
@@ -1293,6 +1295,41 @@ def _rotation_line(results: list[dict[str, Any]]) -> str:
         "A new length every call over the same length repeated (one call each, median per "
         "tuned bucket, range over the buckets): " + "; ".join(parts) + "."
     )
+
+
+def host_pace_text(paths: list[Path]) -> str:
+    """A Markdown table over committed runs (JSON-lines files): per contender process, its
+    host time per call in each steady pass (median, ms), the CPU its main thread was on
+    and the threads of the process that worked during the pass, where the run recorded
+    them. Rows of one contender in several processes show how much the host's pace moves
+    between processes of one code and one machine."""
+    lines = [
+        "| run | contender | host ms per call, each pass after the first | main thread's CPU | "
+        "threads that worked |",
+        "|---|---|---|---|---|",
+    ]
+    for path in paths:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for r in rows:
+            if r.get("kind") != "contender" or "passes" not in r:
+                continue
+            later = r["passes"][1:]
+            host = " / ".join(
+                f"{statistics.median(q['host_s']) * 1e3:.3f}" for q in later if q.get("host_s")
+            )
+            cpus = [q.get("cpu", {}) for q in later]
+            main = ", ".join(str(c["main_cpu"]) for c in cpus if c.get("main_cpu") is not None)
+            working = ", ".join(
+                f"{c['working_threads']} of {c['all_threads']}"
+                for c in cpus
+                if "working_threads" in c
+            )
+            name = path.relative_to(RESULTS_DIR) if path.is_relative_to(RESULTS_DIR) else path
+            lines.append(
+                f"| `{name}` | {TITLES[r['contender']]} | {host or 'n/a'} | {main or 'n/a'} "
+                f"| {working or 'n/a'} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 # ---- main -------------------------------------------------------------------------------
