@@ -422,3 +422,35 @@ def test_stream_other_sizes_compare_with_the_buckets_stored_figures_and_the_alte
     assert line.startswith("At 2 other sizes") and "one call / tuned one call 0.90..0.90" in line
     assert runtime_stream.served_other(meta, [eager]) == []
     assert runtime_stream._other_text(meta, [eager]) == ""
+
+
+def test_stream_records_the_threads_and_cpus_that_worked_during_a_pass():
+    before = runtime_stream.cpu_snapshot()
+    if not before:
+        pytest.skip("no /proc here")
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.1:  # the main thread works, nothing else
+        pass
+    got = runtime_stream.cpu_delta(before, runtime_stream.cpu_snapshot())
+    assert got["working_threads"] >= 1 and got["all_threads"] >= got["working_threads"]
+    assert got["threads"][0][1] > 0 and got["cpus"][0][1] > 0
+    assert got["main_cpu"] is not None and got["main_cpu"] >= 0
+    assert runtime_stream.cpu_delta({}, before) == {}
+
+
+def test_host_pace_table_lists_each_contender_process_with_its_passes(tmp_path):
+    meta = {"kind": "meta"}
+    cpu = {"main_cpu": 3, "working_threads": 1, "all_threads": 9}
+    passes = [
+        {"host_s": [5e-3, 7e-3]},
+        {"host_s": [0.4e-3, 0.5e-3, 0.6e-3], "cpu": cpu},
+        {"host_s": [0.9e-3], "cpu": cpu},
+    ]
+    rows = [meta, {"kind": "contender", "contender": "planner", "passes": passes}]
+    rows.append({"kind": "contender", "contender": "eager", "error": "timed out"})
+    path = tmp_path / "run.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    text = runtime_stream.host_pace_text([path])
+    (line,) = [ln for ln in text.splitlines() if "fusion-planner backend" in ln]
+    assert "| 0.500 / 0.900 | 3, 3 | 1 of 9, 1 of 9 |" in line  # the cold pass left out
+    assert "eager" not in text
