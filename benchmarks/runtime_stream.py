@@ -28,6 +28,10 @@ as the build would, planner.runtime.specialize). Contenders:
   speed-up, apart from the fusion's.
 
 `--from-jsonl FILE` re-renders the report of a committed JSON-lines file (no device).
+`--repeats N` runs the contenders in N rounds, each contender in a new process each round
+(the order reversed every other round): the host's pace can move between processes of one
+machine, so the planner is compared with the best alternative within each round, and the
+report gives those ratios per round with their median and range.
 
 Each contender runs in its own Python process (`--same-process`: one process, with
 torch._dynamo.reset() between them) with its own empty Inductor/Triton cache directory
@@ -1162,6 +1166,8 @@ def render_jsonl(path: Path) -> str:
     """The report of a committed JSON-lines file (a meta line, then one line per
     contender), as the run that wrote it rendered it."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if rows and rows[0].get("kind") == "rounds":  # --repeats: the comparison of its rounds
+        return rounds_text([path.with_name(name) for name in rows[0]["rounds"]])
     meta = next(r for r in rows if r.get("kind") == "meta")
     results = [
         {k: v for k, v in r.items() if k not in ("kind", "summary")}
@@ -1396,6 +1402,15 @@ def main(argv: list[str] | None = None) -> int:
         help="with a tuned cache: time each tuned bucket's stream lengths called in turn (a "
         "new length every call) against each length repeated, in every contender's process",
     )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the contenders this many rounds, each contender in a new process every "
+        "round, the order reversed every other round: each round writes its own report "
+        "(<out>_r<k>.md, .jsonl) and <out>.md compares the rounds (the host's pace can move "
+        "between processes of one machine: a ratio holds within a round)",
+    )
     p.add_argument("--check", type=int, default=4, help="stream entries checked against eager")
     p.add_argument("--timeout", type=float, default=None, help="seconds per contender")
     p.add_argument("--same-process", action="store_true")
@@ -1490,28 +1505,154 @@ def main(argv: list[str] | None = None) -> int:
         f"({len(order)} distinct); contenders {', '.join(names)}; "
         f"cache {args.cache or 'fresh and empty'}"
     )
-    results = []
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
+    rounds: list[list[dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="fp-runtime-stream-") as tmp:
         run_cfg = {**cfg, "tmp": tmp}  # the empty plan cache lives here when no --cache
-        for name in names:
-            _say(f"{name}: starting")
-            t0 = time.perf_counter()
-            if args.same_process:
-                try:
-                    res = run_contender(run_cfg, name)
-                except Exception as e:
-                    res = {"contender": name, "error": f"{type(e).__name__}: {e}"[:500]}
-            else:
-                res = _run_in_child(
-                    run_cfg, name, Path(tmp), args.timeout or timeout, args.shared_inductor_cache
-                )
-            res.setdefault("process_wall_s", time.perf_counter() - t0)
-            _say(f"{name}: done in {res['process_wall_s']:.1f} s{' - ' + res.get('error', '')}")
-            results.append(res)
-            text = _write(out_md, meta, results, lengths)  # after each: a cut-off run keeps them
+        for k in range(1, args.repeats + 1):
+            results: list[dict[str, Any]] = []
+            rounds.append(results)
+            md_k = out_md if args.repeats == 1 else round_path(out_md, k)
+            meta_k = meta if args.repeats == 1 else {**meta, "round": k}
+            for name in names if k % 2 else names[::-1]:
+                _say(f"{name}: starting" + (f" (round {k}/{args.repeats})" if k > 1 else ""))
+                t0 = time.perf_counter()
+                if args.same_process:
+                    try:
+                        res = run_contender(run_cfg, name)
+                    except Exception as e:
+                        res = {"contender": name, "error": f"{type(e).__name__}: {e}"[:500]}
+                else:
+                    res = _run_in_child(
+                        run_cfg,
+                        name,
+                        Path(tmp),
+                        args.timeout or timeout,
+                        args.shared_inductor_cache,
+                    )
+                res.setdefault("process_wall_s", time.perf_counter() - t0)
+                _say(f"{name}: done in {res['process_wall_s']:.1f} s{' - ' + res.get('error', '')}")
+                results.append(res)
+                # after each contender: a cut-off run keeps what it measured
+                text = _write(md_k, meta_k, results, lengths)
+                if args.repeats > 1:
+                    text = _write_rounds(out_md, meta, args.repeats)
     print(text)
     _say(f"wrote {out_md} and {out_md.with_suffix('.jsonl')}")
-    return 0 if all("error" not in r for r in results) else 1
+    return 0 if all("error" not in r for results in rounds for r in results) else 1
+
+
+def round_path(out_md: Path, k: int) -> Path:
+    """Round k's own report beside the comparison of rounds (`--repeats`)."""
+    return out_md.with_name(f"{out_md.stem}_r{k}{out_md.suffix}")
+
+
+def _write_rounds(out_md: Path, meta: dict[str, Any], n: int) -> str:
+    """Write the comparison of the rounds written so far (`--repeats`) from their JSON
+    lines: <out>.md, and <out>.jsonl naming the rounds' files; the report."""
+    done = [round_path(out_md, k) for k in range(1, n + 1)]
+    done = [f.with_suffix(".jsonl") for f in done if f.with_suffix(".jsonl").exists()]
+    text = rounds_text(done)
+    out_md.write_text(text)
+    with out_md.with_suffix(".jsonl").open("w") as f:
+        f.write(json.dumps({**meta, "kind": "rounds", "rounds": [p.name for p in done]}) + "\n")
+    return text
+
+
+def planner_vs_best(sums: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The planner against the alternative with the shortest steady pass in one run: that
+    alternative, the steady-pass ratio, and the per-bucket steady median ratios' geometric
+    mean and worst; None without a planner or an alternative."""
+    steady = {c: s["steady_s"] for c, s in sums.items() if s}
+    alts = [c for c in ALTERNATIVES if c in steady]
+    if "planner" not in steady or not alts:
+        return None
+    best = min(alts, key=steady.__getitem__)
+    mine = sums["planner"]["steady_bucket_median_ms"]
+    theirs = sums[best]["steady_bucket_median_ms"]
+    ratios = [mine[b] / theirs[b] for b in mine if theirs.get(b)]
+    geo = math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else math.nan
+    return {
+        "best": best,
+        "steady": steady["planner"] / steady[best],
+        "bucket_geo": geo,
+        "bucket_worst": max(ratios, default=math.nan),
+    }
+
+
+def rounds_text(paths: list[Path]) -> str:
+    """The comparison of a run's rounds (`--repeats`), from each round's JSON lines: each
+    contender's steady pass and host time per call per round, the planner against the
+    best alternative within each round, and those ratios' median and range over the
+    rounds."""
+    if not paths:
+        return "No round has finished yet.\n"
+    per_round = []
+    meta: dict[str, Any] = {}
+    for path in paths:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        meta = next(r for r in rows if r.get("kind") == "meta")
+        res = [
+            {k: v for k, v in r.items() if k not in ("kind", "summary")}
+            for r in rows
+            if r.get("kind") == "contender"
+        ]
+        sums = {r["contender"]: summarize(r, meta["lengths"]) for r in res}
+        per_round.append((path, sums))
+    names = [c for c in CONTENDERS if any(sums.get(c) for _, sums in per_round)]
+    head = ["round", *(f"{TITLES[c]}: steady pass s, host ms per call" for c in names)]
+    head += [
+        "planner / best alternative: steady pass",
+        "per bucket, geometric mean",
+        "worst bucket",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    ratios: dict[str, list[float]] = {"steady": [], "bucket_geo": [], "bucket_worst": []}
+    for k, (path, sums) in enumerate(per_round, 1):
+        cells = [f"{k} (`{path.name}`)"]
+        for c in names:
+            s_c = sums.get(c) or {}
+            host = s_c.get("steady_host_median_ms")
+            cells.append(
+                f"{_fmt(s_c.get('steady_s'))}, {_fmt(host)}" if s_c else "failed or not run"
+            )
+        vs = planner_vs_best(sums)
+        if vs is None:
+            cells += ["n/a"] * 3
+        else:
+            for key in ratios:
+                ratios[key].append(vs[key])
+            cells += [
+                f"{vs['steady']:.2f} ({TITLES[vs['best']]})",
+                f"{vs['bucket_geo']:.2f}",
+                f"{vs['bucket_worst']:.2f}",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    spread = "; ".join(
+        f"{what} median {statistics.median(xs):.2f}, range {min(xs):.2f}..{max(xs):.2f}"
+        for what, xs in (
+            ("steady pass", ratios["steady"]),
+            ("per-bucket geometric mean", ratios["bucket_geo"]),
+            ("worst bucket", ratios["bucket_worst"]),
+        )
+        if xs
+    )
+    return (
+        f"# Runtime over a stream of sequence lengths, {len(per_round)} round(s)\n\n"
+        f"Produced by `{meta.get('command', '')}` ({meta.get('device_name', '')}, torch "
+        f"{meta.get('torch', '')}). Each round ran every contender in a new process, the "
+        "order reversed every other round; each round's own report is beside this file. A "
+        "ratio is taken within a round only (the host's pace can move between processes "
+        "of one machine).\n\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + (
+            f"Planner / best alternative over the rounds: {spread}.\n"
+            if spread
+            else "No round had both the planner and an alternative.\n"
+        )
+    )
 
 
 def _write(

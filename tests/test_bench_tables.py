@@ -454,3 +454,39 @@ def test_host_pace_table_lists_each_contender_process_with_its_passes(tmp_path):
     (line,) = [ln for ln in text.splitlines() if "fusion-planner backend" in ln]
     assert "| 0.500 / 0.900 | 3, 3 | 1 of 9, 1 of 9 |" in line  # the cold pass left out
     assert "eager" not in text
+
+
+def test_stream_rounds_compare_the_planner_with_the_best_alternative_within_each_round(tmp_path):
+    lengths = [100, 200]
+
+    def contender(name: str, ms: tuple[float, float]) -> dict:
+        passes = [
+            {"total_s": 9.0, "times_s": [1.0, 1.0], "host_s": [0.5, 0.5], "compiled": [True] * 2}
+        ] + [
+            {
+                "total_s": sum(ms) / 1e3,
+                "times_s": [m / 1e3 for m in ms],
+                "host_s": [m / 2e3 for m in ms],
+                "compiled": [False] * 2,
+            }
+        ] * 2
+        return {"kind": "contender", "contender": name, "passes": passes, "checks": []}
+
+    meta = {"kind": "meta", "lengths": lengths, "command": "python benchmarks/runtime_stream.py"}
+    paths = []
+    for k, (ro, planner) in enumerate((((1.0, 2.0), (0.5, 1.0)), ((1.0, 2.0), (2.0, 3.0))), 1):
+        rows = [meta, contender("eager", (9.0, 9.0)), contender("compile-ro", ro)]
+        rows.append(contender("planner", planner))
+        path = tmp_path / f"rs_r{k}.jsonl"
+        path.write_text("\n".join(json.dumps(r) for r in rows))
+        paths.append(path)
+    text = runtime_stream.rounds_text(paths)
+    # round 1: 1.5 ms against reduce-overhead's 3 ms; round 2: 5 against 3
+    assert "| 0.50 (torch.compile(reduce-overhead)) | 0.50 | 0.50 |" in text
+    assert "| 1.67 (torch.compile(reduce-overhead)) | 1.73 | 2.00 |" in text
+    assert "steady pass median 1.08, range 0.50..1.67" in text
+    assert "| 1 (`rs_r1.jsonl`) | 0.018, 4.500 | 0.003, 0.750 | 0.002, 0.375 |" in text
+    agg = tmp_path / "rs.jsonl"
+    agg.write_text(json.dumps({"kind": "rounds", "rounds": [p.name for p in paths]}))
+    assert runtime_stream.render_jsonl(agg) == text
+    assert runtime_stream.rounds_text([]) == "No round has finished yet.\n"
