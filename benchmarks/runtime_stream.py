@@ -27,6 +27,10 @@ as the build would, planner.runtime.specialize). Contenders:
   its own group) wherever it would realize a plan: the executor's share of the planner's
   speed-up, apart from the fusion's.
 
+With a tuned cache, after the passes each contender times every tuned bucket's
+representative, `--other-sizes` other lengths of each such bucket (each recurring first),
+and with `--rotation` each bucket's lengths called in turn against each repeated.
+
 `--from-jsonl FILE` re-renders the report of a committed JSON-lines file (no device).
 `--repeats N` runs the contenders in N rounds, each contender in a new process each round
 (the order reversed every other round): the host's pace can move between processes of one
@@ -1223,17 +1227,10 @@ def _per_bucket_text(sums: dict[str, dict[str, Any]]) -> str:
     """One line: the planner's steady median call per bucket over the best alternative's
     (the alternative with the shortest steady pass), their geometric mean and the worst
     bucket; empty without a planner or an alternative."""
-    steady = {c: s["steady_s"] for c, s in sums.items() if s}
-    alts = [c for c in ALTERNATIVES if c in steady]
-    if "planner" not in steady or not alts:
+    vs = planner_vs_best(sums)
+    if vs is None or not vs["ratios"]:
         return ""
-    best = min(alts, key=steady.__getitem__)
-    mine = sums["planner"]["steady_bucket_median_ms"]
-    theirs = sums[best]["steady_bucket_median_ms"]
-    ratios = {b: mine[b] / theirs[b] for b in mine if theirs.get(b)}
-    if not ratios:
-        return ""
-    geo = math.exp(statistics.fmean(math.log(r) for r in ratios.values()))
+    best, ratios, geo = vs["best"], vs["ratios"], vs["bucket_geo"]
     worst = max(ratios, key=ratios.__getitem__)
     each = ", ".join(
         f"{b} {r:.2f}" for b, r in sorted(ratios.items(), key=lambda kv: int(kv[0].split("-")[0]))
@@ -1562,8 +1559,8 @@ def _write_rounds(out_md: Path, meta: dict[str, Any], n: int) -> str:
 
 def planner_vs_best(sums: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The planner against the alternative with the shortest steady pass in one run: that
-    alternative, the steady-pass ratio, and the per-bucket steady median ratios' geometric
-    mean and worst; None without a planner or an alternative."""
+    alternative, the steady-pass ratio, the per-bucket steady median ratios (by bucket),
+    their geometric mean and the worst; None without a planner or an alternative."""
     steady = {c: s["steady_s"] for c, s in sums.items() if s}
     alts = [c for c in ALTERNATIVES if c in steady]
     if "planner" not in steady or not alts:
@@ -1571,13 +1568,14 @@ def planner_vs_best(sums: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     best = min(alts, key=steady.__getitem__)
     mine = sums["planner"]["steady_bucket_median_ms"]
     theirs = sums[best]["steady_bucket_median_ms"]
-    ratios = [mine[b] / theirs[b] for b in mine if theirs.get(b)]
-    geo = math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else math.nan
+    ratios = {b: mine[b] / theirs[b] for b in mine if theirs.get(b)}
+    logs = [math.log(r) for r in ratios.values()]
     return {
         "best": best,
         "steady": steady["planner"] / steady[best],
-        "bucket_geo": geo,
-        "bucket_worst": max(ratios, default=math.nan),
+        "ratios": ratios,
+        "bucket_geo": math.exp(statistics.fmean(logs)) if logs else math.nan,
+        "bucket_worst": max(ratios.values(), default=math.nan),
     }
 
 
