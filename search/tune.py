@@ -492,7 +492,9 @@ def tune_bucket(
         return min(ok, key=lambda c: c.measured.median_s, default=None)
 
     best, tp_note = fastest(), ""
-    if cfg.autotune_variant and best is not None and tp is None:
+    if cfg.autotune_variant and tp is not None:
+        progress("  --autotune is not tried on a tensor-parallel program's plans")
+    elif cfg.autotune_variant and best is not None:
         variant = autotuned(best)
         if variant is None:
             progress("  no group of the fastest plan offers a max-autotune realization")
