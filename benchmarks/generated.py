@@ -19,6 +19,7 @@ A generated block is the text between `<!-- generated:NAME -->` and
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -86,6 +87,23 @@ def _host_pace() -> str:
     from benchmarks import runtime_stream
 
     return runtime_stream.host_pace_text([RESULTS / f"{n}.jsonl" for n in HOST_PACE_RUNS])
+
+
+def _rounds(name: str, title: bool) -> Callable[[], str]:
+    """A `--repeats` run's comparison of its rounds, from the rounds' JSON lines."""
+
+    def render() -> str:
+        from benchmarks import runtime_stream
+
+        rows = (RESULTS / f"{name}.jsonl").read_text().splitlines()
+        rounds = json.loads(rows[0])["rounds"]
+        folder = (RESULTS / name).parent
+        return runtime_stream.rounds_text([folder / r for r in rounds], title=title)
+
+    return render
+
+
+ROUNDS = ("runtime_stream_gpt2_rounds_h200/runtime_stream_gpt2_rounds_h200",)
 
 
 def _raw(module: str, name: str) -> Callable[[], str]:
@@ -554,6 +572,7 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h200_r",
             "runtime_stream_gpt2_tuned_h200_t",
             *(f"host_pace_h200/stream_cpu_{k}" for k in (1, 2, 3)),
+            *(f"{ROUNDS[0]}_r{k}" for k in (1, 2)),
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
@@ -700,6 +719,16 @@ GENERATED: tuple[Generated, ...] = (
     ),
     Generated(
         "docs/runtime.md", _host_pace, "python benchmarks/generated.py", block="host_pace_h200"
+    ),
+    *(
+        Generated(f"benchmarks/results/{n}.md", _rounds(n, True), "python benchmarks/generated.py")
+        for n in ROUNDS
+    ),
+    Generated(
+        "docs/runtime.md",
+        _rounds(ROUNDS[0], False),
+        "python benchmarks/generated.py",
+        block="runtime_stream_gpt2_rounds_h200",
     ),
     *(
         Generated("docs/accuracy.md", _accuracy(t), "python docs/accuracy_figures.py", block=t)

@@ -1579,7 +1579,7 @@ def planner_vs_best(sums: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def rounds_text(paths: list[Path]) -> str:
+def rounds_text(paths: list[Path], title: bool = True) -> str:
     """The comparison of a run's rounds (`--repeats`), from each round's JSON lines: each
     contender's steady pass and host time per call per round, the planner against the
     best alternative within each round, and those ratios' median and range over the
@@ -1637,8 +1637,12 @@ def rounds_text(paths: list[Path]) -> str:
         if xs
     )
     return (
-        f"# Runtime over a stream of sequence lengths, {len(per_round)} round(s)\n\n"
-        f"Produced by `{meta.get('command', '')}` ({meta.get('device_name', '')}, torch "
+        (
+            f"# Runtime over a stream of sequence lengths, {len(per_round)} round(s)\n\n"
+            if title
+            else ""
+        )
+        + f"Produced by `{meta.get('command', '')}` ({meta.get('device_name', '')}, torch "
         f"{meta.get('torch', '')}). Each round ran every contender in a new process, the "
         "order reversed every other round; each round's own report is beside this file. A "
         "ratio is taken within a round only (the host's pace can move between processes "
