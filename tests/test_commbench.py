@@ -27,7 +27,7 @@ def test_two_gloo_ranks_form_a_group_and_reduce() -> None:
 def test_a_result_written_before_the_ranks_hang_is_kept() -> None:
     with pytest.warns(RuntimeWarning, match="did not exit"):
         # time to start on a loaded machine, as in the test below
-        assert run_ranks(2, "tests.tp_ranks:rank_then_stall", timeout_s=20) == [0.0, 2.0]
+        assert run_ranks(2, "tests.tp_ranks:rank_then_stall", timeout_s=15) == [0.0, 2.0]
 
 
 def test_a_hang_reports_where_each_rank_waits() -> None:
@@ -36,7 +36,7 @@ def test_a_hang_reports_where_each_rank_waits() -> None:
     # the deadline leaves the ranks time to start (import torch, join the group) on a
     # loaded machine: at 6 s, under the other test worker's load, a rank was still starting
     with pytest.raises(CommBenchError, match="still ran after") as e:
-        run_ranks(2, "tests.tp_ranks:both_stall", timeout_s=20)
+        run_ranks(2, "tests.tp_ranks:both_stall", timeout_s=15)
     assert "in both_stall" in str(e.value) and "tp_ranks.py" in str(e.value)
 
 
