@@ -856,12 +856,14 @@ def expected(entry: Generated, current: str) -> str:
     return pattern.sub(lambda m: m.group(1) + body + m.group(3), current, count=1)
 
 
-def stale(root: Path = ROOT, slow: bool = False) -> list[tuple[Generated, str]]:
-    """(entry, expected text of its file) for every entry whose file is out of date; the
-    slow entries only with `slow`."""
+def stale(
+    root: Path = ROOT, slow: bool = False, entries: tuple[Generated, ...] = GENERATED
+) -> list[tuple[Generated, str]]:
+    """(entry, expected text of its file) for every entry of `entries` (all by default)
+    whose file is out of date; the slow entries only with `slow`."""
     texts: dict[str, str] = {}
     out = []
-    for entry in GENERATED:
+    for entry in entries:
         if entry.slow and not slow:
             continue
         current = texts.get(entry.path)
