@@ -104,6 +104,29 @@ def load_profiles(paths: str | Path | Sequence[str | Path]) -> Profiles:
     return Profiles(tuple(rows), tuple(str(p) for p in paths))
 
 
+def data_paths(values: Sequence[str]) -> list[str]:
+    """The dataset files of a repeatable `--data` option whose values may each name several
+    files separated by commas ("a.parquet,b.parquet"), in the order given."""
+    return [p.strip() for v in values for p in str(v).split(",") if p.strip()]
+
+
+def load_device_profiles(paths: Sequence[str | Path], device: str) -> Profiles:
+    """load_profiles of `paths`, every one of which must hold rows of `device` only: rows
+    of files measured on different devices are concatenated only by mistake (a model is
+    relative to one device's roofline)."""
+    profiles = load_profiles(paths)  # says which file is missing or unreadable
+    for p in paths:
+        devices = sorted(
+            {str(d) for d in pq.read_table(p, columns=["device"])["device"].to_pylist()}
+        )
+        if devices != [device]:
+            raise CostModelError(
+                f"{p} holds rows of device(s) {devices}, expected only {device!r}; pass only "
+                f"files measured on {device!r} to --data, or the --device they were measured on"
+            )
+    return profiles
+
+
 def descriptor_of(row: Mapping[str, Any]) -> dict[str, Any]:
     """The `planner.features.group_descriptor` dict stored in a row's desc_* columns."""
     return {k[len(DESC_PREFIX) :]: v for k, v in row.items() if k.startswith(DESC_PREFIX)}

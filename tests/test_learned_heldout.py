@@ -188,6 +188,38 @@ def test_cost_heldout_cli_writes_a_study_the_report_shows(rows, tmp_path, capsys
     assert "unknown split 'nonsense'" in capsys.readouterr().err
 
 
+def test_cost_heldout_data_takes_comma_separated_files_of_one_device(rows, tmp_path, capsys):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cli.main import main
+    from learned_cost.data import group_rows, load_profiles
+
+    keep = [{k: v for k, v in r.items() if k not in ("architecture", "graph_group")} for r in rows]
+    half = len(keep) // 2
+    a, b, cpu = tmp_path / "a.parquet", tmp_path / "b.parquet", tmp_path / "cpu.parquet"
+    pq.write_table(pa.Table.from_pylist(keep[:half]), a)
+    pq.write_table(pa.Table.from_pylist(keep[half:]), b)
+    pq.write_table(pa.Table.from_pylist([{**r, "device": "cpu"} for r in keep[:half]]), cpu)
+    study = tmp_path / "s.json"
+    args = ["--device", "h100", "--split", "architecture", "--seeds", "0", "--folds", "2"]
+    args += ["--steps", "30", "--members", "1", "--gbt-trees", "10", "--stored-descriptors"]
+    assert main(["cost", "heldout", "--data", f"{a},{b}", *args, "--out", str(study)]) == 0
+    rec = json.loads(study.read_text())
+    # both files' rows (a row whose key came already is read once: load_profiles)
+    alone = [len(group_rows(load_profiles(f), device="h100")) for f in (a, b)]
+    both = len(group_rows(load_profiles([a, b]), device="h100"))
+    assert rec["n_group_rows"] == both and both > max(alone)
+    assert rec["data_files"] == [str(a), str(b)]
+    capsys.readouterr()
+    assert main(["cost", "heldout", "--data", f"{a},{tmp_path / 'no.parquet'}", *args]) == 2
+    assert "no.parquet does not exist" in capsys.readouterr().err
+    assert main(["cost", "heldout", "--data", f"{a},{cpu}", *args]) == 2
+    assert "holds rows of device(s) ['cpu'], expected only 'h100'" in capsys.readouterr().err
+
+
 def test_hardware_features_see_tile_and_wave_quantization():
     spec = get_spec("h100")
     g = graph("zoo:matmul", "M=130,K=100,N=128")

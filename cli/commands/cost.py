@@ -23,7 +23,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from learned_cost.data import group_rows, load_profiles
+from learned_cost.data import data_paths, group_rows, load_profiles
 from learned_cost.features import FEATURES, SCHEMA_HASH
 from learned_cost.persist import ModelMeta, load_model, read_meta
 from learned_cost.study.evaluate import MODELS
@@ -168,7 +168,7 @@ def run_heldout(args: argparse.Namespace) -> int:
         out.write_text(json.dumps(record, indent=1, default=float) + "\n")
 
     study = heldout_study(
-        args.data,
+        data_paths(args.data),
         device,
         cfg,
         limit_rows=args.limit_rows,

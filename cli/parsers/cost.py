@@ -91,7 +91,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="grouped CV by architecture and by graph group over several fold seeds, MLP form "
         "chosen by nested CV; writes a study JSON the report shows (learned_cost/study/heldout.py)",
     )
-    h.add_argument("--data", action="append", required=True, help="dataset-v1 Parquet")
+    h.add_argument(
+        "--data",
+        action="append",
+        required=True,
+        help="dataset-v1 Parquet of --device's rows; several files: comma-separated or "
+        "repeated (rows concatenated)",
+    )
     h.add_argument("--device", default=None, help="device spec of the rows to use")
     h.add_argument("--split", default="architecture,graph", help="default: %(default)s")
     h.add_argument("--seeds", default="0,1,2", help="fold seeds, comma-separated")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from learned_cost.data import group_rows, load_profiles, plan_rows
+from learned_cost.data import group_rows, load_device_profiles, plan_rows
 from learned_cost.persist import read_meta
 from learned_cost.study.baselines import GBTCorrection, RidgeCorrection
 from learned_cost.study.evaluate import TWINS
@@ -62,12 +62,13 @@ def heldout_study(
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     recapture: bool = True,
 ) -> dict[str, Any]:
-    """run_study on the usable rows of `device` in the dataset files `data` (every
-    `limit_rows`-th row only where given), with where the rows came from. Without
+    """run_study on the usable rows of `device` in the dataset files `data` (each must
+    hold rows of that device only; their rows are concatenated), every `limit_rows`-th
+    row only where given, with where the rows came from. Without
     `recapture`, group rows keep the descriptors stored when they were collected and plan
     rows are not scored (recapturing every graph is the slow part on a busy CPU)."""
-    profiles = load_profiles(data)
     spec = get_spec(device)
+    profiles = load_device_profiles(data, spec.name)
     graphs = graphs or GraphCache()
     step = limit_rows or 1
     rows = group_rows(profiles, device=spec.name)[::step]
