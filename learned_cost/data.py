@@ -111,18 +111,18 @@ def data_paths(values: Sequence[str]) -> list[str]:
 
 
 def load_device_profiles(paths: Sequence[str | Path], device: str) -> Profiles:
-    """load_profiles of `paths`, every one of which must hold rows of `device` only: rows
-    of files measured on different devices are concatenated only by mistake (a model is
-    relative to one device's roofline)."""
+    """load_profiles of `paths`, every one of which must hold rows of `device` (the rows of
+    other devices a file also holds are left out by the callers, which select by device);
+    a file without any is named, since it was passed by mistake."""
     profiles = load_profiles(paths)  # says which file is missing or unreadable
     for p in paths:
         devices = sorted(
             {str(d) for d in pq.read_table(p, columns=["device"])["device"].to_pylist()}
         )
-        if devices != [device]:
+        if device not in devices:
             raise CostModelError(
-                f"{p} holds rows of device(s) {devices}, expected only {device!r}; pass only "
-                f"files measured on {device!r} to --data, or the --device they were measured on"
+                f"{p} holds no rows of {device!r} (its rows are of {devices}); pass files "
+                f"measured on {device!r} to --data, or the --device they were measured on"
             )
     return profiles
 

@@ -63,7 +63,7 @@ def heldout_study(
     recapture: bool = True,
 ) -> dict[str, Any]:
     """run_study on the usable rows of `device` in the dataset files `data` (each must
-    hold rows of that device only; their rows are concatenated), every `limit_rows`-th
+    hold rows of that device; their rows are concatenated), every `limit_rows`-th
     row only where given, with where the rows came from. Without
     `recapture`, group rows keep the descriptors stored when they were collected and plan
     rows are not scored (recapturing every graph is the slow part on a busy CPU)."""
