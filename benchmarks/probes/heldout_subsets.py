@@ -20,101 +20,105 @@ import numpy as np
 from learned_cost.study import heldout, heldout_report
 from learned_cost.study.evaluate import group_metrics
 
-out_path = sys.argv[1]
-strip = "--strip-v4" in sys.argv[2 : sys.argv.index("--")]
-# --fixed-zoo-folds: the zoo architectures' folds are those of a zoo-only study (same seed),
-# and every other architecture is in training in every fold (outer and inner), never scored
-fixed = "--fixed-zoo-folds" in sys.argv[2 : sys.argv.index("--")]
-argv = sys.argv[sys.argv.index("--") + 1 :]
 
-V4_ONLY = (
-    "desc_op_bytes_read",
-    "desc_op_bytes_written",
-    "desc_anchor_tiles",
-    "desc_gemm_pad_ratio",
-    "desc_anchor_batch",
-    "desc_red_len_max",
-    "desc_red_rows_min",
-    "desc_red_noncontig",
-    "desc_n_reduction_shapes",
-)
-if strip:
-    _group_rows = heldout_report.group_rows
+def main() -> int:
+    out_path = sys.argv[1]
+    strip = "--strip-v4" in sys.argv[2 : sys.argv.index("--")]
+    # --fixed-zoo-folds: the zoo architectures' folds are those of a zoo-only study (same seed),
+    # and every other architecture is in training in every fold (outer and inner), never scored
+    fixed = "--fixed-zoo-folds" in sys.argv[2 : sys.argv.index("--")]
+    argv = sys.argv[sys.argv.index("--") + 1 :]
 
-    def group_rows(profiles, device=None, **kw):
-        return [
-            {k: v for k, v in r.items() if k not in V4_ONLY}
-            for r in _group_rows(profiles, device, **kw)
-        ]
-
-    heldout_report.group_rows = group_rows
-
-records = []
-_nested = heldout.nested_cv
-
-
-def nested_cv(rows, spec_for, **kw):
-    res = _nested(rows, spec_for, **kw)
-    cv = res.cv
-    zoo = np.array([str(r.get("model")).startswith("zoo:") for r in rows])
-    n_v4 = sum(any(k in r for k in V4_ONLY) for r in rows)
-    rec = {
-        "seed": kw.get("seed"),
-        "n_rows": len(rows),
-        "n_zoo": int(zoo.sum()),
-        "rows_with_v4_fields": n_v4,
-        "subsets": {},
-    }
-    for subset, mask in (("all", np.ones(len(rows), bool)), ("zoo", zoo), ("real", ~zoo)):
-        if not mask.any():
-            continue
-        rec["subsets"][subset] = {
-            name: asdict(
-                group_metrics(
-                    cv.predicted_s(name)[mask], cv.design.measured_s[mask], cv.graph_ids[mask]
-                )
-            )
-            for name in cv.oof_log_ratio
-        }
-    records.append(rec)
-    return res
-
-
-heldout.nested_cv = nested_cv
-
-if fixed:
-    _shuffled = heldout.shuffled_group_folds
-    _cross_validate = heldout.cross_validate
-
-    def is_zoo(keys):
-        return np.array([str(k).startswith("zoo.") for k in keys.tolist()])
-
-    def shuffled_group_folds(seed):
-        base = _shuffled(seed)
-
-        def split(keys, n_splits):
-            zoo = is_zoo(keys)
-            zi, ri = np.flatnonzero(zoo), np.flatnonzero(~zoo)
-            for tr, te in base(keys[zoo], n_splits):
-                yield np.sort(np.concatenate([zi[tr], ri])), zi[te]
-
-        return split
-
-    def cross_validate(rows, spec_for, **kw):
-        cv = _cross_validate(rows, spec_for, **kw)
-        cv.fold[~is_zoo(cv.design.groups)] = -1  # in every fold's training rows
-        return cv
-
-    heldout.shuffled_group_folds = shuffled_group_folds
-    heldout.cross_validate = cross_validate
-from cli.main import main  # noqa: E402
-
-rc = main(argv)
-with open(out_path, "w") as f:
-    json.dump(
-        {"argv": argv, "strip_v4": strip, "fixed_zoo_folds": fixed, "seeds": records},
-        f,
-        indent=1,
-        default=float,
+    V4_ONLY = (
+        "desc_op_bytes_read",
+        "desc_op_bytes_written",
+        "desc_anchor_tiles",
+        "desc_gemm_pad_ratio",
+        "desc_anchor_batch",
+        "desc_red_len_max",
+        "desc_red_rows_min",
+        "desc_red_noncontig",
+        "desc_n_reduction_shapes",
     )
-sys.exit(rc)
+    if strip:
+        _group_rows = heldout_report.group_rows
+
+        def group_rows(profiles, device=None, **kw):
+            return [
+                {k: v for k, v in r.items() if k not in V4_ONLY}
+                for r in _group_rows(profiles, device, **kw)
+            ]
+
+        heldout_report.group_rows = group_rows
+
+    records = []
+    _nested = heldout.nested_cv
+
+    def nested_cv(rows, spec_for, **kw):
+        res = _nested(rows, spec_for, **kw)
+        cv = res.cv
+        zoo = np.array([str(r.get("model")).startswith("zoo:") for r in rows])
+        n_v4 = sum(any(k in r for k in V4_ONLY) for r in rows)
+        rec = {
+            "seed": kw.get("seed"),
+            "n_rows": len(rows),
+            "n_zoo": int(zoo.sum()),
+            "rows_with_v4_fields": n_v4,
+            "subsets": {},
+        }
+        for subset, mask in (("all", np.ones(len(rows), bool)), ("zoo", zoo), ("real", ~zoo)):
+            if not mask.any():
+                continue
+            rec["subsets"][subset] = {
+                name: asdict(
+                    group_metrics(
+                        cv.predicted_s(name)[mask], cv.design.measured_s[mask], cv.graph_ids[mask]
+                    )
+                )
+                for name in cv.oof_log_ratio
+            }
+        records.append(rec)
+        return res
+
+    heldout.nested_cv = nested_cv
+
+    if fixed:
+        _shuffled = heldout.shuffled_group_folds
+        _cross_validate = heldout.cross_validate
+
+        def is_zoo(keys):
+            return np.array([str(k).startswith("zoo.") for k in keys.tolist()])
+
+        def shuffled_group_folds(seed):
+            base = _shuffled(seed)
+
+            def split(keys, n_splits):
+                zoo = is_zoo(keys)
+                zi, ri = np.flatnonzero(zoo), np.flatnonzero(~zoo)
+                for tr, te in base(keys[zoo], n_splits):
+                    yield np.sort(np.concatenate([zi[tr], ri])), zi[te]
+
+            return split
+
+        def cross_validate(rows, spec_for, **kw):
+            cv = _cross_validate(rows, spec_for, **kw)
+            cv.fold[~is_zoo(cv.design.groups)] = -1  # in every fold's training rows
+            return cv
+
+        heldout.shuffled_group_folds = shuffled_group_folds
+        heldout.cross_validate = cross_validate
+    from cli.main import main as cli_main
+
+    rc = cli_main(argv)
+    with open(out_path, "w") as f:
+        json.dump(
+            {"argv": argv, "strip_v4": strip, "fixed_zoo_folds": fixed, "seeds": records},
+            f,
+            indent=1,
+            default=float,
+        )
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
