@@ -169,14 +169,10 @@ def test_the_autotune_variant_compiles_each_gemm_group_with_max_autotune():
 
 def test_tune_measures_the_autotune_variant_and_stores_the_faster(tmp_path):
     torch.set_num_threads(1)
-    cfg = TuneConfig(
+    cfg = _cfg(
         spec=resolve("zoo:mlp", "D=16,HID=32,L=1"),
         dynamic="B=4..4",
-        strategy="priority",
         top_k=1,
-        compile_baseline=False,
-        budget_seconds=5.0,
-        timer=FAST_TIMER,
         prefer_eager=False,
         autotune_variant=True,
     )
