@@ -1166,33 +1166,38 @@ Per bucket (first call of the bucket in pass 1; median call of the steady state)
 """
 
 
-def render_jsonl(path: Path) -> str:
-    """The report of a committed JSON-lines file (a meta line, then one line per
-    contender), as the run that wrote it rendered it."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if rows and rows[0].get("kind") == "rounds":  # --repeats: the comparison of its rounds
-        return rounds_text([path.with_name(name) for name in rows[0]["rounds"]])
+def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run_of(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A run's JSON lines as (its meta line, each contender's result as run_contender
+    returned it: without the line's kind and derived summary)."""
     meta = next(r for r in rows if r.get("kind") == "meta")
     results = [
         {k: v for k, v in r.items() if k not in ("kind", "summary")}
         for r in rows
         if r.get("kind") == "contender"
     ]
-    return report(meta, results)
+    return meta, results
+
+
+def render_jsonl(path: Path) -> str:
+    """The report of a committed JSON-lines file (a meta line, then one line per
+    contender), as the run that wrote it rendered it."""
+    rows = _jsonl_rows(path)
+    if rows and rows[0].get("kind") == "rounds":  # --repeats: the comparison of its rounds
+        return rounds_text([path.with_name(name) for name in rows[0]["rounds"]])
+    return report(*_run_of(rows))
 
 
 def summary_jsonl(path: Path) -> str:
     """A few Markdown bullets of a committed run (for docs that quote it): what ran, each
     contender's steady speed-up over eager and its cold pass' extra seconds, and the
     planner's shares against the best alternative."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    meta = next(r for r in rows if r.get("kind") == "meta")
+    meta, results = _run_of(_jsonl_rows(path))
     lengths = meta["lengths"]
-    sums = {
-        r["contender"]: summarize({k: v for k, v in r.items() if k != "summary"}, lengths)
-        for r in rows
-        if r.get("kind") == "contender"
-    }
+    sums = {r["contender"]: summarize(r, lengths) for r in results}
     eager = sums.get("eager", {}).get("steady_s")
     ran = [c for c in CONTENDERS if sums.get(c)]
     speed = ", ".join(
@@ -1203,7 +1208,6 @@ def summary_jsonl(path: Path) -> str:
     shares = _shares(sums).strip()
     host = _host_text(sums).strip()
     per_bucket = _per_bucket_text(sums)
-    results = [r for r in rows if r.get("kind") == "contender"]
     vs_tuned = _vs_tuned_text(served_vs_tuned(meta, results))
     other = _other_line(served_other(meta, results))
     rotation = _rotation_line(results)
@@ -1312,9 +1316,8 @@ def host_pace_text(paths: list[Path]) -> str:
         "|---|---|---|---|---|",
     ]
     for path in paths:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        for r in rows:
-            if r.get("kind") != "contender" or "passes" not in r:
+        for r in _run_of(_jsonl_rows(path))[1]:
+            if "passes" not in r:
                 continue
             later = r["passes"][1:]
             host = " / ".join(
@@ -1589,13 +1592,7 @@ def rounds_text(paths: list[Path], title: bool = True) -> str:
     per_round = []
     meta: dict[str, Any] = {}
     for path in paths:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        meta = next(r for r in rows if r.get("kind") == "meta")
-        res = [
-            {k: v for k, v in r.items() if k not in ("kind", "summary")}
-            for r in rows
-            if r.get("kind") == "contender"
-        ]
+        meta, res = _run_of(_jsonl_rows(path))
         sums = {r["contender"]: summarize(r, meta["lengths"]) for r in res}
         per_round.append((path, sums))
     names = [c for c in CONTENDERS if any(sums.get(c) for _, sums in per_round)]
