@@ -565,6 +565,60 @@ def test_per_shape_graphs_compute_large_outputs_after_the_replay(monkeypatch):
         assert_close(got, want, tol=5e-2)
 
 
+def _handout_case():
+    """Static outputs like a language model's: logits, eight same-shape cache tensors, a
+    transposed view, an int and an output a deferred group computes."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11)
+    kv = [torch.randn(2, 3, 5, 4) for _ in range(8)]
+    t = torch.randn(4, 6).t()  # not contiguous: keeps its own strides
+    static = [logits, *kv, t, 7, None]
+    from_tail = [None] * 11 + [(3, 0)]
+    return static, from_tail
+
+
+def test_handout_copies_outputs_fresh_in_their_layouts_and_stacks_alike_ones():
+    from planner.realize.cudagraphs import _Handout
+
+    static, from_tail = _handout_case()
+    h = _Handout(static, from_tail, {})
+    assert [ix for ix, _ in h.stacks] == [list(range(1, 9))]  # the cache: one copy
+    assert h.singles == [0, 9]
+    deferred = torch.randn(3)
+    got = h(static, {3: [deferred]})
+    want = [o.clone() if isinstance(o, torch.Tensor) else o for o in static]
+    for o in static[:10]:
+        o.add_(100.0)  # the next replay overwrites the graph's buffers
+    assert got[10] == 7 and got[11] is deferred
+    for g, w in zip(got[:10], want[:10]):
+        assert torch.equal(g, w) and g.stride() == w.stride()
+
+
+def test_handout_outputs_can_be_modified_in_place_in_grad_mode():
+    from planner.realize.cudagraphs import _Handout
+
+    static, from_tail = _handout_case()
+    h = _Handout(static, from_tail, {})
+    with torch.no_grad():
+        got = h(static, {3: [torch.zeros(3)]})
+    w = torch.randn(4, requires_grad=True)
+    k = got[1]
+    k.mul_(w)  # a view made without grad: allowed because each output is detached
+    k.sum().backward()
+    assert torch.equal(w.grad, (static[1]).sum(dim=(0, 1, 2)))
+    assert torch.equal(got[2], static[2])  # its neighbour in the stack is untouched
+
+
+def test_handout_lays_out_outputs_owed_in_another_order():
+    from planner.realize.cudagraphs import _Handout
+
+    static, from_tail = _handout_case()
+    h = _Handout(static, from_tail, {9: (0, 1)})  # the caller is owed row-major
+    assert h.reorder == [(9, (0, 1))] and 9 not in h.singles
+    got = h(static, {3: [torch.zeros(3)]})
+    assert torch.equal(got[9], static[9]) and got[9].is_contiguous()
+
+
 class _FakeReplay:
     """Stands in for a CUDA graph on the CPU: counts captures, replays `fn`."""
 

@@ -34,12 +34,16 @@ class _GraphReplay:
     only returned to the caller. Where their outputs hold at least `TAIL_MIN_BYTES`, the
     graph records everything but them, remembering the static buffers they read; each
     call replays the graph, then runs them on those buffers, so their outputs are fresh
-    tensors and need no copy (an LM head's logits are most of a language model's output
+    tensors and need no copy (an LM head's logits can be most of a language model's output
     bytes). The static buffers are read right after the replay, on the same stream, before
-    any later replay can overwrite them.
+    any later replay can overwrite them. Running a group outside the graph costs host time
+    on every call, more than copying its output out at the sizes measured so far
+    (docs/runtime.md), so only outputs larger than any measured there are deferred.
+
+    The other outputs are handed back as `_Handout` works out once after recording.
     """
 
-    TAIL_MIN_BYTES = 16 << 20
+    TAIL_MIN_BYTES = 256 << 20
 
     def __init__(
         self,
@@ -114,6 +118,7 @@ class _GraphReplay:
             None if t is not None else o for o, t in zip(self.static_out, self.from_tail)
         )
         self.copy_outputs = copy_outputs
+        self.handout = _Handout(self.static_out, self.from_tail, self.out_orders)
         self.nbytes = sum(
             t.nbytes for t in (*self.static_in, *self.static_out) if isinstance(t, torch.Tensor)
         )
@@ -147,34 +152,73 @@ class _GraphReplay:
         if not self.copy_outputs:
             return self.static_out
         fresh = {g: _flat_tensors(impl(*self.tail_args[g])) for g, impl in self.tail_impls.items()}
-        out = [
-            fresh[t[0]][t[1]] if t is not None else self._copied(i, o)
-            for i, (o, t) in enumerate(zip(self.static_out, self.from_tail))
+        return self.handout(self.static_out, fresh)
+
+
+class _Handout:
+    """Hands a graph's outputs back as fresh tensors, the way worked out once from its
+    static outputs after recording (the host time of each call is what matters here):
+
+    - an output a deferred group computes (`from_tail[i]` = (group, output index)) is
+      taken from that group's fresh outputs;
+    - an output the plan owes the caller in another dimension order (`out_orders`) is
+      laid out in it, which copies it;
+    - contiguous outputs of one shape, dtype and device (a KV cache's keys and values)
+      are copied in one `torch.stack` and split with `unbind`: two calls instead of an
+      allocation per output. They share one storage (keeping one keeps the group's memory)
+      and are detached, so the caller may modify each in place, in grad mode too;
+    - the remaining tensors are allocated in their own layouts and copied with one
+      `_foreach_copy_`; anything else is returned as it is.
+    """
+
+    def __init__(
+        self,
+        static_out: Sequence[Any],
+        from_tail: Sequence[tuple[int, int] | None],
+        out_orders: Mapping[int, Sequence[int]],
+    ):
+        self.kept = [
+            o if not isinstance(o, torch.Tensor) and t is None else None
+            for o, t in zip(static_out, from_tail)
         ]
-        clones = [i for i, o in enumerate(out) if o is _CLONE]
-        if clones:  # one multi-tensor copy rather than a launch per output (a KV cache's)
-            src = [self.static_out[i] for i in clones]
-            dst = [torch.empty_like(o) for o in src]
-            torch._foreach_copy_(dst, src)
-            for i, t in zip(clones, dst):
+        self.tail = [(i, t[0], t[1]) for i, t in enumerate(from_tail) if t is not None]
+        self.reorder: list[tuple[int, Sequence[int]]] = []
+        clones: list[int] = []
+        for i, (o, t) in enumerate(zip(static_out, from_tail)):
+            if t is not None or not isinstance(o, torch.Tensor):
+                continue
+            order = out_orders.get(i)
+            if order is not None and layout.to_order(o, order).data_ptr() != o.data_ptr():
+                self.reorder.append((i, order))
+            else:
+                clones.append(i)
+        alike: dict[tuple[Any, ...], list[int]] = {}
+        for i in clones:
+            o = static_out[i]
+            if o.is_contiguous() and o.numel() > 0:
+                alike.setdefault((tuple(o.shape), o.dtype, o.device), []).append(i)
+        self.stacks = [(ix, [static_out[i] for i in ix]) for ix in alike.values() if len(ix) > 1]
+        stacked = {i for ix, _ in self.stacks for i in ix}
+        self.singles = [i for i in clones if i not in stacked]
+        self.single_src = [static_out[i] for i in self.singles]
+
+    def __call__(
+        self, static_out: Sequence[Any], fresh: Mapping[int, list[Any]]
+    ) -> tuple[Any, ...]:
+        out = list(self.kept)
+        for i, g, j in self.tail:
+            out[i] = fresh[g][j]
+        for i, order in self.reorder:
+            out[i] = layout.to_order(static_out[i], order)
+        for ix, src in self.stacks:
+            for i, t in zip(ix, torch.stack(src).unbind(0)):
+                out[i] = t.detach()
+        if self.singles:
+            dst = [torch.empty_like(t) for t in self.single_src]
+            torch._foreach_copy_(dst, self.single_src)
+            for i, t in zip(self.singles, dst):
                 out[i] = t
         return tuple(out)
-
-    def _copied(self, i: int, o: Any) -> Any:
-        """Output i out of the graph's buffers: in the layout the plan owes the caller
-        (`out_orders`), which is a copy where the layout changes, else `_CLONE` (cloned
-        with the other plain outputs in one copy)."""
-        if not isinstance(o, torch.Tensor):
-            return o
-        order = self.out_orders.get(i)
-        if order is not None:
-            fixed = layout.to_order(o, order)
-            if fixed.data_ptr() != o.data_ptr():
-                return fixed
-        return _CLONE
-
-
-_CLONE = object()  # marks an output `_GraphReplay` copies out with the others
 
 
 def _flat_tensors(outs: Any) -> list[Any]:
