@@ -7,22 +7,26 @@ One Hugging Face GPT-2 (benchmarks/models/gpt2.py) at one or more shapes, served
 `torch.compile(model, backend=fusion_planner_backend(cache), dynamic=True)` under each
 `--tail-mb` setting (the output size from which `_GraphReplay` runs an output-only group
 after the replay instead of copying its output out of the graph; 0 = as shipped) and by
-`torch.compile(model, mode="reduce-overhead", dynamic=True)`. After warm-up (each shape's
-CUDA graph recorded), the median over `--calls` calls of: the whole call's host time (from
-the call until it returned), the backend's graph call (`_PlannedGraph.__call__`), the
-realized plan's replay call (`_GraphReplay.__call__`), the graph replay itself
-(`CUDAGraph.replay`), and the whole call (synchronized). Layers are timed with
-`time.perf_counter` wrappers around those methods (about a microsecond each), so their
-figures are near the unprofiled ones.
+`torch.compile(model, mode="reduce-overhead", dynamic=True)`, each on its own copy of the
+model. After warm-up (each shape's CUDA graph recorded), the contenders are called in
+rounds, one call each per round, the order rotated every round, so that a change of the
+machine's pace in time falls on all of them alike; per contender, the median over
+`--calls` rounds of: the whole call's host time (from the call until it returned), the
+backend's graph call (`_PlannedGraph.__call__`), the realized plan's replay call
+(`_GraphReplay.__call__`), the graph replay itself (`CUDAGraph.replay`), and the whole
+call (synchronized), with host and whole call over reduce-overhead's. Layers are timed
+with `time.perf_counter` wrappers around those methods (about a microsecond each), so
+their figures are near the unprofiled ones.
 
 Then, on the last replayed graph's own outputs, the host time of ways to hand them back
-fresh: one `empty_like` per output and one `_foreach_copy_` (as shipped), and one `stack`
-per group of same-shape contiguous outputs followed by `unbind`. Prints Markdown.
+fresh: one `empty_like` per output and one `_foreach_copy_` (as before), and one `stack`
+per group of same-shape contiguous outputs followed by `unbind` (as `_Handout` does). Prints Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -69,21 +73,24 @@ def _install() -> None:
     _timed_method(torch.cuda.CUDAGraph, "replay", "replay")
 
 
-def _measure(fn, shapes, calls: int, sync) -> dict[str, float]:
-    """Median µs per call of the host time, each layer's time, and the whole call."""
-    rows: dict[str, list[float]] = defaultdict(list)
+def _interleaved(built, args, calls: int, sync) -> dict[str, dict[str, float]]:
+    """Per contender, median µs per call of the host time, each layer's time and the whole
+    call, over `calls` rounds of one call each, the order rotated every round."""
+    rows: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name, _ in built}
     for i in range(calls):
-        args = shapes[i % len(shapes)]
-        SPENT.clear()
-        t0 = time.perf_counter()
-        fn(*args)
-        t1 = time.perf_counter()
-        sync()
-        rows["whole call"].append(time.perf_counter() - t0)
-        rows["host"].append(t1 - t0)
-        for layer in LAYERS:
-            rows[layer].append(SPENT.get(layer, 0.0))
-    return {k: statistics.median(v) * 1e6 for k, v in rows.items()}
+        k = i % len(built)
+        for name, fn in built[k:] + built[:k]:
+            SPENT.clear()
+            t0 = time.perf_counter()
+            fn(*args)
+            t1 = time.perf_counter()
+            sync()
+            r = rows[name]
+            r["whole call"].append(time.perf_counter() - t0)
+            r["host"].append(t1 - t0)
+            for layer in LAYERS:
+                r[layer].append(SPENT.get(layer, 0.0))
+    return {name: {k: statistics.median(v) * 1e6 for k, v in r.items()} for name, r in rows.items()}
 
 
 def _copy_methods(outs: list[torch.Tensor], calls: int, sync) -> dict[str, float]:
@@ -177,34 +184,46 @@ def main(argv: list[str] | None = None) -> int:
     if cuda and not args.no_ro:
         variants.append(("reduce-overhead", None))
     print(f"# Served host time per call, by layer: GPT-2 on {dev} ({torch.__version__})\n")
-    print(f"{args.calls} calls per shape; median µs per call.\n")
+    print(
+        f"{args.calls} rounds per shape, each contender called once per round, the order "
+        "rotated every round (so a change of the machine's pace falls on every contender "
+        "alike); median µs per call.\n"
+    )
     table = []
     copies = {}
+    built = []
     with torch.no_grad():
-        for name, tail in variants:
-            torch._dynamo.reset()
+        for name, tail in variants:  # each on its own copy of the model: its own dynamo entry
+            own = copy.deepcopy(model)
             if tail is None:
-                fn = torch.compile(model, mode="reduce-overhead", dynamic=True)
+                fn = torch.compile(own, mode="reduce-overhead", dynamic=True)
             else:
-                cudagraphs._GraphReplay.TAIL_MIN_BYTES = tail
-                fn = torch.compile(model, backend=fusion_planner_backend(cache), dynamic=True)
+                cudagraphs._GraphReplay.TAIL_MIN_BYTES = tail  # read when a graph records
+                fn = torch.compile(own, backend=fusion_planner_backend(cache), dynamic=True)
             for bs in shapes:
                 LAST.clear()
                 for _ in range(10):  # compile, first run, graph recording, steady
                     fn(*inputs[bs])
                 sync()
-                row = _measure(fn, [inputs[bs]], args.calls, sync)
-                table.append((name, bs, row))
                 rep = LAST.get("replay")
                 if rep is not None:
                     outs = [o for o in rep.static_out if isinstance(o, torch.Tensor)]
                     copies[(name, bs)] = (len(outs), _copy_methods(outs, args.calls, sync))
             cudagraphs._GraphReplay.TAIL_MIN_BYTES = shipped
+            built.append((name, fn))
+        for bs in shapes:
+            rows = _interleaved(built, inputs[bs], args.calls, sync)
+            table.extend((name, bs, rows[name]) for name, _ in built)
     cols = ("host", *LAYERS, "whole call")
-    print("| contender | B,S | " + " | ".join(cols) + " |")
-    print("|---|---|" + "---:|" * len(cols))
+    ro = {bs: row for name, bs, row in table if name == "reduce-overhead"}
+    extra = " host / ro | whole / ro |" if ro else ""
+    print("| contender | B,S | " + " | ".join(cols) + " |" + extra)
+    print("|---|---|" + "---:|" * (len(cols) + (2 if ro else 0)))
     for name, bs, row in table:
         cells = " | ".join(f"{row[c]:.1f}" for c in cols)
+        if ro:
+            r = ro[bs]
+            cells += f" | {row['host'] / r['host']:.2f} | {row['whole call'] / r['whole call']:.2f}"
         print(f"| {name} | {bs[0]},{bs[1]} | {cells} |")
     print(
         "\n*host*: the call until it returned; *backend call*: the backend's graph "
