@@ -37,13 +37,14 @@ class _GraphReplay:
     tensors and need no copy (an LM head's logits can be most of a language model's output
     bytes). The static buffers are read right after the replay, on the same stream, before
     any later replay can overwrite them. Running a group outside the graph costs host time
-    on every call, more than copying its output out at the sizes measured so far
-    (docs/runtime.md), so only outputs larger than any measured there are deferred.
+    on every call, copying its output out costs device time: a call with small outputs is
+    bound by its host time, one with large outputs by the device, and `TAIL_MIN_BYTES`
+    is where the measured trade-off turns (docs/runtime.md, "Handing outputs back").
 
     The other outputs are handed back as `_Handout` works out once after recording.
     """
 
-    TAIL_MIN_BYTES = 256 << 20
+    TAIL_MIN_BYTES = 32 << 20
 
     def __init__(
         self,
