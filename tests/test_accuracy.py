@@ -186,6 +186,31 @@ def test_correct_bf16_llama_plan_passes_where_the_fixed_tolerance_failed():
 
 
 @pytest.mark.optional
+def test_check_callable_judges_each_leaf_of_a_cached_output_against_its_reference():
+    """A transformers output object holding a KV cache: every leaf (logits and each cached
+    key and value) meets its own float64 reference. A cache tensor three percent off is
+    within the fixed bf16 table (what a leaf without a reference would get) and is caught."""
+    from benchmarks.models import llama
+    from planner.realize.check import check_callable
+
+    model, (ids,) = llama.factory(1, 32, "tiny")
+    model = model.to(torch.bfloat16).eval()
+    bad, against = check_callable(model, model, (ids,))
+    assert bad is None and against == "float64 reference"
+
+    def corrupted(x):
+        out = model(x)
+        out.past_key_values.layers[0].keys.mul_(1.03)
+        return out
+
+    with torch.no_grad():
+        want, got = model(ids), corrupted(ids)
+    assert compare_outputs(want, got, torch.bfloat16) is None  # the fixed table misses it
+    bad, _ = check_callable(corrupted, model, (ids,))
+    assert bad is not None and bad.output > 0 and "vs float64" in bad.reason
+
+
+@pytest.mark.optional
 @pytest.mark.parametrize("how", ["scale", "swap"])
 def test_a_wrong_attention_kernel_falls_back_alone(how):
     module, inputs, c = llama_bf16(layers=2)

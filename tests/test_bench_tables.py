@@ -490,3 +490,12 @@ def test_stream_rounds_compare_the_planner_with_the_best_alternative_within_each
     agg.write_text(json.dumps({"kind": "rounds", "rounds": [p.name for p in paths]}))
     assert runtime_stream.render_jsonl(agg) == text
     assert runtime_stream.rounds_text([]) == "No round has finished yet.\n"
+
+
+def test_stream_report_names_the_accuracy_rule_its_checks_used():
+    meta = {"dtype": "bf16"}
+    new = [{"checks": [{"ok": True, "against": "float64 reference"}]}, {"checks": []}]
+    text = runtime_stream._check_rule_text(meta, new)
+    assert "higher precision" in text and "float64 reference" in text
+    old = [{"checks": [{"ok": False, "why": "values differ"}]}]  # runs before the field
+    assert "fixed tolerance for bf16" in runtime_stream._check_rule_text(meta, old)
