@@ -103,7 +103,10 @@ def _rounds(name: str, title: bool) -> Callable[[], str]:
     return render
 
 
-ROUNDS = ("runtime_stream_gpt2_rounds_h200/runtime_stream_gpt2_rounds_h200",)
+ROUNDS = (
+    "runtime_stream_gpt2_rounds_h200/runtime_stream_gpt2_rounds_h200",
+    "runtime_stream_gpt2_handout_h200/runtime_stream_gpt2_handout_h200",
+)
 
 
 def _raw(module: str, name: str) -> Callable[[], str]:
@@ -573,6 +576,8 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h200_t",
             *(f"host_pace_h200/stream_cpu_{k}" for k in (1, 2, 3)),
             *(f"{ROUNDS[0]}_r{k}" for k in (1, 2)),
+            *(f"{ROUNDS[1]}_r{k}" for k in (1, 2, 3)),
+            "runtime_stream_llama_handout_h200",
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
@@ -715,6 +720,7 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h200_q",
             "runtime_stream_gpt2_tuned_h200_r",
             "runtime_stream_gpt2_tuned_h200_t",
+            "runtime_stream_llama_handout_h200",
         )
     ),
     Generated(
@@ -724,11 +730,14 @@ GENERATED: tuple[Generated, ...] = (
         Generated(f"benchmarks/results/{n}.md", _rounds(n, True), "python benchmarks/generated.py")
         for n in ROUNDS
     ),
-    Generated(
-        "docs/runtime.md",
-        _rounds(ROUNDS[0], False),
-        "python benchmarks/generated.py",
-        block="runtime_stream_gpt2_rounds_h200",
+    *(
+        Generated(
+            "docs/runtime.md",
+            _rounds(n, False),
+            "python benchmarks/generated.py",
+            block=n.split("/")[0],
+        )
+        for n in ROUNDS
     ),
     *(
         Generated("docs/accuracy.md", _accuracy(t), "python docs/accuracy_figures.py", block=t)
