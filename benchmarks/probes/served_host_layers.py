@@ -170,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
 
     _install()
+    # every contender is its own cache entry of the same frames, and a batch size above 1
+    # is another: raise dynamo's limit so none of them runs uncompiled past it
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
     shipped = cudagraphs._GraphReplay.TAIL_MIN_BYTES
     cache = PlanCache(args.cache) if args.cache else None
     variants: list[tuple[str, object]] = []
