@@ -8,6 +8,7 @@ GPT-2 and BERT by default and for the rest with `-m slow`.
 
 from __future__ import annotations
 
+import copy
 import functools
 import warnings
 from typing import Any
@@ -139,6 +140,27 @@ def test_realized_plan_matches_eager(name):
     assert not rp.fallbacks, rp.fallbacks
     with torch.no_grad():
         assert_like_eager(name, rp(*built(name)[1]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_static_plans_keep_their_kernels_on_cuda(name):
+    """On CUDA, Inductor lays out the group holding a KV cache's first update (a `cat` with
+    an empty tensor) otherwise than eager: the group keeps its kernels and its output is
+    copied into the planned layout (its report says so), instead of running eagerly."""
+    module, inputs = built(name)
+    module = copy.deepcopy(module).to("cuda", torch.bfloat16)  # the CPU tests share built()
+    inputs = tuple(x.to("cuda") for x in inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cap = export_model(module, inputs, name=name)
+    obj = Objective(AnalyticalModel(get_spec("h100")))
+    plan = get_strategy("priority").plan(cap.graph, obj).partition
+    rp = realize(cap, plan, device="cuda")
+    assert not rp.fallbacks, rp.fallbacks
+    report = verify_against_eager(rp, module, inputs)
+    assert report.ok, report
 
 
 @pytest.mark.parametrize("name", cases("verify"))
