@@ -89,6 +89,14 @@ def _host_pace() -> str:
     return runtime_stream.host_pace_text([RESULTS / f"{n}.jsonl" for n in HOST_PACE_RUNS])
 
 
+def _real_rows() -> str:
+    """The real-model rows as training architectures: the probe's committed runs."""
+    import importlib
+
+    probe = importlib.import_module("benchmarks.probes.heldout_subsets")
+    return probe.render_text(ROOT / "learned_cost" / "studies" / "real_rows")
+
+
 def _rounds(name: str, title: bool) -> Callable[[], str]:
     """A `--repeats` run's comparison of its rounds, from the rounds' JSON lines."""
 
@@ -722,6 +730,12 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h200_t",
             "runtime_stream_llama_handout_h200",
         )
+    ),
+    Generated(
+        "docs/design_notes.md",
+        _real_rows,
+        "python benchmarks/probes/heldout_subsets.py --render learned_cost/studies/real_rows",
+        block="real_rows_subsets",
     ),
     Generated(
         "docs/runtime.md", _host_pace, "python benchmarks/generated.py", block="host_pace_h200"

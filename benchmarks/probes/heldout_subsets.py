@@ -9,19 +9,87 @@ dealer, group_rows) for one experiment, adding real-model rows as training archi
 --strip-v4: drop the descriptor fields only version-4 rows carry, so rows of both files are
 built from the same fields (older rows read a missing field as 0).
 --fixed-zoo-folds: the zoo architectures' folds are a zoo-only study's (same seed), and
-every other architecture is always in training, never scored."""
+every other architecture is always in training, never scored.
+
+    PYTHONPATH=. python benchmarks/probes/heldout_subsets.py --render learned_cost/studies/real_rows
+
+prints the committed runs' comparison (docs/learned_cost.md has it as a generated block)."""
 
 import json
+import statistics
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
-import numpy as np
+# the committed runs, in the order compared: what each one trained on
+RUNS = (
+    ("subsets_base", "zoo rows only"),
+    ("subsets_aug", "with the real-model rows, dealt into the folds as six more architectures"),
+    (
+        "subsets_fixed",
+        "with the real-model rows always in training; the zoo's folds as in the first",
+    ),
+    (
+        "subsets_fixedstrip",
+        "as the third, the rows' descriptor fields matched (no version-4 fields)",
+    ),
+)
+MODELS = ("gbt+twins", "mlp-mixed+twins", "mlp-free+twins")
+SUBSETS = (("zoo", "zoo architectures"), ("real", "real-model architectures"))
 
-from learned_cost.study import heldout, heldout_report
-from learned_cost.study.evaluate import group_metrics
+
+def render_text(folder: Path) -> str:
+    """A Markdown table of the committed runs in `folder`: per run and scored subset (the
+    real-model rows only where they were held out), each model's MAPE (mean and range over
+    the fold seeds) and within-graph Kendall tau (mean)."""
+
+    def cell(vals: list[float], pct: bool) -> str:
+        m = statistics.fmean(vals)
+        if pct:
+            return f"{100 * m:.1f}% ({100 * min(vals):.1f}..{100 * max(vals):.1f})"
+        return f"{m:.3f}"
+
+    head = "| training rows | scored | rows | " + " | ".join(
+        f"{m} MAPE | {m} tau within" for m in MODELS
+    )
+    lines = [head + " |", "|---|---|---|" + "---|---|" * len(MODELS)]
+    for name, what in RUNS:
+        run = json.loads((folder / f"{name}.json").read_text())
+        for key, label in SUBSETS:
+            if key == "real" and run.get("fixed_zoo_folds"):
+                continue  # always in training there: never predicted out of fold
+            seeds = [s for s in run["seeds"] if key in s["subsets"]]
+            if not seeds:
+                continue
+            n = seeds[0]["subsets"][key][MODELS[0]]["n"]
+            cells = []
+            for m in MODELS:
+                got = [s["subsets"][key][m] for s in seeds]
+                cells.append(cell([g["mape"] for g in got], True))
+                cells.append(cell([g["kendall_tau_within"] for g in got], False))
+            lines.append(f"| {what} (`{name}.json`) | {label} | {n} | " + " | ".join(cells) + " |")
+    seeds = sorted(
+        {
+            s["seed"]
+            for name, _ in RUNS
+            for s in json.loads((folder / f"{name}.json").read_text())["seeds"]
+        }
+    )
+    return (
+        f"Held out by architecture, fold seeds {seeds}; MAPE as mean (range) over the "
+        "seeds, tau within graph as mean.\n\n" + "\n".join(lines) + "\n"
+    )
 
 
 def main() -> int:
+    if sys.argv[1] == "--render":
+        print(render_text(Path(sys.argv[2])), end="")
+        return 0
+    import numpy as np
+
+    from learned_cost.study import heldout, heldout_report
+    from learned_cost.study.evaluate import group_metrics
+
     out_path = sys.argv[1]
     strip = "--strip-v4" in sys.argv[2 : sys.argv.index("--")]
     # --fixed-zoo-folds: the zoo architectures' folds are those of a zoo-only study (same seed),
