@@ -38,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.models import gpt2  # noqa: E402
+from benchmarks.probes.served_host_profile import gpt2_model  # noqa: E402
 from planner.plans.cache import PlanCache  # noqa: E402
 from planner.realize import cudagraphs  # noqa: E402
 from planner.runtime import backend as backend_mod  # noqa: E402
@@ -154,13 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     for part in args.shapes.split(";"):
         dims = dict(kv.split("=") for kv in part.split(","))
         shapes.append((int(dims["B"]), int(dims["S"])))
-    cuda = torch.cuda.is_available() and not args.quick
-    dev = "cuda" if cuda else "cpu"
-    b0, s0 = shapes[0]
-    model, _ = (gpt2.tiny if args.quick else gpt2.factory)(b0, s0)
-    model = model.to(dev).eval()
-    if cuda:
-        model = model.to(torch.bfloat16)
+    model, dev, cuda = gpt2_model(*shapes[0], args.quick)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     inputs = {bs: (torch.randint(0, vocab, bs, generator=gen).to(dev),) for bs in shapes}

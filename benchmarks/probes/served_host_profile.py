@@ -53,6 +53,18 @@ LAYERS = (
 )
 
 
+def gpt2_model(b: int, s: int, quick: bool) -> tuple[torch.nn.Module, str, bool]:
+    """GPT-2 in eval mode for probing: bf16 on CUDA where present (and not `quick`), else
+    the tiny config on the CPU; with its device name and whether it is CUDA."""
+    cuda = torch.cuda.is_available() and not quick
+    dev = "cuda" if cuda else "cpu"
+    model, _ = (gpt2.tiny if quick else gpt2.factory)(b, s)
+    model = model.to(dev).eval()
+    if cuda:
+        model = model.to(torch.bfloat16)
+    return model, dev, cuda
+
+
 def _timed(fn, shapes, calls: int, sync) -> tuple[float, float]:
     """Median host and whole time per call over `calls` calls, the inputs of `shapes` in turn."""
     host, whole = [], []
@@ -125,12 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         spread = (lo, hi)
     dims = dict(kv.split("=") for kv in args.shape.split(","))
     b, s = int(dims["B"]), int(dims["S"])
-    cuda = torch.cuda.is_available() and not args.quick
-    dev = "cuda" if cuda else "cpu"
-    model, _ = (gpt2.tiny if args.quick else gpt2.factory)(b, s)
-    model = model.to(dev).eval()
-    if cuda:
-        model = model.to(torch.bfloat16)
+    model, dev, cuda = gpt2_model(b, s, args.quick)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
 
