@@ -146,9 +146,10 @@ def test_realized_plan_matches_eager(name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_static_plans_keep_their_kernels_on_cuda(name):
-    """On CUDA, Inductor lays out the group holding a KV cache's first update (a `cat` with
-    an empty tensor) otherwise than eager: the group keeps its kernels and its output is
-    copied into the planned layout (its report says so), instead of running eagerly."""
+    """On CUDA, Inductor has laid out the group holding a KV cache's first update (a `cat`
+    with an empty tensor) otherwise than eager. Such a group keeps its kernels, its output
+    copied into the planned layout, instead of running eagerly: no group of the static
+    plan falls back, and the plan agrees with eager."""
     module, inputs = built(name)
     module = copy.deepcopy(module).to("cuda", torch.bfloat16)  # the CPU tests share built()
     inputs = tuple(x.to("cuda") for x in inputs)
