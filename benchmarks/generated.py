@@ -70,6 +70,12 @@ def _stream_summary(name: str) -> Callable[[], str]:
     return render
 
 
+# `--repeats` runs: each aggregate's path without its suffix (its rounds are beside it)
+ROUNDS = (
+    "runtime_stream_gpt2_rounds_h200/runtime_stream_gpt2_rounds_h200",
+    "runtime_stream_gpt2_handout_h200/runtime_stream_gpt2_handout_h200",
+)
+
 # Runs whose contender processes say how the host's pace moves between processes
 HOST_PACE_RUNS = (
     "runtime_stream_gpt2_tuned_h200_x",
@@ -87,6 +93,26 @@ def _host_pace() -> str:
     from benchmarks import runtime_stream
 
     return runtime_stream.host_pace_text([RESULTS / f"{n}.jsonl" for n in HOST_PACE_RUNS])
+
+
+# Runs on the H200s whose contenders include the planner and an alternative, in order
+SERVING_TARGET_RUNS = (
+    "runtime_stream_gpt2_tuned_h200_x",
+    "runtime_stream_llama_tuned_h200_x",
+    "runtime_stream_gpt2_tuned_h200_p",
+    "runtime_stream_gpt2_tuned_h200_q",
+    "runtime_stream_gpt2_tuned_h200_r",
+    "runtime_stream_gpt2_tuned_h200_t",
+    *(f"{ROUNDS[0]}_r{k}" for k in (1, 2)),
+    *(f"{ROUNDS[1]}_r{k}" for k in (1, 2, 3)),
+    "runtime_stream_llama_handout_h200",
+)
+
+
+def _serving_targets() -> str:
+    from benchmarks import runtime_stream
+
+    return runtime_stream.targets_text([RESULTS / f"{n}.jsonl" for n in SERVING_TARGET_RUNS])
 
 
 def _real_rows() -> str:
@@ -109,12 +135,6 @@ def _rounds(name: str, title: bool) -> Callable[[], str]:
         return runtime_stream.rounds_text([folder / r for r in rounds], title=title)
 
     return render
-
-
-ROUNDS = (
-    "runtime_stream_gpt2_rounds_h200/runtime_stream_gpt2_rounds_h200",
-    "runtime_stream_gpt2_handout_h200/runtime_stream_gpt2_handout_h200",
-)
 
 
 def _raw(module: str, name: str) -> Callable[[], str]:
@@ -739,6 +759,12 @@ GENERATED: tuple[Generated, ...] = (
     ),
     Generated(
         "docs/runtime.md", _host_pace, "python benchmarks/generated.py", block="host_pace_h200"
+    ),
+    Generated(
+        "docs/runtime.md",
+        _serving_targets,
+        "python benchmarks/generated.py",
+        block="serving_targets_h200",
     ),
     *(
         Generated(f"benchmarks/results/{n}.md", _rounds(n, True), "python benchmarks/generated.py")

@@ -1606,6 +1606,70 @@ def planner_vs_best(sums: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+# The serving targets each run is judged against: served / tuned (back to back, tune's
+# protocol) at the tuned buckets' representatives and at other sizes of those buckets,
+# the planner's per-bucket steady median call over the best alternative's (geometric
+# mean and worst bucket), and its host time per call over that alternative's.
+SERVING_TARGETS = {"rep": 1.05, "other": 1.10, "geo": 0.95, "worst": 1.02, "host": 1.0}
+
+
+def targets_text(paths: list[Path]) -> str:
+    """A Markdown table: per committed run (one process per contender, or one round of a
+    `--repeats` run), each serving target's figure and whether the run met it (the worst
+    tuned bucket or size for served / tuned); "not run" where the run has no such timing."""
+    t = SERVING_TARGETS
+    head = (
+        "| run | model | started | served / tuned, representatives, worst (<= {rep}) | "
+        "other sizes, worst (<= {other}) | planner / best alternative per bucket: geometric "
+        "mean (<= {geo}) | worst bucket (<= {worst}) | host time per call over the best "
+        "alternative's (<= {host}) |"
+    ).format(**t)
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    met: dict[str, list[bool]] = {k: [] for k in t}
+
+    def cell(key: str, x: float | None) -> str:
+        if x is None or math.isnan(x):
+            return "not run"
+        ok = x <= t[key]
+        met[key].append(ok)
+        return f"{x:.2f} {'met' if ok else '**missed**'}"
+
+    for path in paths:
+        meta, res = _run_of(_jsonl_rows(path))
+        sums = {r["contender"]: summarize(r, meta["lengths"]) for r in res}
+        vs = planner_vs_best(sums)
+        reps = [r["b2b_ratio"] for r in served_vs_tuned(meta, res)]
+        others = [r["b2b_ratio"] for r in served_other(meta, res)]
+        host = None
+        if vs is not None:
+            mine = sums["planner"].get("steady_host_median_ms")
+            theirs = sums[vs["best"]].get("steady_host_median_ms")
+            host = mine / theirs if mine and theirs else None
+        cells = [
+            cell("rep", max(reps) if reps else None),
+            cell("other", max(others) if others else None),
+            cell("geo", vs["bucket_geo"] if vs else None),
+            cell("worst", vs["bucket_worst"] if vs else None),
+            cell("host", host),
+        ]
+        model = Path(str(meta["model"]).split(":")[0]).stem
+        lines.append(
+            f"| `{path.name}` | {model} | {str(meta['date'])[:16]} | " + " | ".join(cells) + " |"
+        )
+    tally = "; ".join(
+        f"{what}: met in {sum(v)} of {len(v)} runs"
+        for what, v in (
+            ("representatives", met["rep"]),
+            ("other sizes", met["other"]),
+            ("geometric mean", met["geo"]),
+            ("worst bucket", met["worst"]),
+            ("host time", met["host"]),
+        )
+        if v
+    )
+    return "\n".join(lines) + "\n\n" + (f"Over these runs: {tally}.\n" if tally else "")
+
+
 def rounds_text(paths: list[Path], title: bool = True) -> str:
     """The comparison of a run's rounds (`--repeats`), from each round's JSON lines: each
     contender's steady pass and host time per call per round, the planner against the

@@ -499,3 +499,55 @@ def test_stream_report_names_the_accuracy_rule_its_checks_used():
     assert "higher precision" in text and "float64 reference" in text
     old = [{"checks": [{"ok": False, "why": "values differ"}]}]  # runs before the field
     assert "fixed tolerance for bf16" in runtime_stream._check_rule_text(meta, old)
+
+
+def test_serving_targets_are_judged_per_run_with_the_worst_bucket(tmp_path):
+    lengths = [100, 200]
+
+    def contender(name: str, ms: tuple[float, float], rep: dict | None = None) -> dict:
+        steady = {
+            "total_s": sum(ms) / 1e3,
+            "times_s": [m / 1e3 for m in ms],
+            "host_s": [m / 2e3 for m in ms],
+            "compiled": [False] * 2,
+        }
+        first = {
+            "total_s": 9.0,
+            "times_s": [1.0, 1.0],
+            "host_s": [0.5, 0.5],
+            "compiled": [True] * 2,
+        }
+        out = {"kind": "contender", "contender": name, "passes": [first, steady, steady]}
+        out["checks"] = []
+        if rep is not None:
+            out["rep_timing"] = rep
+        return out
+
+    tuned = [
+        {"pow2_bucket": "65-128", "range": [65, 128], "measured_ms": 1.0, "synced_ms": 1.2},
+        {"pow2_bucket": "129-256", "range": [129, 256], "measured_ms": 2.0, "synced_ms": 2.4},
+    ]
+    meta = {"kind": "meta", "lengths": lengths, "tuned": tuned, "model": "m.py:factory"}
+    meta["date"] = "2026-11-29 06:00:00"
+    paths = []
+    # run 1: the planner at half reduce-overhead's time, served as tuned; run 2: slower,
+    # and its second bucket served at 1.5x what tune stored
+    for k, (planner, b2b) in enumerate((((0.5, 1.0), (1.0, 2.0)), ((1.5, 3.0), (1.0, 3.0))), 1):
+        rep = {
+            "128": {"b2b_s": b2b[0] / 1e3, "synced_s": 1e-3, "static": ""},
+            "256": {"b2b_s": b2b[1] / 1e3, "synced_s": 2e-3, "static": ""},
+        }
+        rows = [meta, contender("compile-ro", (1.0, 2.0)), contender("planner", planner, rep)]
+        path = tmp_path / f"run{k}.jsonl"
+        path.write_text("\n".join(json.dumps(r) for r in rows))
+        paths.append(path)
+    text = runtime_stream.targets_text(paths)
+    assert (
+        "| `run1.jsonl` | m | 2026-11-29 06:00 | 1.00 met | not run | 0.50 met | 0.50 met |" in text
+    )
+    assert (
+        "| `run2.jsonl` | m | 2026-11-29 06:00 | 1.50 **missed** | not run | 1.50 **missed** |"
+        in text
+    )
+    tally = text.split("Over these runs:")[1]
+    assert "representatives: met in 1 of 2 runs" in tally and "other sizes" not in tally
