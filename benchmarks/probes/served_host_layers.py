@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/probes/served_host_layers.py --cache plans.sqlite
     PYTHONPATH=. python benchmarks/probes/served_host_layers.py --quick      # a CPU check
 
-One Hugging Face GPT-2 (benchmarks/models/gpt2.py) at one or more shapes, served by
+A Hugging Face text model of the real-model suite (`--model`, GPT-2 by default:
+benchmarks/models/gpt2.py) at one or more shapes, served by
 `torch.compile(model, backend=fusion_planner_backend(cache), dynamic=True)` under each
 `--tail-mb` setting (the output size from which `_GraphReplay` runs an output-only group
 after the replay instead of copying its output out of the graph; 0 = as shipped) and by
@@ -38,7 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.probes.served_host_profile import gpt2_model  # noqa: E402
+from benchmarks.probes.served_host_profile import text_model  # noqa: E402
 from planner.plans.cache import PlanCache  # noqa: E402
 from planner.realize import cudagraphs  # noqa: E402
 from planner.runtime import backend as backend_mod  # noqa: E402
@@ -138,6 +139,9 @@ def _copy_methods(outs: list[torch.Tensor], calls: int, sync) -> dict[str, float
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--model", default="gpt2", help="a text model of benchmarks/models (gpt2, llama, ...)"
+    )
     p.add_argument("--cache", default=None, help="a plan cache tuned for the model (else empty)")
     p.add_argument("--shapes", default="B=1,S=200", help="B=..,S=..[;B=..,S=..]")
     p.add_argument("--calls", type=int, default=300)
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     for part in args.shapes.split(";"):
         dims = dict(kv.split("=") for kv in part.split(","))
         shapes.append((int(dims["B"]), int(dims["S"])))
-    model, dev, cuda = gpt2_model(*shapes[0], args.quick)
+    model, dev, cuda = text_model(*shapes[0], args.quick, args.model)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     inputs = {bs: (torch.randint(0, vocab, bs, generator=gen).to(dev),) for bs in shapes}
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             variants.append((f"planner (tail from {v} MiB)", int(float(v) * (1 << 20))))
     if cuda and not args.no_ro:
         variants.append(("reduce-overhead", None))
-    print(f"# Served host time per call, by layer: GPT-2 on {dev} ({torch.__version__})\n")
+    print(f"# Served host time per call, by layer: {args.model} on {dev} ({torch.__version__})\n")
     print(
         f"{args.calls} rounds per shape, each contender called once per round, the order "
         "rotated every round (so a change of the machine's pace falls on every contender "

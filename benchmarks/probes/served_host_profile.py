@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import pstats
 import statistics
 import sys
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.host_overhead import top_text  # noqa: E402
-from benchmarks.models import gpt2  # noqa: E402
+from benchmarks.models import BY_NAME  # noqa: E402
 from planner.plans.cache import PlanCache  # noqa: E402
 from planner.runtime.backend import fusion_planner_backend  # noqa: E402
 
@@ -53,12 +54,21 @@ LAYERS = (
 )
 
 
-def gpt2_model(b: int, s: int, quick: bool) -> tuple[torch.nn.Module, str, bool]:
-    """GPT-2 in eval mode for probing: bf16 on CUDA where present (and not `quick`), else
-    the tiny config on the CPU; with its device name and whether it is CUDA."""
+def text_model(
+    b: int, s: int, quick: bool, name: str = "gpt2"
+) -> tuple[torch.nn.Module, str, bool]:
+    """A text model of the real-model suite (benchmarks/models: `name`'s factory, taking
+    B and S) in eval mode for probing: bf16 on CUDA where present (and not `quick`), else
+    its tiny config on the CPU; with its device name and whether it is CUDA."""
+    if name not in BY_NAME or BY_NAME[name].dim != "S":
+        text = sorted(n for n, m in BY_NAME.items() if m.dim == "S")
+        raise SystemExit(
+            f"--model takes a text model of the suite ({', '.join(text)}), got {name!r}"
+        )
+    module = importlib.import_module(f"benchmarks.models.{Path(BY_NAME[name].file).stem}")
     cuda = torch.cuda.is_available() and not quick
     dev = "cuda" if cuda else "cpu"
-    model, _ = (gpt2.tiny if quick else gpt2.factory)(b, s)
+    model, _ = (module.tiny if quick else module.factory)(b, s)
     model = model.to(dev).eval()
     if cuda:
         model = model.to(torch.bfloat16)
@@ -137,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         spread = (lo, hi)
     dims = dict(kv.split("=") for kv in args.shape.split(","))
     b, s = int(dims["B"]), int(dims["S"])
-    model, dev, cuda = gpt2_model(b, s, args.quick)
+    model, dev, cuda = text_model(b, s, args.quick)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
 
