@@ -110,6 +110,9 @@ def release_graphs() -> None:
 
 TEARDOWN_S = 30.0  # how long a rank waits for its process group's teardown
 STACK_DUMP_S = 1.0  # how long ranks that hung get to write their stacks before the kill
+# how long ranks get to start (import torch and the function, join the group) before a
+# call's own timeout starts counting: a loaded machine can take many seconds for it
+START_S = 120.0
 
 
 def leave_group(code: int, timeout_s: float = TEARDOWN_S) -> None:
@@ -170,6 +173,8 @@ def _rank_main(spec: str) -> None:
         timeout=datetime.timedelta(seconds=job["timeout_s"]),
         **kw,
     )
+    if job.get("ready"):
+        Path(job["ready"]).touch()  # the parent's timeout counts from here
     try:
         result = fn(rank, world, *job["args"])
         if rank == 0:
@@ -195,7 +200,9 @@ def run_ranks(
 
     `fn` is a module-level function (or its "module:name") and `args` JSON-able: each rank is a fresh Python
     process (`python -c`, so no caller's `__main__` is re-imported) that imports `fn` by
-    name."""
+    name. `timeout_s` counts from when every rank has joined the group; starting (Python,
+    torch, `fn`'s module, the group) has `START_S` of its own. Ranks still running at
+    either deadline are asked for their Python stacks, killed, and the error quotes them."""
     if world_size < 2:
         raise FusionPlannerError(f"a communication benchmark needs >= 2 ranks, got {world_size}")
     check_backend(backend, world_size)
@@ -206,6 +213,8 @@ def run_ranks(
         port = free_port()
         procs: list[tuple[subprocess.Popen, Any]] = []
         timed_out = False
+        readies = [os.path.join(tmp, f"ready{r}") for r in range(world_size)]
+        deadline: float | None = None  # set once every rank has joined the group
         try:
             for r in range(world_size):
                 spec = json.dumps(
@@ -216,7 +225,8 @@ def run_ranks(
                         "port": port,
                         "args": list(args),
                         "out": out,
-                        "timeout_s": timeout_s,
+                        "ready": readies[r],
+                        "timeout_s": timeout_s + START_S,
                         "backend": backend,
                     }
                 )
@@ -225,12 +235,15 @@ def run_ranks(
                 cmd = [sys.executable, "-c", code]
                 proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
                 procs.append((proc, log))
-            deadline = time.monotonic() + timeout_s
+            start_by = time.monotonic() + START_S
             # until all ended, one failed (the others would wait for it), or time is up
             while any(p.poll() is None for p, _ in procs):
                 if any(p.poll() not in (None, 0) for p, _ in procs):
                     break
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if deadline is None and all(os.path.exists(f) for f in readies):
+                    deadline = now + timeout_s
+                if now > (start_by if deadline is None else deadline):
                     timed_out = True
                     break
                 time.sleep(0.05)
@@ -260,7 +273,13 @@ def run_ranks(
         if timed_out or any(codes) or not os.path.exists(out):
             failed = next((r for r, c in enumerate(codes) if c not in ours), 0)
             tail = Path(tmp, f"rank{failed}.log").read_text()[-6000:]
-            why = f"still ran after {timeout_s:.0f} s" if timed_out else f"exited with {codes}"
+            if not timed_out:
+                why = f"exited with {codes}"
+            elif deadline is None:
+                joined = sum(os.path.exists(f) for f in readies)
+                why = f"did not all join the group within {START_S:.0f} s ({joined} joined)"
+            else:
+                why = f"still ran {timeout_s:.0f} s after joining the group"
             raise CommBenchError(
                 f"{world_size} {backend} ranks {why}; rank {failed}'s output:\n{tail}"
             )
