@@ -22,7 +22,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,10 +89,15 @@ HOST_PACE_RUNS = (
 )
 
 
-def _host_pace() -> str:
-    from benchmarks import runtime_stream
+def _over_runs(render: str, names: Sequence[str]) -> Callable[[], str]:
+    """A runtime_stream table (`render`, a function of paths) over several committed runs."""
 
-    return runtime_stream.host_pace_text([RESULTS / f"{n}.jsonl" for n in HOST_PACE_RUNS])
+    def run() -> str:
+        from benchmarks import runtime_stream
+
+        return getattr(runtime_stream, render)([RESULTS / f"{n}.jsonl" for n in names])
+
+    return run
 
 
 # Runs on the H200s whose contenders include the planner and an alternative, in order
@@ -107,12 +112,6 @@ SERVING_TARGET_RUNS = (
     *(f"{ROUNDS[1]}_r{k}" for k in (1, 2, 3)),
     "runtime_stream_llama_handout_h200",
 )
-
-
-def _serving_targets() -> str:
-    from benchmarks import runtime_stream
-
-    return runtime_stream.targets_text([RESULTS / f"{n}.jsonl" for n in SERVING_TARGET_RUNS])
 
 
 def _real_rows() -> str:
@@ -758,11 +757,14 @@ GENERATED: tuple[Generated, ...] = (
         block="real_rows_subsets",
     ),
     Generated(
-        "docs/runtime.md", _host_pace, "python benchmarks/generated.py", block="host_pace_h200"
+        "docs/runtime.md",
+        _over_runs("host_pace_text", HOST_PACE_RUNS),
+        "python benchmarks/generated.py",
+        block="host_pace_h200",
     ),
     Generated(
         "docs/runtime.md",
-        _serving_targets,
+        _over_runs("targets_text", SERVING_TARGET_RUNS),
         "python benchmarks/generated.py",
         block="serving_targets_h200",
     ),
