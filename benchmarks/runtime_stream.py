@@ -146,9 +146,10 @@ TUNED_NOTE = (
 
 def tuned_latencies(cache_url: str, dim: str) -> list[dict[str, Any]]:
     """The latency `fusion-plan tune` stored for each bucket plan of the cache: the
-    bucket's range of the varying size (the one dimension stored as a range), its pow2
+    bucket's range of the varying size (the one range its key stores, possibly on several
+    inputs: a BERT model's input_ids and attention_mask share their length), its pow2
     bucket here (by its largest size, the representative tune measured at) and the
-    stored measurement in ms."""
+    stored measurement in ms. A key with two different ranges is skipped."""
     from planner.plans.cache import PlanCache
 
     out = []
@@ -156,8 +157,8 @@ def tuned_latencies(cache_url: str, dim: str) -> list[dict[str, Any]]:
         for e in cache.entries():
             if e.measured_s is None or not e.bucket_key.startswith("bucket:"):
                 continue
-            dims = e.bucket_key.split(":", 1)[1].strip("[]").split(",")
-            ranges = [d for d in dims if "-" in d]
+            dims = e.bucket_key.split(":", 1)[1].replace("[", "").replace("]", "")
+            ranges = sorted({d for d in dims.replace(";", ",").split(",") if "-" in d})
             if len(ranges) != 1:
                 continue
             lo, hi = (int(x) for x in ranges[0].split("-"))

@@ -551,3 +551,19 @@ def test_serving_targets_are_judged_per_run_with_the_worst_bucket(tmp_path):
     )
     tally = text.split("Over these runs:")[1]
     assert "representatives: met in 1 of 2 runs" in tally and "other sizes" not in tally
+
+
+@pytest.mark.parametrize("name", ["llama_h200.sqlite", "bert_h200.sqlite"])
+def test_stream_reads_the_stored_latency_of_every_tuned_bucket(tmp_path, name):
+    """A cache tuned over S=128..512 has three bucket plans, whether the model takes one
+    input of that length (LLaMA) or two (BERT: input_ids and attention_mask)."""
+    import shutil
+
+    from benchmarks.generated import ROOT
+
+    db = tmp_path / name  # opening a SQLite cache may write journal files beside it
+    shutil.copy(ROOT / "benchmarks/results/caches" / name, db)
+    rows = runtime_stream.tuned_latencies(f"sqlite:///{db}", "S")
+    assert [r["range"] for r in rows] == [[128, 128], [129, 256], [257, 512]]
+    assert [r["pow2_bucket"] for r in rows] == ["65-128", "129-256", "257-512"]
+    assert all(r["measured_ms"] > 0 for r in rows)
