@@ -74,6 +74,7 @@ def _stream_summary(name: str) -> Callable[[], str]:
 ROUNDS = (
     "runtime_stream_gpt2_rounds_h200/runtime_stream_gpt2_rounds_h200",
     "runtime_stream_gpt2_handout_h200/runtime_stream_gpt2_handout_h200",
+    "runtime_stream_llama_rounds_h200/runtime_stream_llama_rounds_h200",
 )
 
 # Runs whose contender processes say how the host's pace moves between processes
@@ -111,6 +112,10 @@ SERVING_TARGET_RUNS = (
     *(f"{ROUNDS[0]}_r{k}" for k in (1, 2)),
     *(f"{ROUNDS[1]}_r{k}" for k in (1, 2, 3)),
     "runtime_stream_llama_handout_h200",
+    *(f"{ROUNDS[2]}_r{k}" for k in (1, 2)),
+    "runtime_stream_gpt2_max_h200",
+    "runtime_stream_gpt2_modes_h200",
+    "runtime_stream_bert_h200",
 )
 
 
@@ -605,6 +610,10 @@ GENERATED: tuple[Generated, ...] = (
             *(f"{ROUNDS[0]}_r{k}" for k in (1, 2)),
             *(f"{ROUNDS[1]}_r{k}" for k in (1, 2, 3)),
             "runtime_stream_llama_handout_h200",
+            *(f"{ROUNDS[2]}_r{k}" for k in (1, 2)),
+            "runtime_stream_gpt2_max_h200",
+            "runtime_stream_gpt2_modes_h200",
+            "runtime_stream_bert_h200",
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
@@ -748,6 +757,9 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h200_r",
             "runtime_stream_gpt2_tuned_h200_t",
             "runtime_stream_llama_handout_h200",
+            "runtime_stream_gpt2_max_h200",
+            "runtime_stream_gpt2_modes_h200",
+            "runtime_stream_bert_h200",
         )
     ),
     Generated(
