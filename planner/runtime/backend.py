@@ -65,6 +65,7 @@ log = logging.getLogger(__name__)
 # shape per token, and each write is a database round trip on the serving path.
 MISSES_PER_BUCKET = 8
 MEMO_MAX = 1 << 16  # distinct dynamic-size tuples remembered per graph
+STATE_LIFTS_MAX = 256  # module instances one dynamo graph is lifted for (one per instance)
 MAX_RUN_FAILURES = 3  # shapes a realization may fail on before its bucket runs eager
 # One realization at a time per process: Inductor's compile state is not made for two
 # compiles at once.
@@ -413,6 +414,19 @@ def fusion_planner_backend(
     )
 
 
+def _state_check(lifted: LiftedGraph) -> Callable[[tuple[Any, ...]], bool]:
+    """Whether a call passes the lift's own state tensors: identities compared on every
+    call, so it is kept to one C-level pass over the state's argument positions."""
+    positions = [p for p, _, _ in lifted.state]
+    state = [t for _, _, t in lifted.state]
+    if not state:
+        return lambda args: True
+    if len(state) == 1:
+        return lambda args: args[positions[0]] is state[0]
+    pick = operator.itemgetter(*positions)
+    return lambda args: all(map(operator.is_, pick(args), state))
+
+
 class _PlannedGraph:
     """Dynamo's graph, served per bucket. `__call__` is the hot path: one tuple of the
     dynamic sizes, one dict probe, then the chosen callable."""
@@ -421,6 +435,8 @@ class _PlannedGraph:
         self.backend, self.gm, self.lifted = backend, gm, lifted
         self._dyn = tuple((lifted.user_positions[i], a) for i, a in lifted.dynamic)
         self._consts = bool(lifted.constants)
+        self._same_state = _state_check(lifted)
+        self._instances: dict[tuple[int, ...], Callable[..., Any]] = {}
         self._memo: dict[tuple[int, ...], Callable[[tuple[Any, ...]], Any]] = {}
         self._realized: dict[str, Callable[[tuple[Any, ...]], Any]] = {}
         self._bucket_plans: dict[str, Plan] = {}  # plans realized symbolically, per bucket key
@@ -441,6 +457,8 @@ class _PlannedGraph:
     def __call__(self, *args: Any) -> Any:
         if self._consts and not self.lifted.fits(args):  # another value of an int argument
             return self.gm.forward(*args)
+        if not self._same_state(args):  # another instance of the module: its own lift
+            return self._for_state(args)(*args)
         sizes = tuple([args[p].shape[a] for p, a in self._dyn])
         fn = self._memo.get(sizes)
         if fn is None:
@@ -453,6 +471,8 @@ class _PlannedGraph:
         anyway runs it under autograd directly."""
         if self._consts and not self.lifted.fits(args):
             return self.gm.forward(*args)
+        if not self._same_state(args):
+            return self._for_state(args).call_with_grad(*args)
         sizes = tuple([args[p].shape[a] for p, a in self._dyn])
         fn = self._memo.get(sizes)
         if fn is None:
@@ -461,6 +481,24 @@ class _PlannedGraph:
         if fn == self._eager:
             return self.gm.forward(*args)
         return PlannedForward.apply(fn, self.gm.forward, *args)
+
+    def _for_state(self, args: tuple[Any, ...]) -> Callable[..., Any]:
+        """The planned graph of the module instance whose state `args` carry: dynamo reuses
+        one graph for every instance of a module class, while a lift bakes in one
+        instance's parameters. Each instance gets its own lift and realizations (each
+        against the compile budget); one that cannot be lifted, or past
+        `STATE_LIFTS_MAX` instances, runs dynamo's graph."""
+        key = self.lifted.state_key(args)
+        with self._lock:
+            other = self._instances.get(key)
+            if other is None:
+                lifted = self.lifted.rebind(args)
+                if lifted is None or len(self._instances) >= STATE_LIFTS_MAX:
+                    other = self.gm.forward
+                else:
+                    other = _PlannedGraph(self.backend, self.gm, lifted)
+                self._instances[key] = other
+        return other
 
     # -- the slow path: once per new dynamic-size tuple --
     def _eager(self, args: tuple[Any, ...]) -> Any:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -70,6 +70,12 @@ class LiftedGraph:
     `logits_to_keep`); a call with another value must run dynamo's graph instead.
     `per_shape`: the module holds DTensors; its capture is the rank program traced for
     one shape (planner.ir.capture_dtensor), so each shape is exported and realized alone.
+    `state`: (argument index, attribute of `module` or None, tensor) of every parameter,
+    buffer and 0-d float attribute baked into the module (None: read with `.item()` and
+    baked as a constant). Dynamo passes state as arguments and reuses one graph for every
+    instance of a module class (the repeated layers around a graph break, two models of
+    one class compiled with one backend), so a call whose state is other tensors than
+    these is another module's: `rebind` makes its lift.
     """
 
     module: fx.GraphModule
@@ -78,10 +84,49 @@ class LiftedGraph:
     user_names: tuple[str, ...]
     constants: tuple[tuple[int, int], ...] = ()
     per_shape: bool = False
+    state: tuple[tuple[int, str | None, torch.Tensor], ...] = ()
 
     def fits(self, args: Sequence[Any]) -> bool:
         """Whether a call's int arguments have the values baked into the module."""
         return all(args[p] == v for p, v in self.constants)
+
+    def state_key(self, args: Sequence[Any]) -> tuple[int, ...]:
+        """The identities of a call's state tensors (a key for its module's lift)."""
+        return tuple(id(args[p]) for p, _, _ in self.state)
+
+    def rebind(self, args: Sequence[Any]) -> LiftedGraph | None:
+        """This lift with a call's state tensors in place of the baked ones (the same graph
+        over another instance's parameters), or None when it cannot be: a state tensor of
+        another shape, dtype or kind, or a float attribute with another value."""
+        root = torch.nn.Module()
+        for name, value in self.module.named_parameters(recurse=False):
+            root.register_parameter(name, value)
+        for name, value in self.module.named_buffers(recurse=False):
+            root.register_buffer(name, value)
+        for name, value in vars(self.module).items():
+            if isinstance(value, DeviceMesh):
+                setattr(root, name, value)
+        state = []
+        for p, attr, old in self.state:
+            new = args[p]
+            if (
+                not isinstance(new, torch.Tensor)
+                or type(new) is not type(old)
+                or new.shape != old.shape
+                or new.dtype != old.dtype
+                or new.device != old.device
+            ):
+                return None
+            if attr is None:
+                if new is not old and new.item() != old.item():
+                    return None
+            elif isinstance(new, torch.nn.Parameter):
+                root.register_parameter(attr, new)
+            else:
+                root.register_buffer(attr, new)
+            state.append((p, attr, new))
+        module = fx.GraphModule(root, self.module.graph, class_name="LiftedDynamoGraph")
+        return replace(self, module=module, state=tuple(state))
 
 
 def _source_chain(node: fx.Node) -> list[Any]:
@@ -164,6 +209,7 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
     g = fx.Graph()
     env: dict[fx.Node, Any] = {}
     user: list[tuple[int, fx.Node, Any]] = []  # (argument index, new placeholder, fake value)
+    state: list[tuple[int, str | None, torch.Tensor]] = []  # see LiftedGraph.state
     symbols: list[tuple[int, fx.Node, Any, Any]] = []
     for pos, (node, real) in enumerate(zip(placeholders, example_inputs)):
         fake = node.meta.get("example_value", real)
@@ -194,9 +240,11 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
             ):
                 for u in node.users:  # a float attribute: bake it as the model's constant
                     env[u] = real.item()
+                state.append((pos, None, real))
                 continue
             else:
                 root.register_buffer(attr, real)
+            state.append((pos, attr, real))
             env[node] = g.get_attr(attr)
         else:
             if isinstance(real, DTensor):
@@ -280,6 +328,7 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
         tuple(p.name for _, p, _ in user),
         tuple(constants),
         per_shape=sharded,
+        state=tuple(state),
     )
 
 
