@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from learned_cost.online import Observation
 from planner import progress as progress_bars
@@ -381,6 +382,7 @@ def tune_bucket(
         ) from e
     captured = capture_for_serving(module, inputs, name=mspec.label)
     graph = captured.graph
+    served_spec, served_bucket = _in_served_order(spec, bucket, inputs, captured)
     objective = Objective(cost_model)
     t0 = time.perf_counter()
     cands = search_candidates(graph, objective, cfg, bucket.key, progress)
@@ -451,8 +453,8 @@ def tune_bucket(
                 label=c.strategy,
                 module=module,
                 inputs=tuple(inputs),
-                bucket=bucket,
-                bucket_spec=spec,
+                bucket=served_bucket,
+                bucket_spec=served_spec,
             )
             try:
                 m = runner.measure_plan(job)
@@ -543,19 +545,42 @@ def tune_bucket(
         if best.tensor_parallel is not None:  # what the notes say of the decision
             plan = dataclasses.replace(plan, notes="; ".join(n for n in (plan.notes, tp_note) if n))
         if cache is not None:
-            stored = _store(cache, plan, spec, bucket, mspec.label, progress)
+            stored = _store(cache, plan, served_spec, served_bucket, mspec.label, progress)
             alias = _inside_alias(module, inputs, bucket, graph, plan, mspec.label)
             if alias is not None:
                 progress(
                     f"  the model traces into other ops inside the bucket than at {params}: "
                     "the plan is stored for those ops too"
                 )
-                _store(cache, alias, spec, bucket, mspec.label, progress)
+                _store(cache, alias, served_spec, served_bucket, mspec.label, progress)
         else:
             stored = "not stored (no cache)"
     return BucketResult(
         bucket, params, plan, tuple(measured), eager, compiled, search_s, realize_s, stored, tp_note
     )
+
+
+def _in_served_order(
+    spec: BucketSpec, bucket: Bucket, inputs: tuple[Any, ...], captured: Any
+) -> tuple[BucketSpec, Bucket]:
+    """`spec` and `bucket` over the inputs numbered as the served capture takes them.
+
+    The spec numbers the example call's tensors in the order they were passed; the
+    runtime backend numbers them in the order dynamo's graph first uses them (and drops
+    one it never reads), and looks plans up in that order. Stored in the call's order, a
+    plan of a model that reads a later argument first (a `transformers` encoder-decoder
+    called with keyword arguments reads `decoder_input_ids` first) would never be found.
+    The two orders are matched by tensor identity; where they cannot be, unchanged."""
+    leaves = [x for x in pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor)]
+    served = list(captured.example_inputs)
+    if len(leaves) != len(bucket.dims):
+        return spec, bucket
+    order = [next((j for j, y in enumerate(served) if y is x), None) for x in leaves]
+    if order == list(range(len(served))):
+        return spec, bucket
+    if any(j not in order for j in range(len(served))):  # an input not passed as it is
+        return spec, bucket
+    return spec.renumbered(order), bucket.renumbered(order, len(served))
 
 
 def _store(

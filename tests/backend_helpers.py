@@ -45,3 +45,19 @@ def run_shapes(compiled, module, sizes, d=32, b=2) -> None:
         x = torch.randn(b, s, d)
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), module(x), rtol=1e-4, atol=1e-5)
+
+
+class ReadsLastFirst(torch.nn.Module):
+    """`forward(memory, tokens)` uses `tokens` first (as a `transformers` encoder-decoder
+    called with keyword arguments reads `decoder_input_ids` first): dynamo numbers the
+    inputs tokens, memory, the call memory, tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(32, 32)
+        self.kv = torch.nn.Linear(32, 32)
+
+    def forward(self, memory, tokens):
+        q = torch.relu(self.q(tokens * 2))
+        k = torch.tanh(self.kv(memory))
+        return torch.softmax(q @ k.transpose(1, 2), -1) @ k

@@ -172,3 +172,18 @@ def test_spec_json_round_trip_and_errors():
 def test_exact_key_is_stable_text():
     assert exact_key([(8, 300, 768)]) == "[8,300,768]"
     assert exact_key([[2, 3], [4]]) == "[2,3];[4]"
+
+
+def test_a_spec_renumbered_to_the_served_input_order_finds_the_same_bucket():
+    """Inputs (ids, mask, decoder ids) served in the order (decoder ids, ids, mask): the
+    renumbered spec and bucket describe the same shapes in the served order."""
+    spec = BucketSpec.uniform((DynamicDim("S", 2, 1),), Pow2(9, 16))
+    call = [(2, 12), (2, 12), (2, 16)]
+    (bucket,) = spec.buckets(call)
+    order = [1, 2, 0]
+    served = [call[2], call[0], call[1]]
+    moved = spec.renumbered(order)
+    assert moved.dims == (DynamicDim("S", 0, 1),)
+    assert moved.bucket_of(served) == bucket.renumbered(order, 3)
+    assert bucket.renumbered(order, 3).key == "[2,9-16];[2,12];[2,12]"
+    assert spec.renumbered([0, 1, None]).dims == ()  # the input that varied is gone

@@ -26,6 +26,7 @@ from planner.realize.realizer import realize
 from planner.runtime.backend import PlannerRuntimeWarning, fusion_planner_backend
 from planner.runtime.grad import recompute_blocker
 from planner.runtime.graph import capture_for_serving
+from tests.backend_helpers import ReadsLastFirst
 from zoo.modelspec import resolve
 
 transformers = pytest.importorskip("transformers")
@@ -287,6 +288,38 @@ def test_fusion_plan_tune_stores_a_plan_the_backend_serves(tmp_path):
     assert be.stats.bucket == 2 and be.stats.default == 0, be.stats
     (plan,) = realizer.plans
     assert plan.strategy != "default" and plan.measured_s is not None
+    assert PlanCache(url).tuning_queue() == []
+
+
+READS_LAST_FIRST = """
+import torch
+
+from tests.backend_helpers import ReadsLastFirst
+
+
+def factory(B=2, S=16):
+    torch.manual_seed(0)
+    return ReadsLastFirst().eval(), {"memory": torch.randn(B, 6, 32), "tokens": torch.randn(B, S, 32)}
+"""
+
+
+def test_a_plan_is_found_for_a_model_that_reads_a_later_argument_first(tmp_path):
+    """The dynamic dim is on the second keyword argument, which forward uses first: the
+    runtime numbers inputs in that order, so tune stores the bucket and its spec that way
+    (before, the stored bucket was keyed in the call's order and every shape missed)."""
+    url, _, _, _, _ = _tuned_then_served(tmp_path, "rlf", READS_LAST_FIRST, "--keep-fused")
+    torch.manual_seed(0)
+    module = ReadsLastFirst().eval()
+    realizer = ProgramRealizer()
+    be = fusion_planner_backend(PlanCache(url), realizer=realizer)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    memory = torch.randn(2, 6, 32)
+    with torch.no_grad():
+        for s in (16, 12):
+            tokens = torch.randn(2, s, 32)
+            got = compiled(memory=memory, tokens=tokens)
+            assert_same_outputs(got, module(memory=memory, tokens=tokens))
+    assert be.stats.bucket == 2 and be.stats.default == 0, be.stats
     assert PlanCache(url).tuning_queue() == []
 
 

@@ -286,6 +286,15 @@ class Bucket:
                     return False
         return True
 
+    def renumbered(self, order: Sequence[int | None], n_inputs: int) -> Bucket:
+        """This bucket over `n_inputs` inputs renumbered: input i becomes input `order[i]`
+        (None: the input is gone). See `BucketSpec.renumbered`."""
+        dims: list[tuple[int | tuple[int, int], ...]] = [()] * n_inputs
+        for i, shape in enumerate(self.dims):
+            if i < len(order) and order[i] is not None:
+                dims[order[i]] = shape
+        return Bucket(tuple(dims))
+
     def ranges(self) -> dict[int, dict[int, tuple[int, int]]]:
         """{input: {axis: (lo, hi)}}: the form `capture_dynamic.export_dynamic` takes."""
         out: dict[int, dict[int, tuple[int, int]]] = {}
@@ -359,6 +368,20 @@ class BucketSpec:
                     dims[i][a] = r  # type: ignore[call-overload]
             out.append(Bucket(tuple(tuple(s) for s in dims)))
         return tuple(out)
+
+    def renumbered(self, order: Sequence[int | None]) -> BucketSpec:
+        """This spec with input i renumbered `order[i]` (None: the input is gone, and its
+        dynamic dims with it). The runtime numbers a model's inputs in the order its graph
+        first uses them (dynamo's), which need not be the order they were passed in (a
+        `transformers` BART called with `input_ids, attention_mask, decoder_input_ids`
+        reads `decoder_input_ids` first): a spec written over the call's order is
+        renumbered before it is stored for the runtime."""
+        kept = [
+            (DynamicDim(d.name, order[d.input], d.axis), p)
+            for d, p in zip(self.dims, self.policies)
+            if d.input < len(order) and order[d.input] is not None
+        ]
+        return BucketSpec(tuple(d for d, _ in kept), tuple(p for _, p in kept))
 
     def representative_params(self, bucket: Bucket) -> dict[str, int]:
         """{dim name: size} of `bucket`'s representative, e.g. {"S": 512}: the shape
