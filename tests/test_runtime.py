@@ -503,3 +503,45 @@ def test_a_bucket_queues_a_bounded_number_of_new_shapes(cache, monkeypatch):
     run_shapes(compiled, module, shapes)
     assert be.stats.default == len(shapes)
     assert be.stats.queued == runtime.MISSES_PER_BUCKET == len(cache.tuning_queue()) < len(shapes)
+
+
+class _Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * grad
+
+
+class _WithFunction(torch.nn.Module):
+    """A custom autograd.Function between two layers (as `transformers` BLOOM's GELU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(_Cube.apply(self.a(x)))
+
+
+def test_a_custom_autograd_function_in_grad_mode_runs_as_traced_and_says_why():
+    """In grad mode dynamo keeps the Function as a higher-order op over subgraphs, which
+    the runtime does not plan: one warning that names it, eager's outputs and gradients."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _WithFunction()
+    x = torch.randn(2, 5, 8)
+    model(x).pow(2).sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    backend = fusion_planner_backend(None, record_misses=False)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with pytest.warns(PlannerRuntimeWarning, match="higher-order op .*autograd.Function"):
+        compiled(x).pow(2).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want[n], rtol=1e-4, atol=1e-5, msg=n)
+    torch._dynamo.reset()

@@ -310,6 +310,14 @@ def lift_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> LiftedGraph:
                 root.register_buffer(attr, value)
             elif isinstance(value, DeviceMesh):  # torch releases that keep the mesh a constant
                 setattr(root, attr, value)
+            elif isinstance(value, torch.nn.Module):
+                users = ", ".join(sorted({str(u.target) for u in node.users}))
+                raise LiftError(
+                    f"dynamo's graph calls a higher-order op ({users}) with the subgraph "
+                    f"{node.target} (a custom torch.autograd.Function in grad mode, or "
+                    "another wrapped region): the runtime plans plain ops only, so this "
+                    "graph runs as dynamo traced it"
+                )
             else:
                 raise LiftError(f"dynamo's graph reads a non-tensor attribute {node.target}")
             env[node] = g.get_attr(attr)
