@@ -556,3 +556,35 @@ def test_serving_capture_has_one_key_under_no_grad_and_inference_mode():
         assert "aten.detach.default" not in ops
         keys[mode.__name__] = captured.graph.structure_key
     assert keys["no_grad"] == keys["inference_mode"]
+
+
+@pytest.mark.slow
+def test_a_group_that_reads_a_size_of_its_own_value_realizes_over_a_bucket():
+    """MobileViT's unfolding reshapes by a size read off a view the same group makes; over
+    a symbolic bucket that size is a free node both input to the group and computed from
+    it, so no top-level order existed ("value _unsafe_view is needed before it is
+    produced") and the bucket ran dynamo's graph. It now runs inside the group. Groups
+    run as their FX graphs (no Inductor): the cut is what is tested. About 2 minutes."""
+    import functools
+
+    import transformers as T
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = T.MobileViTConfig(
+        image_size=32,
+        hidden_sizes=[16, 24, 32],
+        neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+        num_attention_heads=2,
+    )
+    model = T.MobileViTModel(cfg).eval()
+    as_traced = functools.partial(realize, compiler=lambda gm, fakes, fake_mode: gm.forward)
+    be = fusion_planner_backend(None, record_misses=False, realizer=as_traced)
+    compiled = torch.compile(model, backend=be, dynamic=True)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        for b in (4, 3):
+            x = torch.randn(b, 3, 32, 32)
+            assert_same_outputs(compiled(x), model(x))
+    assert be.stats.realized >= 1 and not be.stats.fallbacks, be.stats
+    torch._dynamo.reset()

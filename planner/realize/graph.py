@@ -220,6 +220,7 @@ def group_graphs(
             members[g].append(node)
         for c in parts.copied_into.get(node.name, ()):
             members[c].append(node)
+    own_free = _own_free_nodes(parts, members)
     computed = [{n.name for n in nodes} for nodes in members]
 
     def read_elsewhere(n: fx.Node, g: int) -> bool:
@@ -256,7 +257,11 @@ def group_graphs(
         for n in nodes:
             env[n] = sub.node_copy(n, env.__getitem__)
             env[n].meta = dict(n.meta)
-        outputs = [n for n in nodes if n.name not in copies and read_elsewhere(n, g)]
+        outputs = [
+            n
+            for n in nodes
+            if n.name not in copies and n not in own_free[g] and read_elsewhere(n, g)
+        ]
         for n in outputs:
             if not isinstance(n.meta.get("val"), torch.Tensor):
                 raise PlanError(
@@ -275,6 +280,35 @@ def group_graphs(
                 fakes=tuple(_fake_of(a) for a in inputs),
             )
         )
+    return out
+
+
+def _own_free_nodes(parts: ProgramParts, members: list[list[fx.Node]]) -> list[set[fx.Node]]:
+    """Per group, the free nodes it reads that are computed from its own values (added to
+    `members` in program order): they run inside the group.
+
+    Over a symbolic bucket a size can be read off a tensor a group makes and then be used
+    by the same group (MobileViT's unfolding reshapes by `sym_size` of its own view). As a
+    free node it would run at the top level before the group (it is the group's input)
+    and after it (it reads the group's value): no order of the program does both."""
+    memo: dict[str, frozenset[int]] = {}
+    position = {n: i for i, n in enumerate(parts.gm.graph.nodes)}
+    out: list[set[fx.Node]] = []
+    for g, nodes in enumerate(members):
+        inside = set(nodes)
+        found: set[fx.Node] = set()
+        todo = [a for n in nodes for a in n.all_input_nodes if a not in inside]
+        while todo:
+            a = todo.pop()
+            if a in found or a in inside or a.op != "call_function":
+                continue
+            if a.name in parts.group_of or g not in _deps(parts, a.name, memo):
+                continue
+            found.add(a)
+            todo.extend(a.all_input_nodes)
+        if found:
+            members[g] = sorted(inside | found, key=position.__getitem__)
+        out.append(found)
     return out
 
 
