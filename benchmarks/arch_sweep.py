@@ -6,6 +6,10 @@ path on this machine's CPU (fp32): `fusion-plan tune`, then the model served by
     PYTHONPATH=. python benchmarks/arch_sweep.py --cells bloom,opt # some (fnmatch patterns)
     PYTHONPATH=. python benchmarks/arch_sweep.py --quick           # QUICK's cells
     python benchmarks/arch_sweep.py --render                       # the table from the rows
+    PYTHONPATH=. python benchmarks/arch_sweep.py --device cuda --out benchmarks/results/arch_sweep_h200
+
+On a GPU (`--device cuda`) `tune` tunes in bf16 (its default there) and the model is served
+in bf16; the gradient check runs in fp32 on the same device.
 
 The models are the factories of `benchmarks/arch_sweep_models.py` (tiny configs, nothing
 downloaded). Per cell, each step in its own process, as a user would run it:
@@ -101,7 +105,8 @@ def _last_line(text: str) -> str:
 
 
 def _python(args: list[str], timeout_s: int) -> tuple[int, str, str, float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "default"}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONWARNINGS": "default"}
     t0 = time.perf_counter()
     try:
         p = subprocess.run(
@@ -121,9 +126,9 @@ def _python(args: list[str], timeout_s: int) -> tuple[int, str, str, float]:
 # --- one cell ---------------------------------------------------------------------------
 
 
-def run_cell(name: str) -> dict:
+def run_cell(name: str, device: str = "cpu") -> dict:
     fixed, dynamic, _, _ = CELLS[name]
-    row: dict = {"cell": name, "shape": fixed, "dynamic": dynamic}
+    row: dict = {"cell": name, "shape": fixed, "dynamic": dynamic, "device": device}
     with tempfile.TemporaryDirectory(prefix="arch_sweep_") as tmp:
         cache = str(Path(tmp) / "plans.sqlite")
         cmd = ["-m", "cli.main", "tune", "--model", f"{MODELS}:{name}", "--shape", fixed]
@@ -138,7 +143,7 @@ def run_cell(name: str) -> dict:
             tune_s=round(secs, 1),
         )
         log(f"{name}: tune rc={rc} in {secs:.0f} s {row['tune_error']}")
-        serve = [__file__, "--serve", name, "--cache", cache]
+        serve = [__file__, "--serve", name, "--cache", cache, "--device", device]
         rc, out, err, secs = _python(serve, SERVE_TIMEOUT_S)
         result = next((json.loads(ln) for ln in out.splitlines() if ln.startswith("{")), None)
         if result is None:
@@ -215,7 +220,7 @@ def _grads(model, inputs, fn, seed: int = 1):
     model.zero_grad(set_to_none=True)
     out = [x for x in _leaves(_call(fn, inputs)) if x.is_floating_point() and x.requires_grad]
     gen = torch.Generator().manual_seed(seed)
-    loss = sum((x * torch.randn(x.shape, generator=gen)).sum() for x in out)
+    loss = sum((x * torch.randn(x.shape, generator=gen).to(x)).sum() for x in out)
     if not out:
         return None
     loss.backward()
@@ -244,7 +249,21 @@ def _compare_grads(got, want) -> str:
     return ""
 
 
-def serve(name: str, cache_url: str) -> dict:
+def _moved(inputs, device: str, dtype):
+    """`inputs` (a tuple or a dict of tensors) on `device`, floating ones in `dtype`."""
+
+    def move(x):
+        return x.to(device, dtype) if x.is_floating_point() else x.to(device)
+
+    if isinstance(inputs, dict):
+        return {k: move(v) for k, v in inputs.items()}
+    return tuple(move(x) for x in inputs)
+
+
+def serve(name: str, cache_url: str, device: str = "cpu") -> dict:
+    """The served checks of one cell. On CUDA the model is served in bf16, as `tune` tuned
+    it there; its gradients are checked in fp32 (on the same device, plans looked up for
+    fp32), where the fp32 tolerance of `_compare_grads` holds."""
     import torch
 
     import benchmarks.arch_sweep_models as M
@@ -255,11 +274,13 @@ def serve(name: str, cache_url: str) -> dict:
     factory = getattr(M, name)
     torch.manual_seed(0)
     model, _ = factory(**_shape_params(fixed, tuned))
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = model.to(device, dtype)
     shapes = [tuned, other]
     inputs = []
     for s in shapes:
         torch.manual_seed(1)
-        inputs.append(factory(**_shape_params(fixed, s))[1])
+        inputs.append(_moved(factory(**_shape_params(fixed, s))[1], device, dtype))
     res: dict = {}
     backend = fusion_planner_backend(cache_url)
     compiled = torch.compile(model, backend=backend, dynamic=True)
@@ -288,6 +309,9 @@ def serve(name: str, cache_url: str) -> dict:
     )
 
     torch._dynamo.reset()
+    if dtype != torch.float32:
+        model = model.float()
+        inputs = [_moved(x, device, torch.float32) for x in inputs]
     gbackend = fusion_planner_backend(cache_url)
     gcompiled = torch.compile(model, backend=gbackend, dynamic=True)
     with warnings.catch_warnings(record=True) as caught:
@@ -315,7 +339,7 @@ def _mark(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
-def render(rows: list[dict]) -> str:
+def render(rows: list[dict], name: str = OUT.name) -> str:
     head = (
         "| cell | tune ok | served ok | grads ok | plans hit (exact/bucket/default) | "
         "grad mode | tune s | serve s | what went wrong |\n"
@@ -347,9 +371,14 @@ def render(rows: list[dict]) -> str:
             f"{r.get('serve_s', '-')} | {why} |"
         )
     ok = sum(r["ok"] for r in rows)
+    where = sorted({r.get("device", "cpu") for r in rows}) or ["cpu"]
+    how = "; ".join(
+        "CPU, fp32" if d == "cpu" else f"{d}, served in bf16 as tuned, gradients in fp32"
+        for d in where
+    )
     top = (
-        "# Architecture sweep (CPU, fp32)\n\n"
-        "Generated by `benchmarks/arch_sweep.py` from `arch_sweep_cpu.jsonl`; do not edit.\n"
+        f"# Architecture sweep ({how})\n\n"
+        f"Generated by `benchmarks/arch_sweep.py` from `{name}.jsonl`; do not edit.\n"
         f"{ok} of {len(rows)} cells pass every check.\n\n"
     )
     return top + head + "\n".join(lines) + "\n"
@@ -370,7 +399,7 @@ def read_rows(path: Path) -> list[dict]:
 def write(rows: list[dict], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out.with_suffix(".md").write_text(render(rows))
+    out.with_suffix(".md").write_text(render(rows, out.name))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,9 +410,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT, help="output path without suffix")
     ap.add_argument("--serve", metavar="CELL", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where to tune and serve (cuda: bf16, as `tune` defaults to on a GPU)",
+    )
+    ap.add_argument(
+        "--time-limit-s", type=float, help="start no cell once this many seconds have passed"
+    )
     args = ap.parse_args(argv)
     if args.serve:
-        print(json.dumps(serve(args.serve, args.cache)), flush=True)
+        print(json.dumps(serve(args.serve, args.cache, args.device)), flush=True)
         return 0
     rows = read_rows(args.out.with_suffix(".jsonl"))
     if not args.render:
@@ -391,12 +429,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.cells:
             pats = args.cells.split(",")
             names = [n for n in CELLS if any(fnmatch.fnmatch(n, p) for p in pats)]
+        t0 = time.monotonic()
         for name in names:
-            row = run_cell(name)
+            if args.time_limit_s is not None and time.monotonic() - t0 > args.time_limit_s:
+                log(f"time limit reached: {name} and later cells not run")
+                break
+            row = run_cell(name, args.device)
             rows = [r for r in rows if r["cell"] != name] + [row]
             write(sorted(rows, key=lambda r: list(CELLS).index(r["cell"])), args.out)
     write(rows, args.out)
-    sys.stdout.write(render(rows))
+    sys.stdout.write(render(rows, args.out.name))
     return 0
 
 
