@@ -119,6 +119,17 @@ SERVING_TARGET_RUNS = (
 )
 
 
+def _arch_sweep(name: str) -> Callable[[], str]:
+    """An architecture sweep's table, from its rows (benchmarks/arch_sweep.py)."""
+
+    def render() -> str:
+        from benchmarks import arch_sweep
+
+        return arch_sweep.render(arch_sweep.read_rows(RESULTS / f"{name}.jsonl"), name)
+
+    return render
+
+
 def _real_rows() -> str:
     """The real-model rows as training architectures: the probe's committed runs."""
     import importlib
@@ -761,6 +772,14 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_modes_h200",
             "runtime_stream_bert_h200",
         )
+    ),
+    *(
+        Generated(
+            f"benchmarks/results/{n}.md",
+            _arch_sweep(n),
+            f"python benchmarks/arch_sweep.py --render --out benchmarks/results/{n}",
+        )
+        for n in ("arch_sweep_cpu", "arch_sweep_h200")
     ),
     Generated(
         "docs/design_notes.md",
