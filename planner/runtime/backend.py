@@ -35,7 +35,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -58,6 +57,7 @@ from planner.runtime.graph import LiftedGraph, lift_graph
 from planner.runtime.scalars import float_restart
 from planner.runtime.spans import joined
 from planner.runtime.specialize import Compared, Ledger, Recurring
+from planner.runtime.stats import RuntimeStats
 
 log = logging.getLogger(__name__)
 
@@ -211,38 +211,6 @@ def _warn_once(key: str, message: str) -> None:
 
 
 # ---- the backend --------------------------------------------------------------------------
-@dataclass
-class RuntimeStats:
-    """What the backend did; read it to see hits, misses and compiles."""
-
-    graphs: int = 0
-    realized: int = 0  # realizations paid for (each counts against the compile budget)
-    exact: int = 0  # new shapes served by an exact-shape plan
-    bucket: int = 0  # ... by their bucket's plan
-    default: int = 0  # ... by the default plan (a miss)
-    over_budget: int = 0  # new buckets run as dynamo's graph, the budget being spent
-    fallbacks: list[str] = field(default_factory=list)  # why a bucket ran dynamo's graph
-    queued: int = 0  # misses recorded in the tuning queue
-    grad_graphs: int = 0  # graphs served in grad mode (plan forward, eager recomputed backward)
-    static: int = 0  # recurring shapes given a static specialization of their bucket's plan
-    static_failed: list[str] = field(default_factory=list)  # why a specialization was not made
-    static_skipped: int = 0  # recurring shapes left unspecialized, the static budget spent
-    static_build_s: float = 0.0  # seconds spent building static specializations
-    # share of a call each specialization saved, timed against its bucket realization's
-    # calls at that shape (static_after="auto"); one that lost (< 0) was dropped again
-    static_gains: list[float] = field(default_factory=list)
-    # cached plans that did not fit the ops the model traced into at a call's shapes (the
-    # default plan ran instead)
-    unfitted: list[str] = field(default_factory=list)
-    declined: list[str] = field(default_factory=list)  # grad-mode graphs given to Inductor: why
-    # tuned buckets served by the realization of an adjacent bucket with the same plan,
-    # exported over their joint range (planner.runtime.spans): compiles not paid
-    joined: int = 0
-    # buckets that could not be exported over their range, so each of their shapes is
-    # realized alone (a compile per shape, against the budget): the bucket and why
-    per_shape: list[str] = field(default_factory=list)
-
-
 class FusionPlannerBackend:
     """The `torch.compile` backend object. One instance may serve several models and
     graphs; the compile budget and the stats are shared between them."""
@@ -414,19 +382,6 @@ def fusion_planner_backend(
     )
 
 
-def _state_check(lifted: LiftedGraph) -> Callable[[tuple[Any, ...]], bool]:
-    """Whether a call passes the lift's own state tensors: identities compared on every
-    call, so it is kept to one C-level pass over the state's argument positions."""
-    positions = [p for p, _, _ in lifted.state]
-    state = [t for _, _, t in lifted.state]
-    if not state:
-        return lambda args: True
-    if len(state) == 1:
-        return lambda args: args[positions[0]] is state[0]
-    pick = operator.itemgetter(*positions)
-    return lambda args: all(map(operator.is_, pick(args), state))
-
-
 class _PlannedGraph:
     """Dynamo's graph, served per bucket. `__call__` is the hot path: one tuple of the
     dynamic sizes, one dict probe, then the chosen callable."""
@@ -435,7 +390,7 @@ class _PlannedGraph:
         self.backend, self.gm, self.lifted = backend, gm, lifted
         self._dyn = tuple((lifted.user_positions[i], a) for i, a in lifted.dynamic)
         self._consts = bool(lifted.constants)
-        self._same_state = _state_check(lifted)
+        self._same_state = lifted.same_state()
         self._instances: dict[tuple[int, ...], Callable[..., Any]] = {}
         self._memo: dict[tuple[int, ...], Callable[[tuple[Any, ...]], Any]] = {}
         self._realized: dict[str, Callable[[tuple[Any, ...]], Any]] = {}

@@ -39,7 +39,7 @@ backend then runs dynamo's graph as it is.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -89,6 +89,19 @@ class LiftedGraph:
     def fits(self, args: Sequence[Any]) -> bool:
         """Whether a call's int arguments have the values baked into the module."""
         return all(args[p] == v for p, v in self.constants)
+
+    def same_state(self) -> Callable[[Sequence[Any]], bool]:
+        """A check of whether a call passes this lift's own state tensors: identities
+        compared on every call, so it is kept to one C-level pass over the state's
+        argument positions."""
+        positions = [p for p, _, _ in self.state]
+        state = [t for _, _, t in self.state]
+        if not state:
+            return lambda args: True
+        if len(state) == 1:
+            return lambda args: args[positions[0]] is state[0]
+        pick = operator.itemgetter(*positions)
+        return lambda args: all(map(operator.is_, pick(args), state))
 
     def state_key(self, args: Sequence[Any]) -> tuple[int, ...]:
         """The identities of a call's state tensors (a key for its module's lift)."""
