@@ -83,7 +83,7 @@ def resolve(args: argparse.Namespace) -> Resolved:
     return Resolved(spec, device, dtype)
 
 
-def capture_for_planning(r: Resolved) -> Captured:
+def capture_for_planning(r: Resolved, built: tuple[Any, Any] | None = None) -> Captured:
     """Capture for planning: the backend's graph (`capture_for_serving`), traced without
     data (fake tensors) as the device `tune` and the runtime capture on, so the graph and
     its structure key are theirs.
@@ -91,8 +91,9 @@ def capture_for_planning(r: Resolved) -> Captured:
     The model is built on the CPU (where factories make it in any case) rather than moved
     to the meta device: `.to("meta")` gives tied weights (an LM head sharing the embedding)
     separate parameters, which changes the graph, and dynamo cannot trace a model whose
-    KV cache starts from a tensor made on the meta device."""
-    module, inputs = r.spec.build(dtype=r.dtype, device="cpu")
+    KV cache starts from a tensor made on the meta device. `built`: the (module, inputs)
+    the spec built that way, when the caller needs the same tensors."""
+    module, inputs = built or r.spec.build(dtype=r.dtype, device="cpu")
     return capture_for_serving(module, inputs, name=r.spec.label, trace_as=trace_device())
 
 

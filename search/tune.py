@@ -571,16 +571,45 @@ def _in_served_order(
     plan of a model that reads a later argument first (a `transformers` encoder-decoder
     called with keyword arguments reads `decoder_input_ids` first) would never be found.
     The two orders are matched by tensor identity; where they cannot be, unchanged."""
+    order = served_order(inputs, captured)
+    if order is None or len(order) != len(bucket.dims):
+        return spec, bucket
+    return spec.renumbered(order), bucket.renumbered(order, len(captured.example_inputs))
+
+
+def served_order(inputs: Any, captured: Any) -> list[int | None] | None:
+    """For each tensor of the call `inputs` (in the order they were passed), its index
+    among the served capture's inputs (None: the graph never reads it); None when the
+    orders agree or cannot be matched (a served input that is not one of the call's
+    tensors as it is). Matched by tensor identity."""
     leaves = [x for x in pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor)]
     served = list(captured.example_inputs)
-    if len(leaves) != len(bucket.dims):
-        return spec, bucket
     order = [next((j for j, y in enumerate(served) if y is x), None) for x in leaves]
     if order == list(range(len(served))):
-        return spec, bucket
+        return None
     if any(j not in order for j in range(len(served))):  # an input not passed as it is
-        return spec, bucket
-    return spec.renumbered(order), bucket.renumbered(order, len(served))
+        return None
+    return order
+
+
+def queued_bucket_keys(cache: PlanCache, cfg: TuneConfig, inputs: Any, captured: Any) -> set[str]:
+    """Keys of the buckets of `cfg` (numbered in the call's order, as `tune` takes
+    `only_buckets`) that hold shapes the runtime queued as misses for `captured`'s graph.
+    The queue holds shapes in the order the runtime numbers inputs (`served_order`), so
+    they are bucketed by the spec in that order and matched to each bucket in it."""
+    spec = bucket_spec(cfg)
+    order = served_order(inputs, captured)
+    n_served = len(captured.example_inputs)
+    served_spec = spec if order is None else spec.renumbered(order)
+    key = captured.graph.structure_key
+    pending = {b.key for b, _count in cache.pending_buckets(key, served_spec)}
+    leaves = [x for x in pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor)]
+    out = set()
+    for b in spec.buckets([tuple(x.shape) for x in leaves]):
+        served = b if order is None else b.renumbered(order, n_served)
+        if served.key in pending:
+            out.add(b.key)
+    return out
 
 
 def _store(

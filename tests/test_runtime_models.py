@@ -588,3 +588,37 @@ def test_a_group_that_reads_a_size_of_its_own_value_realizes_over_a_bucket():
             assert_same_outputs(compiled(x), model(x))
     assert be.stats.realized >= 1 and not be.stats.fallbacks, be.stats
     torch._dynamo.reset()
+
+
+def test_tune_from_the_queue_finds_a_model_that_reads_a_later_argument_first(tmp_path, capsys):
+    """Shapes the runtime queued for a model that reads its second keyword argument first
+    are in the runtime's input order; `tune --from-queue` buckets them in that order and
+    tunes the bucket they fall in, after which the backend serves it."""
+    (tmp_path / "rlf.py").write_text(READS_LAST_FIRST)
+    spec, url = f"{tmp_path}/rlf.py:factory", str(tmp_path / "plans.sqlite")
+    torch.manual_seed(0)
+    module = ReadsLastFirst().eval()
+    memory = torch.randn(2, 6, 32)
+    with torch.no_grad():  # an empty cache: the default plan serves, the shapes are queued
+        be = fusion_planner_backend(PlanCache(url))
+        compiled = torch.compile(module, backend=be, dynamic=True)
+        for s in (16, 12):
+            compiled(memory=memory, tokens=torch.randn(2, s, 32))
+    assert be.stats.default == 2 and PlanCache(url).tuning_queue(), be.stats
+    torch._dynamo.reset()
+    argv = ["tune", "--model", spec, "--shape", "B=2", "--dynamic", "S=9..32", "--cache", url]
+    argv += ["--strategy", "greedy", "--top-k", "1", "--no-compile-baseline", "--keep-fused"]
+    capsys.readouterr()
+    assert main([*argv, "--dtype", "fp32", "--from-queue", "--format", "json"]) == 0
+    import json
+
+    tuned = json.loads(capsys.readouterr().out)["buckets"]
+    assert len(tuned) == 1, tuned  # S 9..16 only: no shape of 17..32 was queued
+    be = fusion_planner_backend(PlanCache(url))
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    with torch.no_grad():
+        for s in (16, 12):
+            tokens = torch.randn(2, s, 32)
+            got = compiled(memory=memory, tokens=tokens)
+            assert_same_outputs(got, module(memory=memory, tokens=tokens))
+    assert be.stats.bucket == 2 and be.stats.default == 0, be.stats

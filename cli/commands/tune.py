@@ -23,7 +23,14 @@ from planner.plans.cache import PlanCache
 from planner.realize.check import short_reason
 from profiling.commbench import leave_group
 from search.cost_models import cost_model_for
-from search.tune import BucketResult, TuneConfig, bucket_spec, graph_varies, tune
+from search.tune import (
+    BucketResult,
+    TuneConfig,
+    bucket_spec,
+    graph_varies,
+    queued_bucket_keys,
+    tune,
+)
 from search.tune_tp import init_ranks
 from zoo.modelspec import dtype_name, parse_dtype, resolve
 
@@ -120,8 +127,9 @@ def _label(spec: Any, dynamic: str) -> str:
 def _queued_buckets(cache: PlanCache, cfg: TuneConfig) -> set[str]:
     """Buckets holding shapes the runtime met without a plan (its tuning queue)."""
     resolved = Resolved(cfg.spec, local_device_name(), cfg.dtype)
-    key = capture_for_planning(resolved).graph.structure_key  # the runtime's key
-    return {b.key for b, _count in cache.pending_buckets(key, bucket_spec(cfg))}
+    module, inputs = resolved.spec.build(dtype=resolved.dtype, device="cpu")
+    captured = capture_for_planning(resolved, (module, inputs))  # the runtime's graph and key
+    return queued_bucket_keys(cache, cfg, inputs, captured)
 
 
 def _row(r: BucketResult, dims: Any) -> dict[str, Any]:
