@@ -6,6 +6,7 @@ real realization (Inductor) on CPU."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import warnings
 
 import pytest
@@ -309,18 +310,21 @@ def test_a_plan_is_found_for_a_model_that_reads_a_later_argument_first(tmp_path)
     (before, the stored bucket was keyed in the call's order and every shape missed)."""
     url, _, _, _, _ = _tuned_then_served(tmp_path, "rlf", READS_LAST_FIRST, "--keep-fused")
     torch.manual_seed(0)
-    module = ReadsLastFirst().eval()
-    realizer = ProgramRealizer()
-    be = fusion_planner_backend(PlanCache(url), realizer=realizer)
+    _serves_its_bucket_plan(ReadsLastFirst().eval(), url, torch.randn(2, 6, 32))
+    assert PlanCache(url).tuning_queue() == []
+
+
+def _serves_its_bucket_plan(module, url: str, memory) -> None:
+    """`module` (ReadsLastFirst) compiled with the backend on `url` serves lengths 16 and 12
+    from their bucket's plan, as eager computes them."""
+    be = fusion_planner_backend(PlanCache(url))
     compiled = torch.compile(module, backend=be, dynamic=True)
-    memory = torch.randn(2, 6, 32)
     with torch.no_grad():
         for s in (16, 12):
             tokens = torch.randn(2, s, 32)
             got = compiled(memory=memory, tokens=tokens)
             assert_same_outputs(got, module(memory=memory, tokens=tokens))
     assert be.stats.bucket == 2 and be.stats.default == 0, be.stats
-    assert PlanCache(url).tuning_queue() == []
 
 
 POSITION_SLICE = """
@@ -610,15 +614,6 @@ def test_tune_from_the_queue_finds_a_model_that_reads_a_later_argument_first(tmp
     argv += ["--strategy", "greedy", "--top-k", "1", "--no-compile-baseline", "--keep-fused"]
     capsys.readouterr()
     assert main([*argv, "--dtype", "fp32", "--from-queue", "--format", "json"]) == 0
-    import json
-
     tuned = json.loads(capsys.readouterr().out)["buckets"]
     assert len(tuned) == 1, tuned  # S 9..16 only: no shape of 17..32 was queued
-    be = fusion_planner_backend(PlanCache(url))
-    compiled = torch.compile(module, backend=be, dynamic=True)
-    with torch.no_grad():
-        for s in (16, 12):
-            tokens = torch.randn(2, s, 32)
-            got = compiled(memory=memory, tokens=tokens)
-            assert_same_outputs(got, module(memory=memory, tokens=tokens))
-    assert be.stats.bucket == 2 and be.stats.default == 0, be.stats
+    _serves_its_bucket_plan(module, url, memory)
