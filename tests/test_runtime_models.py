@@ -597,7 +597,8 @@ def test_a_group_that_reads_a_size_of_its_own_value_realizes_over_a_bucket():
 def test_tune_from_the_queue_finds_a_model_that_reads_a_later_argument_first(tmp_path, capsys):
     """Shapes the runtime queued for a model that reads its second keyword argument first
     are in the runtime's input order; `tune --from-queue` buckets them in that order and
-    tunes the bucket they fall in, after which the backend serves it."""
+    tunes the bucket they fall in (that the plan it stores is then served is the test
+    above's)."""
     (tmp_path / "rlf.py").write_text(READS_LAST_FIRST)
     spec, url = f"{tmp_path}/rlf.py:factory", str(tmp_path / "plans.sqlite")
     torch.manual_seed(0)
@@ -616,4 +617,3 @@ def test_tune_from_the_queue_finds_a_model_that_reads_a_later_argument_first(tmp
     assert main([*argv, "--dtype", "fp32", "--from-queue", "--format", "json"]) == 0
     tuned = json.loads(capsys.readouterr().out)["buckets"]
     assert len(tuned) == 1, tuned  # S 9..16 only: no shape of 17..32 was queued
-    _serves_its_bucket_plan(module, url, memory)
