@@ -611,20 +611,8 @@ GENERATED: tuple[Generated, ...] = (
             "runtime_stream_gpt2_tuned_h100_v",
             "runtime_stream_gpt2_tuned_h100_w1",
             "runtime_stream_gpt2_tuned_h100_w2",
-            "runtime_stream_gpt2_tuned_h200_x",
-            "runtime_stream_llama_tuned_h200_x",
-            "runtime_stream_gpt2_tuned_h200_p",
-            "runtime_stream_gpt2_tuned_h200_q",
-            "runtime_stream_gpt2_tuned_h200_r",
-            "runtime_stream_gpt2_tuned_h200_t",
+            *SERVING_TARGET_RUNS,
             *(f"host_pace_h200/stream_cpu_{k}" for k in (1, 2, 3)),
-            *(f"{ROUNDS[0]}_r{k}" for k in (1, 2)),
-            *(f"{ROUNDS[1]}_r{k}" for k in (1, 2, 3)),
-            "runtime_stream_llama_handout_h200",
-            *(f"{ROUNDS[2]}_r{k}" for k in (1, 2)),
-            "runtime_stream_gpt2_max_h200",
-            "runtime_stream_gpt2_modes_h200",
-            "runtime_stream_bert_h200",
             *(
                 f"runtime_stream_gpt2_ab_h100/stream_{n}"
                 for n in ("1_auto", "2_never", "3_auto", "4_never", "5_ro")
