@@ -106,6 +106,7 @@ def test_device_bench_comm_cli_fits_and_reports_heldout(tmp_path, monkeypatch, c
     assert get_link("local").measured is not None
 
 
+@pytest.mark.slow
 def test_reduce_scatter_and_all_gather_time_on_gloo() -> None:
     for name in ("reduce_scatter", "all_gather"):
         rows = measure_collective(2, [4096, 65536], name, reps=2)

@@ -264,7 +264,7 @@ def rows():
     return fake_rows(15, seed=2)
 
 
-@pytest.mark.parametrize("split", ["family", "graph_key"])
+@pytest.mark.parametrize("split", ["family", pytest.param("graph_key", marks=pytest.mark.slow)])
 def test_cross_validation_never_splits_a_group(rows, split):
     spec = get_spec("h100")
     g = [r for r in rows if r["kind"] == "group"]
@@ -371,7 +371,9 @@ H100_DATA = REPO / "data" / "h100_profiles.parquet"
 
 
 @pytest.mark.parametrize(
-    "data, device", [(CPU_DATA, "cpu"), (H100_DATA, "h100")], ids=["cpu", "h100"]
+    "data, device",
+    [pytest.param(CPU_DATA, "cpu", marks=pytest.mark.slow), (H100_DATA, "h100")],
+    ids=["cpu", "h100"],
 )
 def test_correction_improves_held_out_error_on_committed_data(data, device):
     """On real measurements (this machine's CPU dataset, the lent H100's), whole graphs

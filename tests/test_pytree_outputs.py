@@ -259,6 +259,7 @@ def test_planning_capture_has_the_structure_key_of_a_capture_with_weights(factor
     assert meta.structure_key == export_model(module.transformer, inputs).graph.structure_key
 
 
+@pytest.mark.slow
 def test_tune_stores_a_plan_for_gpt2_and_lookup_finds_it(factory_file, tmp_path, capsys):
     torch.set_num_threads(1)
     r = _resolved(factory_file, "gpt2")

@@ -62,6 +62,7 @@ def test_an_int_argument_is_baked_in_and_another_value_runs_dynamos_graph():
     assert s.graphs == 1 and not s.fallbacks and s.realized >= 1, s
 
 
+@pytest.mark.slow
 def test_generate_with_a_static_cache_updated_in_place_gives_eagers_tokens():
     """A static KV cache is written in place; a plan computes outputs only, so such a graph
     runs as dynamo's graph, with the reason, and the tokens stay eager's."""

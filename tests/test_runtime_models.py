@@ -114,6 +114,7 @@ def cpu_plan(graph, cache, strategy="test"):
 
 
 # ---- real models run real plans -------------------------------------------------------------
+@pytest.mark.slow
 def test_llama_runs_a_realized_plan_over_a_bucket(cache):
     model = tiny_llama(layers=1)
     made = Recording()
@@ -212,7 +213,7 @@ def test_conv_groups_take_the_symbols_their_sizes_are_made_of():
 
 
 # ---- the offline capture and the backend agree on the model --------------------------------------
-@pytest.mark.parametrize("which", ["zoo", "llama"])
+@pytest.mark.parametrize("which", ["zoo", pytest.param("llama", marks=pytest.mark.slow)])
 def test_a_plan_stored_for_the_offline_capture_is_found_by_the_backend(cache, which):
     """What `fusion-plan tune` stores (a plan on `capture_for_serving` at the bucket's
     representative shape, the spec beside it) is a hit for the backend, not a miss."""

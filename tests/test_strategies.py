@@ -108,7 +108,7 @@ def test_exact_equals_brute_force_and_beats_the_heuristics(n, seed, sync):
     assert exact.total_s <= results["greedy"].total_s * (1 + 1e-9)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(10, 24), seed=st.integers(0, 100_000))
 def test_every_strategy_is_legal_and_exact_is_best_on_larger_graphs(n, seed):
     g = random_graph(n, seed)

@@ -38,7 +38,9 @@ def _nvlink_like(nbytes: int) -> float:
     return 5e-6 + nbytes / 4.5e11
 
 
-@pytest.mark.parametrize("models", [["llama", "tp-block"], ["hf-llama"]])
+@pytest.mark.parametrize(
+    "models", [["llama", "tp-block"], pytest.param(["hf-llama"], marks=pytest.mark.slow)]
+)
 def test_decisions_on_captured_programs_equal_the_unplanned_program_on_gloo(models) -> None:
     res = run_ranks(2, "tests.tp_ranks:planned_programs", (models,), timeout_s=90)
     for name in {"llama", "hf-llama"} & set(models):

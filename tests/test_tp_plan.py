@@ -93,7 +93,7 @@ def test_region_costs_of_a_small_block_scale_with_the_chunks() -> None:
     assert plan.eager.total_s > 0 and len(plan.table) == 6
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_planned_block_equals_the_tp_block_on_gloo_ranks(world: int) -> None:
     decisions = [[k, f] for k in (1, 2, 4) for f in (False, True)]
     errs = run_ranks(world, planned_vs_eager, (2, 8, 48, 6, decisions), timeout_s=120)
@@ -106,6 +106,7 @@ def _bench(tmp_path: Path, *extra: str) -> int:
     return _distributed_gpu().main(args)
 
 
+@pytest.mark.slow
 def test_benchmark_tp_smoke_on_gloo_records_rows_and_resumes(tmp_path, capsys) -> None:
     assert _bench(tmp_path, "--parts", "tp", "--shapes", "1,16,64,4", "--tp-reps", "2") == 0
     rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
@@ -198,6 +199,7 @@ def _whole_vs_eager(runs: dict[str, list]) -> None:
     assert "forward only" in res["grad error"]
 
 
+@pytest.mark.slow
 def test_whole_graph_block_equals_the_tp_block_in_one_graph_per_program() -> None:
     # dynamo's graphs and their lowering to aten ops (the collectives functionalized);
     # Inductor's code for them: the slow test below

@@ -394,6 +394,7 @@ def test_the_runtime_backend_applies_a_cached_decision_on_gloo_ranks(tmp_path) -
     assert r["err"] < 1e-5 and not r["warnings"], r
 
 
+@pytest.mark.slow
 def test_the_runtime_backend_serves_a_dtensor_model_its_plans_on_gloo_ranks(tmp_path) -> None:
     """Plans stored for the rank program capture makes of a DTensor LLaMA-style block are
     found and applied when the block is served through torch.compile: the TP decision, and
