@@ -28,7 +28,7 @@ from planner.errors import CacheError
 from planner.fusion.partition import Partition
 from planner.hardware import device_fingerprint
 from planner.ir.capture import capture
-from planner.plans.buckets import BucketSpec, Edges, parse_dynamic
+from planner.plans.buckets import Bucket, BucketSpec, Edges, parse_dynamic
 from planner.plans.cache import PlanCache
 from planner.plans.cache_sql import CacheWarning, SQLAlchemyStore, SQLiteStore, inspect_sqlite_file
 from planner.plans.plan import Plan
@@ -487,6 +487,19 @@ def test_misses_queue_shapes_and_a_stored_plan_marks_them_tuned(graph, url):
     cache.record_miss(key, [(9, 16)], device_fp=DEV)  # seen again after tuning: pending again
     assert [i.count for i in cache.tuning_queue(model_key=key)] == [2]
     assert cache.prune(queue="tuned") == {"queue": 2}
+
+
+def test_a_stored_bucket_marks_the_shapes_it_holds_whatever_bucket_they_were_queued_under(
+    graph, url
+):
+    """The runtime queues a miss under its default bucket (pow2 over every symbolic dim);
+    the tuning job's bucket for it can have other edges and exact dims."""
+    cache = PlanCache(url)
+    key = graph.structure_key
+    for shape in ((3, 16), (6, 16)):
+        cache.record_miss(key, [shape], device_fp=DEV, bucket=Bucket(((shape[0], (9, 16)),)))
+    cache.store(make_plan(graph), parse_dynamic("B=1..4", DIMS).bucket_of([(3, 16)]))
+    assert [i.shapes for i in cache.tuning_queue(model_key=key)] == [((6, 16),)]
 
 
 # ---- export / import ---------------------------------------------------------------------------

@@ -216,8 +216,13 @@ class PlanCache(CacheAdmin):
         label: str = "",
         replace: str = "better",
     ) -> StoreOutcome:
-        """Store `plan` for every shape of `bucket` (the tuning job's call)."""
-        return self._store(plan, f"{BUCKET}:{bucket.key}", bucket.key, device_fp, label, replace)
+        """Store `plan` for every shape of `bucket` (the tuning job's call). Queued shapes
+        it covers are marked tuned: those queued under this bucket's key, and those whose
+        shapes it holds (the runtime queues a miss under its own default bucket, which
+        need not be the one tuned)."""
+        return self._store(
+            plan, f"{BUCKET}:{bucket.key}", bucket.key, device_fp, label, replace, bucket=bucket
+        )
 
     store = store_plan  # the short name: cache.store(plan, bucket)
 
@@ -243,6 +248,7 @@ class PlanCache(CacheAdmin):
         label: str,
         replace: str,
         shape_key: str = "",
+        bucket: Bucket | None = None,
     ) -> StoreOutcome:
         if replace not in ("better", "always"):
             raise CacheError(f"replace must be 'better' or 'always', got {replace!r}")
@@ -269,11 +275,19 @@ class PlanCache(CacheAdmin):
         hist = {**row, "id": sql.history_id()}
         queue = {"model_key": plan.structure_key, "device_fp": dev}
         if shape_key:
-            mark = (sql.MARK_QUEUE_SHAPE, {**queue, "shape_key": shape_key})
+            marks = [(sql.MARK_QUEUE_SHAPE, {**queue, "shape_key": shape_key})]
         else:
-            mark = (sql.MARK_QUEUE_BUCKET, {**queue, "bucket_key": queue_bucket})
-        # One transaction: the plan, its history row and the queue mark land together.
-        won = self.db.write([(sql.UPSERT_PLAN, upsert), (sql.INSERT_HISTORY, hist), mark])[0] > 0
+            marks = [(sql.MARK_QUEUE_BUCKET, {**queue, "bucket_key": queue_bucket})]
+            if bucket is not None:
+                held = self.tuning_queue(model_key=plan.structure_key, device_fp=dev)
+                marks += [
+                    (sql.MARK_QUEUE_SHAPE, {**queue, "shape_key": exact_key(q.shapes)})
+                    for q in held
+                    if bucket.contains(q.shapes)
+                ]
+        # One transaction: the plan, its history row and the queue marks land together.
+        writes = [(sql.UPSERT_PLAN, upsert), (sql.INSERT_HISTORY, hist), *marks]
+        won = self.db.write(writes)[0] > 0
         self._forget(plan.structure_key, dev, bucket_key)
         return StoreOutcome(won, entry_id(plan.structure_key, dev, bucket_key), bucket_key)
 
