@@ -89,10 +89,12 @@ class BucketView:
     times: Mapping[str, Spread]  # "plan", "eager", "torch.compile"
     candidates: tuple[Mapping[str, Any], ...] = ()
     note: str = ""  # what the cache did, or why the bucket failed
+    part: str = ""  # which graph, for a model served as several (graph breaks)
 
     @property
     def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.params.items()) or self.key
+        shape = ", ".join(f"{k}={v}" for k, v in self.params.items()) or self.key
+        return f"{shape}, {self.part}" if self.part else shape
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ def job_from_tune(
                 times=times,
                 candidates=cands,
                 note=r.stored,
+                part=r.part,
             )
         )
     return JobView(

@@ -26,16 +26,12 @@ its prediction only (in one process).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,13 +44,12 @@ from planner.cost import CostModel
 from planner.errors import CacheError, FusionPlannerError, first_line, is_out_of_memory
 from planner.fusion.partition import Partition
 from planner.fusion.realization import choices_for, realizations_of
-from planner.hardware import cache_dir, device_fingerprint, local_device_name
-from planner.ir.capture_dynamic import one_step_inside
+from planner.hardware import device_fingerprint, local_device_name
+from planner.ir.capture import export_model
 from planner.measurement import MeasureError, Measurement, PlanJob, Runner, Timing
 from planner.objective import Objective
 from planner.plans.buckets import Bucket, BucketSpec, parse_dynamic
 from planner.plans.cache import PlanCache
-from planner.plans.cache_admin import export_document, plan_record, spec_record
 from planner.plans.plan import Plan, TPChoice
 from planner.runtime.graph import capture_for_serving
 from profiling.runner import STEADY_TIMER, DeviceRunner, ServedExecutor, first_call
@@ -62,6 +57,13 @@ from search.optuna_storage import check_storage, storage_kind
 from search.parallel import OPTUNA_STRATEGIES, plan_through_outages, tune_parallel
 from search.strategies import get_strategy
 from search.strategy import Budget
+from search.tune_parts import Part, served_graphs
+from search.tune_store import (
+    in_served_order,
+    inside_alias,
+    served_order,
+    store_plan,
+)
 from search.tune_tp import (
     agree_calls,
     agree_error,
@@ -139,6 +141,7 @@ class BucketResult:
     realize_s: float
     stored: str  # what the cache did with the plan, or why the bucket failed
     tensor_parallel: str = ""  # what became of a rank program's decision (search.tune_tp)
+    part: str = ""  # which graph of a model with graph breaks ("graph 2 of 3"; "": whole)
 
     @property
     def best(self) -> Candidate | None:
@@ -193,19 +196,6 @@ def check_config(cfg: TuneConfig) -> None:
         )
     if cfg.strategy in OPTUNA_STRATEGIES:
         check_storage(cfg.storage)
-
-
-def unstored_path(plan: Plan) -> Path:
-    """Where a plan the cache would not take is saved instead (an export document)."""
-    name = f"unstored-{time.strftime('%Y%m%dT%H%M%S')}-{plan.graph_key[:10]}.json"
-    for folder in (cache_dir() / "unstored-plans", Path(tempfile.gettempdir())):
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            if os.access(folder, os.W_OK):
-                return folder / name
-        except OSError:
-            continue
-    return Path(name)
 
 
 def _strategy_kwargs(cfg: TuneConfig, bucket_key: str) -> dict[str, Any]:
@@ -361,14 +351,14 @@ def tune_bucket(
     *,
     progress: Callable[[str], None] = _say,
     runner: Runner | None = None,
-) -> BucketResult:
-    """Search, realize, verify, measure and store the plan of one bucket.
+) -> list[BucketResult]:
+    """Search, realize, verify, measure and store the plan of one bucket: one result, or
+    one per graph for a model `torch.compile` serves as several graphs (graph breaks,
+    search/tune_parts.py).
 
     Candidates are measured by `runner` (default: profiling.runner.DeviceRunner through
     the serving path, so the stored latency is the one the backend delivers)."""
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = local_device_name(dev)
-    dt = dtype_name(cfg.dtype)
     params = spec.representative_params(bucket)
     mspec = cfg.spec.with_params(**params)
     module, inputs = mspec.build(dtype=cfg.dtype, device=dev, seed=cfg.seed)
@@ -380,15 +370,84 @@ def tune_bucket(
             f"{mspec.label} fails when run eagerly at {params}: {type(e).__name__}: "
             f"{str(e).strip()[:200]}. Narrow --dynamic to the shapes the model supports"
         ) from e
-    captured = capture_for_serving(module, inputs, name=mspec.label)
+    served = served_graphs(module, inputs, spec, bucket, mspec.label)
+    if (parts := served.parts) is not None:  # graph breaks: each served graph tuned alone
+        progress(
+            f"  {mspec.label} runs as {parts[0].count} graphs under torch.compile (graph "
+            "breaks): each is tuned and stored on its own, as the backend looks it up"
+        )
+        out = []
+        for part in parts:
+            if part.captured is None:
+                progress(f"  {part.label}: not tuned ({part.skipped})")
+                out.append(_skipped(bucket, params, part))
+                continue
+            for note in part.notes:
+                progress(f"  {part.label}: {note}")
+            ctx = _Program(
+                part.module, part.inputs, part.captured, part.spec, part.bucket, part.bucket,
+                params, mspec.label, part.label,
+            )  # fmt: skip
+            out.append(_tune_program(cfg, ctx, cost_model, cache, progress, runner, dev, bucket))
+        return out
+    if served.whole is not None:  # as capture_for_serving captures it, traced once
+        captured = export_model(served.whole[0].module, served.whole[1], name=mspec.label)
+    else:
+        captured = capture_for_serving(module, inputs, name=mspec.label)
+    served_spec, served_bucket = in_served_order(spec, bucket, inputs, captured)
+    ctx = _Program(
+        module, tuple(inputs), captured, served_spec, served_bucket, bucket, params, mspec.label
+    )
+    return [_tune_program(cfg, ctx, cost_model, cache, progress, runner, dev, bucket)]
+
+
+@dataclass(frozen=True)
+class _Program:
+    """What one tuning of a bucket runs on: the module the backend serves (the user's
+    model, or one graph of it between graph breaks) and its inputs, its capture, the spec
+    and bucket its plan is stored under (`served_*`, the runtime's input order) and the
+    bucket in the call's order (`bucket`: where other shapes of it are made)."""
+
+    module: torch.nn.Module
+    inputs: tuple[Any, ...]
+    captured: Any
+    served_spec: BucketSpec
+    served_bucket: Bucket
+    bucket: Bucket
+    params: dict[str, int]
+    label: str
+    part: str = ""
+
+
+def _skipped(bucket: Bucket, params: dict[str, int], part: Part) -> BucketResult:
+    why = f"not tuned: {part.skipped}; the backend runs this graph as dynamo's graph"
+    return BucketResult(bucket, params, None, (), None, None, 0.0, 0.0, why, part=part.label)
+
+
+def _tune_program(
+    cfg: TuneConfig,
+    ctx: _Program,
+    cost_model: CostModel,
+    cache: PlanCache | None,
+    progress: Callable[[str], None],
+    runner: Runner | None,
+    dev: torch.device,
+    job_bucket: Bucket,
+) -> BucketResult:
+    """Search, measure and store the plan of one program of a bucket (see `tune_bucket`);
+    its result is reported under `job_bucket`, the tuning job's bucket."""
+    device = local_device_name(dev)
+    dt = dtype_name(cfg.dtype)
+    module, inputs, captured, params = ctx.module, ctx.inputs, ctx.captured, ctx.params
+    served_spec, served_bucket, bucket = ctx.served_spec, ctx.served_bucket, ctx.bucket
     graph = captured.graph
-    served_spec, served_bucket = _in_served_order(spec, bucket, inputs, captured)
     objective = Objective(cost_model)
     t0 = time.perf_counter()
     cands = search_candidates(graph, objective, cfg, bucket.key, progress)
     search_s = time.perf_counter() - t0
+    where = f" {ctx.part}" if ctx.part else ""
     progress(
-        f"bucket {spec.label(bucket)} at {params}: {len(graph.nodes)} ops, "
+        f"bucket {served_spec.label(served_bucket)}{where} at {params}: {len(graph.nodes)} ops, "
         f"{len(cands)} distinct candidate(s) in {search_s:.1f}s; measuring top {cfg.top_k}"
     )
     decision = search_decision(captured, cost_model, device)
@@ -417,7 +476,7 @@ def tune_bucket(
         timed = {name: slowest(m) for name, m in timed.items()}
     eager_m = timed["eager"]
     if eager_m.timing is None:
-        raise FusionPlannerError(f"{mspec.label}: timing eager failed ({eager_m.error})")
+        raise FusionPlannerError(f"{ctx.label}: timing eager failed ({eager_m.error})")
     eager = eager_m.timing
     compiled = timed["torch.compile"].timing if cfg.compile_baseline else None
     torch._dynamo.reset()
@@ -545,51 +604,29 @@ def tune_bucket(
         if best.tensor_parallel is not None:  # what the notes say of the decision
             plan = dataclasses.replace(plan, notes="; ".join(n for n in (plan.notes, tp_note) if n))
         if cache is not None:
-            stored = _store(cache, plan, served_spec, served_bucket, mspec.label, progress)
-            alias = _inside_alias(module, inputs, bucket, graph, plan, mspec.label)
+            stored = store_plan(cache, plan, served_spec, served_bucket, ctx.label, progress)
+            alias = inside_alias(module, inputs, bucket, graph, plan, ctx.label)
             if alias is not None:
                 progress(
                     f"  the model traces into other ops inside the bucket than at {params}: "
                     "the plan is stored for those ops too"
                 )
-                _store(cache, alias, served_spec, served_bucket, mspec.label, progress)
+                store_plan(cache, alias, served_spec, served_bucket, ctx.label, progress)
         else:
             stored = "not stored (no cache)"
     return BucketResult(
-        bucket, params, plan, tuple(measured), eager, compiled, search_s, realize_s, stored, tp_note
+        job_bucket,
+        params,
+        plan,
+        tuple(measured),
+        eager,
+        compiled,
+        search_s,
+        realize_s,
+        stored,
+        tp_note,
+        part=ctx.part,
     )
-
-
-def _in_served_order(
-    spec: BucketSpec, bucket: Bucket, inputs: tuple[Any, ...], captured: Any
-) -> tuple[BucketSpec, Bucket]:
-    """`spec` and `bucket` over the inputs numbered as the served capture takes them.
-
-    The spec numbers the example call's tensors in the order they were passed; the
-    runtime backend numbers them in the order dynamo's graph first uses them (and drops
-    one it never reads), and looks plans up in that order. Stored in the call's order, a
-    plan of a model that reads a later argument first (a `transformers` encoder-decoder
-    called with keyword arguments reads `decoder_input_ids` first) would never be found.
-    The two orders are matched by tensor identity; where they cannot be, unchanged."""
-    order = served_order(inputs, captured)
-    if order is None or len(order) != len(bucket.dims):
-        return spec, bucket
-    return spec.renumbered(order), bucket.renumbered(order, len(captured.example_inputs))
-
-
-def served_order(inputs: Any, captured: Any) -> list[int | None] | None:
-    """For each tensor of the call `inputs` (in the order they were passed), its index
-    among the served capture's inputs (None: the graph never reads it); None when the
-    orders agree or cannot be matched (a served input that is not one of the call's
-    tensors as it is). Matched by tensor identity."""
-    leaves = [x for x in pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor)]
-    served = list(captured.example_inputs)
-    order = [next((j for j, y in enumerate(served) if y is x), None) for x in leaves]
-    if order == list(range(len(served))):
-        return None
-    if any(j not in order for j in range(len(served))):  # an input not passed as it is
-        return None
-    return order
 
 
 def queued_bucket_keys(cache: PlanCache, cfg: TuneConfig, inputs: Any, captured: Any) -> set[str]:
@@ -612,60 +649,31 @@ def queued_bucket_keys(cache: PlanCache, cfg: TuneConfig, inputs: Any, captured:
     return out
 
 
-def _store(
-    cache: PlanCache,
-    plan: Plan,
-    spec: BucketSpec,
-    bucket: Bucket,
-    label: str,
-    progress: Callable[[str], None],
-) -> str:
-    """Store the plan (and the bucket spec); if the cache refuses, the measured plan is
-    written to a file `fusion-plan cache import` takes, so it is never lost."""
-    try:
-        cache.set_bucket_spec(plan.structure_key, spec)
-        return str(cache.store(plan, bucket, label=label))
-    except FusionPlannerError as e:
-        doc = export_document(
-            plans=[plan_record(plan, f"bucket:{bucket.key}", label=label)],
-            specs=[spec_record(plan.structure_key, plan.device_fingerprint, spec)],
-        )
-        path = unstored_path(plan)
-        try:
-            path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        except OSError as w:
-            progress(f"  plan NOT stored ({e}) and not saved ({w}): {json.dumps(doc)}")
-            return f"NOT stored: {e}"
-        progress(f"  plan NOT stored ({e}); saved to {path}")
-        return f"NOT stored ({e}); saved to {path}: load it with `fusion-plan cache import {path}`"
-
-
-def _inside_alias(
-    module: torch.nn.Module, inputs: Any, bucket: Bucket, graph: Any, plan: Plan, label: str
-) -> Plan | None:
-    """`plan` carried to the ops the model traces into one step inside the bucket, where
-    those differ from the representative's (an op that is an identity at the range's edge,
-    `pos[:, :S]` at S = the table's length, is dropped there and kept elsewhere): the
-    backend keys a model by the graph of its first call, so a plan stored only under the
-    edge's graph would not be found from any other shape. None where the ops are the same,
-    the bucket holds one shape, or the plan cannot be carried (Plan.aligned_to)."""
-    if plan.tensor_parallel is not None:
-        return None
-    args = list(inputs)
-    where = [i for i, x in enumerate(args) if isinstance(x, torch.Tensor)]
-    inner = one_step_inside(tuple(args[i] for i in where), bucket.ranges())
-    if inner is None:
-        return None
-    for i, x in zip(where, inner):
-        args[i] = x
-    try:
-        other = capture_for_serving(module, tuple(args), name=label).graph
-        if other.structure_key == graph.structure_key:
-            return None
-        return plan.aligned_to(graph, other)
-    except Exception as e:  # the alias is a courtesy: the plan itself is stored
-        log.info("no plan stored for the ops inside the bucket: %s", e)
-        return None
+def queued_part_buckets(cache: PlanCache, cfg: TuneConfig) -> set[str]:
+    """`queued_bucket_keys` for a model with graph breaks: keys of the buckets of `cfg`
+    where a graph the backend serves the model as (search/tune_parts.py) has shapes
+    queued as misses. Each bucket's graphs are traced at its representative, as `tune`
+    traces them; empty for a model dynamo traces as one graph."""
+    spec = bucket_spec(cfg)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    _module, inputs = cfg.spec.build(dtype=cfg.dtype, device="meta")
+    base = [tuple(x.shape) for x in pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor)]
+    out: set[str] = set()
+    for i, b in enumerate(spec.buckets(base)):
+        mspec = cfg.spec.with_params(**spec.representative_params(b))
+        module, inputs = mspec.build(dtype=cfg.dtype, device=dev, seed=cfg.seed)
+        served = served_graphs(module, tuple(inputs), spec, b, mspec.label)
+        if served.parts is None:
+            if i == 0:
+                return out  # one graph (or no trace at all): the whole-model queue applies
+            continue
+        for part in served.parts:
+            if part.captured is None or part.spec is None or part.bucket is None:
+                continue
+            key = part.captured.graph.structure_key
+            if any(q.key == part.bucket.key for q, _n in cache.pending_buckets(key, part.spec)):
+                out.add(b.key)
+    return out
 
 
 def _online_update(
@@ -694,13 +702,18 @@ def _online_update(
 def graph_varies(results: list[BucketResult], dims: str) -> str:
     """A note when the buckets' plans were made on different graphs (the model's graph
     depends on the tuned sizes: a Python loop over the sequence, a size-dependent branch),
-    else "". Such a plan serves only the sizes whose graph is its own."""
-    keys = {r.plan.structure_key for r in results if r.plan is not None}
-    if len(keys) < 2:
+    else "". Such a plan serves only the sizes whose graph is its own. The graphs of a
+    model with graph breaks are compared part by part (graph 1 with graph 1)."""
+    by_part: dict[str, set[str]] = {}
+    for r in results:
+        if r.plan is not None:
+            by_part.setdefault(getattr(r, "part", ""), set()).add(r.plan.structure_key)
+    most = max((len(keys) for keys in by_part.values()), default=0)
+    if most < 2:
         return ""
     return (
         f"note: this model's graph changes with {dims}: the {len(results)} buckets captured "
-        f"{len(keys)} different graphs (a loop over a dimension, or a branch on a size, in "
+        f"{most} different graphs (a loop over a dimension, or a branch on a size, in "
         "forward), so each plan serves only sizes whose graph is its bucket's own; other "
         "sizes run default plans and are queued: tune them with `tune --from-queue`, or "
         "tune exactly the sizes served (--buckets edges:...)"
@@ -738,7 +751,7 @@ def tune(
     for i, b in enumerate(progress_bars.track(buckets, "tune", unit="bucket"), 1):
         progress(f"[{i}/{len(buckets)}] bucket {spec.label(b)}")
         try:
-            out.append(
+            out.extend(
                 tune_bucket(cfg, spec, b, cost_model, cache, progress=progress, runner=runner)
             )
         except Exception as e:

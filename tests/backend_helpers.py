@@ -61,3 +61,24 @@ class ReadsLastFirst(torch.nn.Module):
         q = torch.relu(self.q(tokens * 2))
         k = torch.tanh(self.kv(memory))
         return torch.softmax(q @ k.transpose(1, 2), -1) @ k
+
+
+class BreakBetweenLayers(torch.nn.Module):
+    """Two MLP layers with a graph break between them (as a `print` or a `.item()`
+    branch makes): torch.compile serves it as two graphs. `flatten`: the first layer's
+    output is flattened to (B*S, 32) before the break, so the second graph's input has an
+    axis that moves with S without being S."""
+
+    def __init__(self, flatten: bool = False):
+        super().__init__()
+        self.flatten = flatten
+        self.a1, self.a2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+        self.b1, self.b2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        h = x + self.a2(torch.nn.functional.gelu(self.a1(x)))
+        if self.flatten:
+            h = h.reshape(-1, 32)
+        torch._dynamo.graph_break()
+        out = h + self.b2(torch.nn.functional.gelu(self.b1(h)))
+        return out.reshape(x.shape).softmax(-1)

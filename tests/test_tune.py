@@ -147,6 +147,13 @@ def test_tune_says_when_the_buckets_plans_were_made_on_different_graphs():
     assert "graph changes with S" in note and "2 different graphs" in note
     assert "--from-queue" in note
 
+    # a model with graph breaks: its graphs are compared part by part
+    def part(key, which):
+        return NS(plan=NS(structure_key=key), part=f"graph {which} of 2")
+
+    assert graph_varies([part("a", 1), part("b", 2), part("a", 1), part("b", 2)], "S") == ""
+    assert "2 different graphs" in graph_varies([part("a", 1), part("b", 2), part("c", 2)], "S")
+
 
 def test_the_autotune_variant_compiles_each_gemm_group_with_max_autotune():
     from planner.fusion.partition import Partition

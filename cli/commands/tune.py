@@ -29,6 +29,7 @@ from search.tune import (
     bucket_spec,
     graph_varies,
     queued_bucket_keys,
+    queued_part_buckets,
     tune,
 )
 from search.tune_tp import init_ranks
@@ -129,7 +130,7 @@ def _queued_buckets(cache: PlanCache, cfg: TuneConfig) -> set[str]:
     resolved = Resolved(cfg.spec, local_device_name(), cfg.dtype)
     module, inputs = resolved.spec.build(dtype=resolved.dtype, device="cpu")
     captured = capture_for_planning(resolved, (module, inputs))  # the runtime's graph and key
-    return queued_bucket_keys(cache, cfg, inputs, captured)
+    return queued_bucket_keys(cache, cfg, inputs, captured) | queued_part_buckets(cache, cfg)
 
 
 def _row(r: BucketResult, dims: Any) -> dict[str, Any]:
@@ -138,6 +139,7 @@ def _row(r: BucketResult, dims: Any) -> dict[str, Any]:
         "bucket": r.bucket.key,
         "bucket_label": fmt.bucket(r.bucket.key, dims),
         "params": r.params,
+        "part": r.part,
         "plan": r.plan.to_json() if r.plan else None,
         "eager_s": r.eager.median_s if r.eager else None,
         "compile_s": r.compiled.median_s if r.compiled else None,
@@ -179,22 +181,29 @@ def _row(r: BucketResult, dims: Any) -> dict[str, Any]:
     }
 
 
+def _name(r: BucketResult, dims: Any) -> str:
+    """A result's row label: its bucket, and which graph for a model with graph breaks."""
+    name = fmt.bucket(r.bucket.key, dims)
+    return f"{name} ({r.part})" if r.part else name
+
+
 def _table(label: str, device: str, cache_url: str, results: list[BucketResult], dims: Any) -> str:
     """Per bucket: the best plan's time next to eager and torch.compile, each as median
     ±half the IQR, and the speed-ups, marked where a rerun may not agree; then the plan's
     call alone and waited for (what a loop needing each result sees), where measured."""
     w = max([9, *(len(r.best.strategy) for r in results if r.best is not None)])
+    names = [_name(r, dims) for r in results]
+    b = max([16, *map(len, names)])
     head = (
-        f"{'bucket':<16} {'plan':<{w}} {'groups':>6} {'plan':>16} {'eager':>16} "
+        f"{'bucket':<{b}} {'plan':<{w}} {'groups':>6} {'plan':>16} {'eager':>16} "
         f"{'compile':>16} {'vs eager':>9} {'vs compile':>10} {'fell back':>9} {'one call':>9}"
     )
     lines = [f"tuned {label} on {device}; plans in {cache_url}", head, "-" * len(head)]
     flagged = False
-    for r in results:
-        name = fmt.bucket(r.bucket.key, dims)
+    for r, name in zip(results, names):
         best = r.best
         if best is None or r.eager is None:
-            lines.append(f"{name:<16} {'(none)':<{w}}  {r.stored}")
+            lines.append(f"{name:<{b}} {'(none)':<{w}}  {r.stored}")
             continue
         t = best.measured
         cells = [fmt.timing(t), fmt.timing(r.eager), fmt.timing(r.compiled)]
@@ -203,7 +212,7 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
         whole = best.measurement
         alone = "-" if whole is None or math.isnan(whole.synced_s) else fmt.time_s(whole.synced_s)
         lines.append(
-            f"{name:<16} {best.strategy:<{w}} {len(best.partition):>6} {cells[0]:>16} "
+            f"{name:<{b}} {best.strategy:<{w}} {len(best.partition):>6} {cells[0]:>16} "
             f"{cells[1]:>16} {cells[2]:>16} {ups[0]:>9} {ups[1]:>10} {len(best.fallbacks):>9}"
             f" {alone:>9}"
         )

@@ -379,11 +379,43 @@ def trace_as_served(module: torch.nn.Module, example_inputs: Any) -> tuple[Lifte
     One graph is required (`fullgraph=True`); shapes are traced static. Raises
     CaptureError when dynamo breaks the graph or the graph cannot be lifted.
     """
+    seen = _traced(module, example_inputs, fullgraph=True)
+    if len(seen) != 1:
+        raise CaptureError(f"dynamo gave {len(seen)} graphs for {type(module).__name__}, not 1")
+    (lifted,) = seen
+    assert not isinstance(lifted, LiftError)  # with fullgraph, `record` raised it
+    return lifted
+
+
+def trace_graphs(
+    module: torch.nn.Module, example_inputs: Any
+) -> list[tuple[LiftedGraph, tuple] | LiftError]:
+    """Every graph dynamo compiles for one call of `module` on `example_inputs`, in the
+    order dynamo compiled them (a model with graph breaks gives several; the backend
+    serves each one on its own), each lifted with its user tensors, or the LiftError that
+    keeps the backend from planning it. Traced with symbolic sizes, as the backend meets
+    them under `torch.compile(..., dynamic=True)`: a graph after a break can read a tensor
+    for its sizes only, which is then among its inputs (traced static, the sizes would be
+    constants and the tensor no input). A graph dynamo reuses (one layer class called
+    again after a break) is compiled, and listed, once. Raises CaptureError when dynamo
+    cannot run the model at all."""
+    return _traced(module, example_inputs, fullgraph=False, dynamic=True)
+
+
+def _traced(
+    module: torch.nn.Module, example_inputs: Any, *, fullgraph: bool, dynamic: bool = False
+) -> list[tuple[LiftedGraph, tuple] | LiftError]:
     args = _as_args(example_inputs)
-    seen: list[tuple[LiftedGraph, tuple[Any, ...]]] = []
+    seen: list[tuple[LiftedGraph, tuple[Any, ...]] | LiftError] = []
 
     def record(gm: fx.GraphModule, example: list[Any]) -> Any:
-        lifted = lift_graph(gm, list(example))
+        try:
+            lifted = lift_graph(gm, list(example))
+        except LiftError as e:
+            if fullgraph:
+                raise
+            seen.append(e)
+            return gm.forward
         seen.append((lifted, tuple(example[p] for p in lifted.user_positions)))
         return gm.forward
 
@@ -392,17 +424,16 @@ def trace_as_served(module: torch.nn.Module, example_inputs: Any) -> tuple[Lifte
     limits = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 << 20}
     try:
         with _quiet_torch(), torch.no_grad(), torch._dynamo.config.patch(limits):
-            torch.compile(module, backend=record, fullgraph=True, dynamic=False)(*args)
+            torch.compile(module, backend=record, fullgraph=fullgraph, dynamic=dynamic)(*args)
     except Exception as e:  # dynamo raises many types; the caller needs one
         cause = e.__cause__ if isinstance(e.__cause__, LiftError) else e
         first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        how = "as one graph" if fullgraph else "with torch.compile"
         raise CaptureError(
-            f"torch.compile could not trace {type(module).__name__} as one graph "
+            f"torch.compile could not trace {type(module).__name__} {how} "
             f"({type(cause).__name__}: {first[:300]})"
         ) from e
-    if len(seen) != 1:
-        raise CaptureError(f"dynamo gave {len(seen)} graphs for {type(module).__name__}, not 1")
-    return seen[0]
+    return seen
 
 
 def capture_for_serving(
@@ -422,8 +453,8 @@ def capture_for_serving(
     SDPA's `is_causal` while compiling), so a plan made on `export_model(module)` would
     not fit the graph the backend meets. Offline tuning captures through this function so
     that its plans are keyed and partitioned on the backend's graph. A model dynamo cannot
-    trace as one graph is exported directly (the backend then meets several graphs, which
-    only ever get default plans).
+    trace as one graph is exported directly (a model with graph breaks: `tune` captures
+    each of its graphs instead, search/tune_parts.py).
     """
     try:
         lifted, user = trace_as_served(module, example_inputs)
