@@ -279,17 +279,26 @@ class PlanCache(CacheAdmin):
         else:
             marks = [(sql.MARK_QUEUE_BUCKET, {**queue, "bucket_key": queue_bucket})]
             if bucket is not None:
-                held = self.tuning_queue(model_key=plan.structure_key, device_fp=dev)
-                marks += [
-                    (sql.MARK_QUEUE_SHAPE, {**queue, "shape_key": exact_key(q.shapes)})
-                    for q in held
-                    if bucket.contains(q.shapes)
-                ]
+                marks += self._held_marks(queue, bucket)
         # One transaction: the plan, its history row and the queue marks land together.
         writes = [(sql.UPSERT_PLAN, upsert), (sql.INSERT_HISTORY, hist), *marks]
         won = self.db.write(writes)[0] > 0
         self._forget(plan.structure_key, dev, bucket_key)
         return StoreOutcome(won, entry_id(plan.structure_key, dev, bucket_key), bucket_key)
+
+    def _held_marks(self, queue: dict[str, str], bucket: Bucket) -> list[tuple[str, dict]]:
+        """Statements marking tuned the pending shapes of `queue`'s model that `bucket`
+        holds; none when the queue cannot be read now (a read does not wait for a server
+        that is down, the store's write does: those rows stay pending)."""
+        try:
+            held = self.tuning_queue(model_key=queue["model_key"], device_fp=queue["device_fp"])
+        except CacheError:
+            return []
+        return [
+            (sql.MARK_QUEUE_SHAPE, {**queue, "shape_key": exact_key(q.shapes)})
+            for q in held
+            if bucket.contains(q.shapes)
+        ]
 
     def set_bucket_spec(
         self, model_key: str, spec: BucketSpec, device_fp: str | None = None
