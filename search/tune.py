@@ -57,7 +57,7 @@ from search.optuna_storage import check_storage, storage_kind
 from search.parallel import OPTUNA_STRATEGIES, plan_through_outages, tune_parallel
 from search.strategies import get_strategy
 from search.strategy import Budget
-from search.tune_parts import Part, served_graphs
+from search.tune_parts import Part, served_graphs, whole_model_served
 from search.tune_store import (
     in_served_order,
     inside_alias,
@@ -142,6 +142,11 @@ class BucketResult:
     stored: str  # what the cache did with the plan, or why the bucket failed
     tensor_parallel: str = ""  # what became of a rank program's decision (search.tune_tp)
     part: str = ""  # which graph of a model with graph breaks ("graph 2 of 3"; "": whole)
+    # a model with graph breaks, once its graphs are tuned: the whole model served through
+    # the backend and eager (search.tune_parts.whole_model_served), on each graph's result
+    model_eager: Timing | None = None
+    model_served: Timing | None = None
+    model_note: str = ""  # why those are missing, or what they include
 
     @property
     def best(self) -> Candidate | None:
@@ -389,6 +394,21 @@ def tune_bucket(
                 params, mspec.label, part.label,
             )  # fmt: skip
             out.append(_tune_program(cfg, ctx, cost_model, cache, progress, runner, dev, bucket))
+        if cache is not None and not on_ranks() and any(r.plan is not None for r in out):
+            eager, whole, why = whole_model_served(
+                module, tuple(inputs), cache, dev, cfg.timer, dtype_name(cfg.dtype)
+            )
+            if whole is not None and eager is not None:
+                progress(
+                    f"  the whole model through the backend: {units.seconds(whole.median_s)}"
+                    f", eager {units.seconds(eager.median_s)}" + (f" ({why})" if why else "")
+                )
+            else:
+                progress(f"  the whole model through the backend: not timed ({why})")
+            out = [
+                dataclasses.replace(r, model_eager=eager, model_served=whole, model_note=why)
+                for r in out
+            ]
         return out
     if served.whole is not None:  # as capture_for_serving captures it, traced once
         captured = export_model(served.whole[0].module, served.whole[1], name=mspec.label)

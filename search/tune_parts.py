@@ -26,8 +26,12 @@ import torch.utils._pytree as pytree
 
 from planner.errors import CaptureError, first_line
 from planner.ir.capture import Captured, export_model
+from planner.measurement import Timing
 from planner.plans.buckets import Bucket, BucketSpec, DynamicDim
+from planner.plans.cache import PlanCache
+from planner.runtime.backend import FusionPlannerBackend
 from planner.runtime.graph import LiftedGraph, LiftError, trace_as_served, trace_graphs
+from profiling.runner import DeviceRunner, ServedExecutor, first_call
 
 
 @dataclass(frozen=True)
@@ -219,3 +223,38 @@ def _part_bucket(
     for d in dims:
         out[d.input][d.axis] = ranges[d.name]
     return part_spec, Bucket(tuple(tuple(s) for s in out)), tuple(dict.fromkeys(notes))
+
+
+def whole_model_served(
+    module: torch.nn.Module,
+    inputs: tuple[Any, ...],
+    cache: PlanCache,
+    device: torch.device,
+    timer: dict[str, Any],
+    dtype: str,
+) -> tuple[Timing | None, Timing | None, str]:
+    """The model with graph breaks as the user runs it once its graphs are tuned:
+    `torch.compile(module, backend=fusion_planner_backend(cache), dynamic=True)` against
+    eager, timed in interleaved rounds (the Python between the graphs included, which the
+    per-graph rows leave out). (eager, served, "") or (None, None, why it failed)."""
+    backend = FusionPlannerBackend(cache, device=device, record_misses=False)
+    compiled = torch.compile(module, backend=backend, dynamic=True)
+    runner = DeviceRunner(executor=ServedExecutor(), device=device, timer=timer)
+    try:
+        setup, _ = first_call(lambda: compiled(*inputs), device)
+        timed = runner.measure_interleaved(
+            {"eager": lambda: module(*inputs), "served": lambda: compiled(*inputs)},
+            dtype=dtype,
+            compile_s={"served": setup},
+        )
+    except Exception as e:  # the per-graph plans stand; only this figure is missing
+        return None, None, f"{type(e).__name__}: {first_line(e)}"
+    finally:
+        torch._dynamo.reset()
+    eager, served = timed["eager"], timed["served"]
+    if eager.timing is None or served.timing is None:
+        return None, None, str(eager.error or served.error)
+    if backend.stats.default or backend.stats.fallbacks:
+        why = f"served with {backend.stats.default} default plan(s)"
+        return eager.timing, served.timing, why
+    return eager.timing, served.timing, ""

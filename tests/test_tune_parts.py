@@ -100,6 +100,8 @@ def test_tune_from_the_queue_then_serve_a_model_with_a_graph_break(tmp_path, cap
     out = capsys.readouterr().out
     assert "S 9..16 (graph 1 of 2)" in out and "S 9..16 (graph 2 of 2)" in out, out
     assert "S 5..8" not in out, out
+    # and the whole model as the user runs it, Python between the graphs included
+    assert "whole model through the backend: " in out and " vs eager" in out, out
     assert len(PlanCache(url).entries()) == 2 and PlanCache(url).tuning_queue() == []
     stats = _serve(url, module, (16, 12, 10))
     assert stats.graphs == 2 and stats.bucket == 6 and stats.default == 0, stats

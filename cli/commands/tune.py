@@ -178,6 +178,11 @@ def _row(r: BucketResult, dims: Any) -> dict[str, Any]:
         "realize_s": r.realize_s,
         "stored": r.stored,
         "tensor_parallel": r.tensor_parallel,
+        "model_timings": {
+            "eager": fmt.timing_dict(r.model_eager),
+            "served": fmt.timing_dict(r.model_served),
+        },
+        "model_note": r.model_note,
     }
 
 
@@ -200,38 +205,14 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
     )
     lines = [f"tuned {label} on {device}; plans in {cache_url}", head, "-" * len(head)]
     flagged = False
-    for r, name in zip(results, names):
-        best = r.best
-        if best is None or r.eager is None:
-            lines.append(f"{name:<{b}} {'(none)':<{w}}  {r.stored}")
-            continue
-        t = best.measured
-        cells = [fmt.timing(t), fmt.timing(r.eager), fmt.timing(r.compiled)]
-        ups = [fmt.speedup(r.eager, t), fmt.speedup(r.compiled, t)]
-        flagged |= any(fmt.UNSTABLE_MARK in c for c in cells + ups)
-        whole = best.measurement
-        alone = "-" if whole is None or math.isnan(whole.synced_s) else fmt.time_s(whole.synced_s)
-        lines.append(
-            f"{name:<{b}} {best.strategy:<{w}} {len(best.partition):>6} {cells[0]:>16} "
-            f"{cells[1]:>16} {cells[2]:>16} {ups[0]:>9} {ups[1]:>10} {len(best.fallbacks):>9}"
-            f" {alone:>9}"
-        )
-        for g, why in best.fallbacks.items():  # one short reason per group
-            lines.append(f"{'':<4}group {g} runs eagerly: {short_reason(why, 100)}")
-        if best.strategy == "eager":  # what the candidates measured, beaten by eager
-            lost = [
-                f"{c.strategy} {fmt.timing(c.measured)}"
-                for c in r.candidates
-                if c.measured is not None and c.strategy != "eager"
-            ]
-            lines.append(
-                f"{'':<4}eager beat every candidate ({', '.join(lost)}): the unfused plan is "
-                "stored (--keep-fused stores the fastest candidate)"
-            )
-        if r.stored.startswith("NOT stored"):
-            lines.append(f"  {r.stored}")
-        if r.tensor_parallel:  # a rank program's decision: measured, or said it was not
-            lines.append(f"  {r.tensor_parallel}")
+    for i, (r, name) in enumerate(zip(results, names)):
+        rows, unstable = _row_lines(r, name, b, w)
+        lines += rows
+        flagged |= unstable
+        if r.part and (i + 1 == len(results) or results[i + 1].bucket != r.bucket):
+            line, unstable = _whole_line(r)  # after the last graph of a bucket
+            lines.append(line)
+            flagged |= unstable
     lines.append(
         "times: median ±half the interquartile range; plan: calls back to back through the "
         "serving path; one call: the plan's call alone, waited for (the wall clock)"
@@ -239,3 +220,56 @@ def _table(label: str, device: str, cache_url: str, results: list[BucketResult],
     if flagged:
         lines.append(fmt.UNSTABLE_NOTE)
     return "\n".join(lines)
+
+
+def _whole_line(r: BucketResult) -> tuple[str, bool]:
+    """A model with graph breaks: the whole model served through the backend, against
+    eager, under its graphs' rows; and whether a figure in it is marked unstable."""
+    if r.model_served is None or r.model_eager is None:
+        return f"{'':<4}whole model through the backend: not timed ({r.model_note})", False
+    note = f"; {r.model_note}" if r.model_note else ""
+    cells = [
+        fmt.timing(r.model_served),
+        fmt.timing(r.model_eager),
+        fmt.speedup(r.model_eager, r.model_served),
+    ]
+    line = (
+        f"{'':<4}whole model through the backend: {cells[0]}, eager {cells[1]}, {cells[2]} vs"
+        f" eager (the Python between its graphs included){note}"
+    )
+    return line, any(fmt.UNSTABLE_MARK in c for c in cells)
+
+
+def _row_lines(r: BucketResult, name: str, b: int, w: int) -> tuple[list[str], bool]:
+    """One result's row and the lines under it (fallbacks, eager's win, storage, TP), and
+    whether a figure in it is marked unstable."""
+    best = r.best
+    if best is None or r.eager is None:
+        return [f"{name:<{b}} {'(none)':<{w}}  {r.stored}"], False
+    t = best.measured
+    cells = [fmt.timing(t), fmt.timing(r.eager), fmt.timing(r.compiled)]
+    ups = [fmt.speedup(r.eager, t), fmt.speedup(r.compiled, t)]
+    whole = best.measurement
+    alone = "-" if whole is None or math.isnan(whole.synced_s) else fmt.time_s(whole.synced_s)
+    lines = [
+        f"{name:<{b}} {best.strategy:<{w}} {len(best.partition):>6} {cells[0]:>16} "
+        f"{cells[1]:>16} {cells[2]:>16} {ups[0]:>9} {ups[1]:>10} {len(best.fallbacks):>9}"
+        f" {alone:>9}"
+    ]
+    for g, why in best.fallbacks.items():  # one short reason per group
+        lines.append(f"{'':<4}group {g} runs eagerly: {short_reason(why, 100)}")
+    if best.strategy == "eager":  # what the candidates measured, beaten by eager
+        lost = [
+            f"{c.strategy} {fmt.timing(c.measured)}"
+            for c in r.candidates
+            if c.measured is not None and c.strategy != "eager"
+        ]
+        lines.append(
+            f"{'':<4}eager beat every candidate ({', '.join(lost)}): the unfused plan is "
+            "stored (--keep-fused stores the fastest candidate)"
+        )
+    if r.stored.startswith("NOT stored"):
+        lines.append(f"  {r.stored}")
+    if r.tensor_parallel:  # a rank program's decision: measured, or said it was not
+        lines.append(f"  {r.tensor_parallel}")
+    return lines, any(fmt.UNSTABLE_MARK in c for c in cells + ups)
