@@ -106,3 +106,12 @@ def test_tune_from_the_queue_then_serve_a_model_with_a_graph_break(tmp_path, cap
     stats = _serve(url, module, (16, 12, 10))
     assert stats.graphs == 2 and stats.bucket == 6 and stats.default == 0, stats
     assert not stats.fallbacks and stats.queued == 0, stats
+
+
+def test_measure_points_a_model_with_a_graph_break_to_tune(tmp_path, capsys):
+    (tmp_path / "breaks.py").write_text(BREAKS)
+    argv = ["measure", "--model", f"{tmp_path}/breaks.py:factory", "--shape", "B=2,S=16"]
+    assert main([*argv, "--strategy", "greedy", "--no-compile"]) == 2
+    err = capsys.readouterr().err
+    assert "runs as 2 graph(s) under torch.compile (graph breaks)" in err
+    assert "`fusion-plan tune` tunes, stores and times each graph" in err
