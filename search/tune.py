@@ -390,9 +390,16 @@ def tune_bucket(
             for note in part.notes:
                 progress(f"  {part.label}: {note}")
             ctx = _Program(
-                part.module, part.inputs, part.captured, part.spec, part.bucket, part.bucket,
-                params, mspec.label, part.label,
-            )  # fmt: skip
+                part.module,
+                part.inputs,
+                part.captured,
+                served_spec=part.spec,
+                served_bucket=part.bucket,
+                bucket=part.bucket,  # the graph's own inputs: in the runtime's order already
+                params=params,
+                label=mspec.label,
+                part=part.label,
+            )
             out.append(_tune_program(cfg, ctx, cost_model, cache, progress, runner, dev, bucket))
         if cache is not None and not on_ranks() and any(r.plan is not None for r in out):
             eager, whole, why = whole_model_served(

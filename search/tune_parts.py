@@ -98,7 +98,7 @@ def served_parts(
         return None
     if not any(isinstance(g, tuple) for g in graphs):
         return None  # nothing the backend could plan: the whole-model path reports it
-    moved = _moved_traces(module, inputs, spec, bucket, len(graphs))
+    moved = _moved_traces(module, inputs, spec, len(graphs))
     parts: list[Part] = []
     seen_keys: set[str] = set()
     n = len(graphs)
@@ -129,7 +129,6 @@ def _moved_traces(
     module: torch.nn.Module,
     inputs: tuple[Any, ...],
     spec: BucketSpec,
-    bucket: Bucket,
     count: int,
 ) -> dict[str, tuple[int, int, list[list[tuple[int, ...]] | None]] | str]:
     """For each dimension name of `spec`: (its size at `inputs`, its size one step away,
