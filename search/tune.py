@@ -399,6 +399,7 @@ def tune_bucket(
                 params=params,
                 label=mspec.label,
                 part=part.label,
+                also=part.also,
             )
             out.append(_tune_program(cfg, ctx, cost_model, cache, progress, runner, dev, bucket))
         if cache is not None and not on_ranks() and any(r.plan is not None for r in out):
@@ -444,6 +445,7 @@ class _Program:
     params: dict[str, int]
     label: str
     part: str = ""
+    also: tuple[Bucket, ...] = ()  # more buckets the plan is stored for (tune_parts.Part)
 
 
 def _skipped(bucket: Bucket, params: dict[str, int], part: Part) -> BucketResult:
@@ -632,6 +634,9 @@ def _tune_program(
             plan = dataclasses.replace(plan, notes="; ".join(n for n in (plan.notes, tp_note) if n))
         if cache is not None:
             stored = store_plan(cache, plan, served_spec, served_bucket, ctx.label, progress)
+            for other in ctx.also:  # the same graph at other sizes: its plan, not its timing
+                progress(f"  the same graph is called at {other.key} too: its plan is stored there")
+                store_plan(cache, plan.unmeasured(), served_spec, other, ctx.label, progress)
             alias = inside_alias(module, inputs, bucket, graph, plan, ctx.label)
             if alias is not None:
                 progress(

@@ -17,7 +17,7 @@ the representative's size of that axis.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -49,6 +49,9 @@ class Part:
     bucket: Bucket | None
     notes: tuple[str, ...] = ()
     skipped: str = ""  # why this graph is not tuned (the backend runs it as dynamo's graph)
+    # other buckets of `spec` the same graph is called with in one forward (one layer's
+    # code reused at other sizes): its plan is stored for them too
+    also: tuple[Bucket, ...] = ()
 
     @property
     def label(self) -> str:
@@ -92,15 +95,16 @@ def served_parts(
     """The graphs `torch.compile` serves `module` as at `inputs`, for a model dynamo does
     not trace as one graph (see `served_graphs`); None when dynamo cannot run it at all,
     or none of its graphs can be planned."""
+    calls: list[list[tuple[tuple[int, ...], ...]]] = []
     try:
-        graphs = trace_graphs(module, inputs)
+        graphs = trace_graphs(module, inputs, calls)
     except CaptureError:
         return None
     if not any(isinstance(g, tuple) for g in graphs):
         return None  # nothing the backend could plan: the whole-model path reports it
     moved = _moved_traces(module, inputs, spec, len(graphs))
     parts: list[Part] = []
-    seen_keys: set[str] = set()
+    seen_keys: dict[str, int] = {}  # structure key -> its part's index in `parts`
     n = len(graphs)
     for k, g in enumerate(graphs, 1):
         if isinstance(g, LiftError):
@@ -117,11 +121,17 @@ def served_parts(
             parts.append(Part(k, n, program, user, None, None, None, skipped=why))
             continue
         key = captured.graph.structure_key
-        if key in seen_keys:
-            continue  # the same graph again (another instance of a layer): tuned once
-        seen_keys.add(key)
+        if key in seen_keys:  # the same graph again (a layer's code reused): tuned once
+            first = parts[seen_keys[key]]
+            other = first.spec.bucket_of([tuple(x.shape) for x in user]) if first.spec else None
+            if other is not None and other not in (first.bucket, *first.also):
+                parts[seen_keys[key]] = replace(first, also=(*first.also, other))
+            continue
+        seen_keys[key] = len(parts)
         part_spec, part_bucket, notes = _part_bucket(user, k - 1, spec, bucket, moved)
-        parts.append(Part(k, n, program, user, captured, part_spec, part_bucket, notes))
+        others = (part_spec.bucket_of(shapes) for shapes in calls[k - 1])
+        also = tuple(dict.fromkeys(b for b in others if b is not None and b != part_bucket))
+        parts.append(Part(k, n, program, user, captured, part_spec, part_bucket, notes, also=also))
     return parts
 
 
@@ -150,8 +160,10 @@ def _moved_traces(
         new = list(leaves)
         for i, a in where:
             t = new[i]
+            # contiguous, as the call's own tensors are (dynamo can split a narrowed view's
+            # program into other graphs than the call's)
             if step < size:
-                new[i] = t.narrow(a, 0, step)
+                new[i] = t.narrow(a, 0, step).contiguous()
             else:
                 new[i] = torch.cat([t, t.narrow(a, 0, 1)], a)
         moved_inputs = _with_tensors(inputs, new)

@@ -82,3 +82,29 @@ class BreakBetweenLayers(torch.nn.Module):
         torch._dynamo.graph_break()
         out = h + self.b2(torch.nn.functional.gelu(self.b1(h)))
         return out.reshape(x.shape).softmax(-1)
+
+
+class _Residual(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) + x
+
+
+class HalvingLayers(torch.nn.Module):
+    """One layer called twice, on the whole sequence and then on its first half, with a
+    graph break in the loop: dynamo runs the loop eagerly, compiles the layer's code once
+    and serves both sizes with that graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = _Residual()
+
+    def forward(self, x):
+        for _ in range(2):
+            x = self.layer(x)
+            torch._dynamo.graph_break()
+            x = x[:, : x.shape[1] // 2]
+        return x

@@ -11,7 +11,7 @@ from planner.plans.buckets import parse_dynamic
 from planner.plans.cache import PlanCache
 from planner.runtime import fusion_planner_backend
 from search.tune_parts import served_graphs
-from tests.backend_helpers import BreakBetweenLayers, small_block
+from tests.backend_helpers import BreakBetweenLayers, HalvingLayers, small_block
 from zoo.modelspec import resolve
 
 DIMS = {"B": (0, 0), "S": (0, 1)}
@@ -54,6 +54,15 @@ def test_an_axis_that_moves_with_a_dim_without_being_it_stays_exact_and_is_said(
     assert [(d.name, d.input, d.axis) for d in second.spec.dims] == [("S", 1, 1)]
     assert second.bucket.key == "[32,32];[2,9-16,32]"
     assert any("moves with S but is not S" in n for n in second.notes), second.notes
+
+
+def test_a_graph_served_at_other_sizes_in_one_forward_keeps_their_buckets():
+    """The layer's graph is called at S and S/2: its plan is stored for the bucket of
+    each (here 16 and 8 fall in S 9..16 and S 5..8)."""
+    torch.manual_seed(0)
+    (part,) = _parts(HalvingLayers().eval(), 2, 16, "S=5..16")
+    assert part.bucket.key == "[2,9-16,32]"
+    assert [b.key for b in part.also] == ["[2,5-8,32]"]
 
 
 def test_a_model_dynamo_traces_whole_is_served_whole():

@@ -219,6 +219,13 @@ class Plan:
     data_parallel: DPChoice | None = None
     measured_synced_s: float | None = None
 
+    def unmeasured(self) -> Plan:
+        """This plan without its measurements: the plan stored for shapes it was not
+        timed at."""
+        return replace(
+            self, measured_s=None, measured_p99_s=None, eager_s=None, measured_synced_s=None
+        )
+
     @classmethod
     def from_partition(
         cls,

@@ -388,7 +388,9 @@ def trace_as_served(module: torch.nn.Module, example_inputs: Any) -> tuple[Lifte
 
 
 def trace_graphs(
-    module: torch.nn.Module, example_inputs: Any
+    module: torch.nn.Module,
+    example_inputs: Any,
+    calls: list[list[tuple[tuple[int, ...], ...]]] | None = None,
 ) -> list[tuple[LiftedGraph, tuple] | LiftError]:
     """Every graph dynamo compiles for one call of `module` on `example_inputs`, in the
     order dynamo compiled them (a model with graph breaks gives several; the backend
@@ -397,13 +399,20 @@ def trace_graphs(
     them under `torch.compile(..., dynamic=True)`: a graph after a break can read a tensor
     for its sizes only, which is then among its inputs (traced static, the sizes would be
     constants and the tensor no input). A graph dynamo reuses (one layer class called
-    again after a break) is compiled, and listed, once. Raises CaptureError when dynamo
-    cannot run the model at all."""
-    return _traced(module, example_inputs, fullgraph=False, dynamic=True)
+    again after a break) is compiled, and listed, once; `calls`, when given, gets for each
+    listed graph the user-input shapes of every call it served in that forward (a reused
+    graph serves several, at other sizes too). Raises CaptureError when dynamo cannot run
+    the model at all."""
+    return _traced(module, example_inputs, fullgraph=False, dynamic=True, calls=calls)
 
 
 def _traced(
-    module: torch.nn.Module, example_inputs: Any, *, fullgraph: bool, dynamic: bool = False
+    module: torch.nn.Module,
+    example_inputs: Any,
+    *,
+    fullgraph: bool,
+    dynamic: bool = False,
+    calls: list[list[tuple[tuple[int, ...], ...]]] | None = None,
 ) -> list[tuple[LiftedGraph, tuple] | LiftError]:
     args = _as_args(example_inputs)
     seen: list[tuple[LiftedGraph, tuple[Any, ...]] | LiftError] = []
@@ -415,9 +424,21 @@ def _traced(
             if fullgraph:
                 raise
             seen.append(e)
+            if calls is not None:
+                calls.append([])
             return gm.forward
         seen.append((lifted, tuple(example[p] for p in lifted.user_positions)))
-        return gm.forward
+        if calls is None:
+            return gm.forward
+        mine: list[tuple[tuple[int, ...], ...]] = []
+        calls.append(mine)
+        positions = lifted.user_positions
+
+        def counted(*a: Any) -> Any:
+            mine.append(tuple(tuple(int(d) for d in a[p].shape) for p in positions))
+            return gm.forward(*a)
+
+        return counted
 
     # Each capture adds a cache entry for the model's forward; a tuning job captures the
     # same model once per bucket, which must not run into dynamo's recompile limit.
