@@ -60,6 +60,7 @@ FIXED_IMAGE = ("IMG=32", "B=3..4", {"B": 4}, {"B": 3})
 # cell -> (fixed shape, dynamic range, tuned shape, other shape of the bucket)
 CELLS = {
     "opt": TEXT,
+    "longformer": TEXT,
     "bloom": TEXT,
     "falcon": TEXT,
     "qwen2": TEXT,

@@ -44,6 +44,13 @@ def _causal(model_cls, config) -> torch.nn.Module:
 # --- decoders (causal LM heads, default use_cache) ---------------------------------------
 
 
+def longformer(B: int = 2, S: int = 16):
+    """Runs as many graphs under torch.compile: its padding to the attention window reads
+    a data-dependent size (graph breaks at default settings)."""
+    cfg = T.LongformerConfig(vocab_size=V, attention_window=[4, 4], **TEXT)
+    return T.LongformerModel(cfg).eval(), (_ids(B, S),)
+
+
 def opt(B: int = 2, S: int = 16):
     cfg = T.OPTConfig(
         vocab_size=V,
