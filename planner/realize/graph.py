@@ -186,24 +186,37 @@ def _symbol_nodes(gm: fx.GraphModule) -> dict[Any, fx.Node]:
 
 
 def _missing_symbols(inputs: list[fx.Node], symbol_nodes: dict[Any, fx.Node]) -> list[fx.Node]:
-    """Nodes holding the symbols a group's input sizes are expressions of, where no input
-    carries the symbol itself as a size.
+    """Nodes holding symbols a group's inputs are expressions of that no input binds.
 
     A compiler binds a symbol from an input's size only where the size is the bare symbol:
     a conv group whose input is [s0, C, ((s1 - 1)//4) + 1, ...] cannot be compiled for
     every s1 (Inductor: "expected [s1] to have been codegen-ed"), so s1 comes in as an
     input of its own, as dynamo passes SymInts to its backends.
+
+    A size input that is an expression (`4*s0`, a reshape's rows) needs its symbols as size
+    inputs too, even where a tensor's size binds them: Inductor's FX graph cache writes a
+    compiled group's guards over its size inputs alone (dynamo passes every symbol of its
+    graph's tensors as one), so a symbol no size input binds is written as the program
+    input it was read from (`L['x'].size()[0]`), which the next lookup of the group cannot
+    evaluate (`KeyError: 'x'`).
     """
     needed: set[Any] = set()
     bare: set[Any] = set()
+    in_ints: set[Any] = set()  # symbols of the size inputs
+    bare_ints: set[Any] = set()  # size inputs that are a bare symbol
     for a in inputs:
-        for s in _sizes_of(a.meta.get("val")):
+        val = a.meta.get("val")
+        for s in _sizes_of(val):
             if isinstance(s, torch.SymInt):
                 expr = s.node.expr
                 needed |= expr.free_symbols
                 if expr.is_Symbol:
                     bare.add(expr)
-    missing = sorted(needed - bare, key=str)
+        if isinstance(val, torch.SymInt):
+            in_ints |= val.node.expr.free_symbols
+            if val.node.expr.is_Symbol:
+                bare_ints.add(val.node.expr)
+    missing = sorted((needed - bare) | (in_ints - bare_ints), key=str)
     return [symbol_nodes[s] for s in missing if s in symbol_nodes and symbol_nodes[s] not in inputs]
 
 
