@@ -340,6 +340,36 @@ def test_compile_budget_bounds_realizations_and_the_rest_runs_eager(cache):
     assert be.stats.over_budget == 3  # buckets 33-64, 65-128, 129-256
 
 
+class _TwoBlocks(torch.nn.Module):
+    """Two zoo blocks (whose default plans fuse) with a graph break between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = block(), block()
+
+    def forward(self, x):
+        x = self.first(x)
+        torch._dynamo.graph_break()
+        return self.second(x)
+
+
+def test_the_compile_budget_is_each_graphs_own(cache):
+    """A model with a graph break is two dynamo graphs: a budget of one realization
+    realizes a bucket in each, instead of leaving the second graph unplanned."""
+    module = _TwoBlocks().eval()
+    count = Counting()
+    be = fusion_planner_backend(
+        cache, compile_budget=1, realizer=count.realizer, exporter=count.exporter
+    )
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    with torch.no_grad():
+        for s in (16, 40):  # the second bucket is past each graph's budget
+            x = torch.randn(2, s, 32)
+            torch.testing.assert_close(compiled(x), module(x))
+    assert be.stats.graphs == 2 and be.stats.realized == 2 == len(count.partitions)
+    assert be.stats.over_budget == 2, be.stats
+
+
 def test_a_bucket_that_does_not_export_over_its_range_is_realized_per_shape_and_said(cache):
     """A bucket whose export over its range fails (a model that guards on the length there)
     realizes each shape alone; it is tried once per bucket, and the user is told why."""

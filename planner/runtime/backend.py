@@ -7,8 +7,9 @@ in the plan cache (exact shape, then bucket, then the default plan: never an err
 realizes it once per bucket (one compile serves every shape of the bucket) and reuses
 it. A miss runs the default plan (`planner.fusion.fuse_rules.default_partition`) and records
 the shape in the cache's tuning queue, so the next offline `fusion-plan tune` covers it.
-`compile_budget` bounds how many realizations the process pays for; past it, new
-buckets run dynamo's graph as it is (bound the recompiles: docs/runtime.md).
+`compile_budget` bounds how many realizations the process pays for per dynamo graph; past
+it, that graph's new buckets run dynamo's graph as it is (bound the recompiles:
+docs/runtime.md).
 
 Correctness comes first: if anything on the way fails (lifting dynamo's graph, export,
 a plan that does not fit, a realization), that bucket runs dynamo's graph unchanged
@@ -213,7 +214,7 @@ def _warn_once(key: str, message: str) -> None:
 # ---- the backend --------------------------------------------------------------------------
 class FusionPlannerBackend:
     """The `torch.compile` backend object. One instance may serve several models and
-    graphs; the compile budget and the stats are shared between them."""
+    graphs; the stats are shared between them, the compile budget is each graph's own."""
 
     def __init__(
         self,
@@ -300,10 +301,15 @@ class FusionPlannerBackend:
                 _warn_once("backend-cache", f"plan cache unavailable ({e}); default plans only")
         return self._cache
 
-    def take_budget(self) -> bool:
+    def take_budget(self, spent: list[int]) -> bool:
+        """One realization from the budget of the graph whose count is `spent` (a
+        one-element list the graph owns): `compile_budget` per dynamo graph, so a model
+        torch.compile splits into many graphs (graph breaks) gets its buckets realized
+        in every one of them."""
         with self._lock:
-            if self.stats.realized >= self.compile_budget:
+            if spent[0] >= self.compile_budget:
                 return False
+            spent[0] += 1
             self.stats.realized += 1
             return True
 
@@ -388,6 +394,7 @@ class _PlannedGraph:
 
     def __init__(self, backend: FusionPlannerBackend, gm: fx.GraphModule, lifted: LiftedGraph):
         self.backend, self.gm, self.lifted = backend, gm, lifted
+        self._spent = [0]  # realizations this graph took from the compile budget
         self._dyn = tuple((lifted.user_positions[i], a) for i, a in lifted.dynamic)
         self._consts = bool(lifted.constants)
         self._same_state = lifted.same_state()
@@ -440,8 +447,8 @@ class _PlannedGraph:
     def _for_state(self, args: tuple[Any, ...]) -> Callable[..., Any]:
         """The planned graph of the module instance whose state `args` carry: dynamo reuses
         one graph for every instance of a module class, while a lift bakes in one
-        instance's parameters. Each instance gets its own lift and realizations (each
-        against the compile budget); one that cannot be lifted, or past
+        instance's parameters. Each instance gets its own lift and realizations (within its
+        own compile budget); one that cannot be lifted, or past
         `STATE_LIFTS_MAX` instances, runs dynamo's graph."""
         key = self.lifted.state_key(args)
         with self._lock:
@@ -539,12 +546,12 @@ class _PlannedGraph:
             # decision: dynamo's graph is that plan already, without paying for a realization.
             self._realized[key] = self._eager
             return self._eager, None
-        if not self.backend.take_budget():
+        if not self.backend.take_budget(self._spent):
             stats.over_budget += 1
             _warn_once(
                 "budget",
-                f"fusion-planner compile budget ({self.backend.compile_budget}) spent: new "
-                "buckets run dynamo's graph (raise compile_budget or tune fewer buckets)",
+                f"fusion-planner compile budget ({self.backend.compile_budget} per graph) spent: "
+                "new buckets run dynamo's graph (raise compile_budget or tune fewer buckets)",
             )
             self._realized[key] = self._eager
             return self._eager, None
