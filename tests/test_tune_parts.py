@@ -124,3 +124,17 @@ def test_measure_points_a_model_with_a_graph_break_to_tune(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "runs as 2 graph(s) under torch.compile (graph breaks)" in err
     assert "`fusion-plan tune` tunes, stores and times each graph" in err
+
+
+def test_a_job_with_an_untunable_graph_still_succeeds_where_another_graph_was_tuned():
+    from types import SimpleNamespace as NS
+
+    from cli.commands.tune import job_ok
+
+    def r(bucket, plan, part="graph 1 of 2", stored="stored"):
+        return NS(bucket=NS(key=bucket), plan=plan, part=part, stored=stored)
+
+    assert job_ok([r("a", object()), r("a", None, "graph 2 of 2")])
+    assert not job_ok([r("a", None), r("a", None, "graph 2 of 2")])  # no graph tuned
+    assert not job_ok([r("a", None, part="")])  # a whole model without a plan
+    assert not job_ok([r("a", object(), stored="NOT stored (read-only)")])

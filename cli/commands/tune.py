@@ -111,8 +111,22 @@ def _run(args: argparse.Namespace) -> int:
                 cache=cache.url,
             )
             print(f"report: {write_report(job, args.report)}", file=sys.stderr)
-    ok = all(r.plan is not None and not r.stored.startswith("NOT stored") for r in results)
-    return 0 if ok else 1
+    return 0 if job_ok(results) else 1
+
+
+def job_ok(results: list[BucketResult]) -> bool:
+    """Whether the job did what it was asked: every plan measured was stored, and every
+    bucket has a plan; for a model with graph breaks, one for at least one of its graphs
+    (a graph none of whose candidates can be served, one that updates a tensor in place,
+    say, is run as dynamo's graph, and its row says why)."""
+    if any(r.stored.startswith("NOT stored") for r in results):
+        return False
+    by_bucket: dict[str, bool] = {}
+    for r in results:
+        by_bucket[r.bucket.key] = by_bucket.get(r.bucket.key, False) or r.plan is not None
+        if not r.part and r.plan is None:
+            return False
+    return all(by_bucket.values())
 
 
 def _label(spec: Any, dynamic: str) -> str:
