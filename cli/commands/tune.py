@@ -240,7 +240,8 @@ def _whole_line(r: BucketResult) -> tuple[str, bool]:
     """A model with graph breaks: the whole model served through the backend, against
     eager, under its graphs' rows; and whether a figure in it is marked unstable."""
     if r.model_served is None or r.model_eager is None:
-        return f"{'':<4}whole model through the backend: not timed ({r.model_note})", False
+        why = r.model_note or "no plan of its graphs is in a cache"
+        return f"{'':<4}whole model through the backend: not timed ({why})", False
     note = f"; {r.model_note}" if r.model_note else ""
     cells = [
         fmt.timing(r.model_served),
