@@ -441,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
             row = run_cell(name, args.device)
             rows = [r for r in rows if r["cell"] != name] + [row]
-            write(sorted(rows, key=lambda r: list(CELLS).index(r["cell"])), args.out)
+            rows.sort(key=lambda r: list(CELLS).index(r["cell"]) if r["cell"] in CELLS else 99)
+            write(rows, args.out)
     write(rows, args.out)
     sys.stdout.write(render(rows, args.out.name))
     return 0
