@@ -45,13 +45,12 @@ from planner.errors import CacheError, FusionPlannerError, first_line, is_out_of
 from planner.fusion.partition import Partition
 from planner.fusion.realization import choices_for, realizations_of
 from planner.hardware import device_fingerprint, local_device_name
-from planner.ir.capture import export_model
 from planner.measurement import MeasureError, Measurement, PlanJob, Runner, Timing
 from planner.objective import Objective
 from planner.plans.buckets import Bucket, BucketSpec, parse_dynamic
 from planner.plans.cache import PlanCache
 from planner.plans.plan import Plan, TPChoice
-from planner.runtime.graph import capture_for_serving
+from planner.runtime.graph import export_served
 from profiling.runner import STEADY_TIMER, DeviceRunner, ServedExecutor, first_call
 from search.optuna_storage import check_storage, storage_kind
 from search.parallel import OPTUNA_STRATEGIES, plan_through_outages, tune_parallel
@@ -418,10 +417,7 @@ def tune_bucket(
                 for r in out
             ]
         return out
-    if served.whole is not None:  # as capture_for_serving captures it, traced once
-        captured = export_model(served.whole[0].module, served.whole[1], name=mspec.label)
-    else:
-        captured = capture_for_serving(module, inputs, name=mspec.label)
+    captured = export_served(module, inputs, served.whole, name=mspec.label)
     served_spec, served_bucket = in_served_order(spec, bucket, inputs, captured)
     ctx = _Program(
         module, tuple(inputs), captured, served_spec, served_bucket, bucket, params, mspec.label

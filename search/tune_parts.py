@@ -30,7 +30,7 @@ from planner.measurement import Timing
 from planner.plans.buckets import Bucket, BucketSpec, DynamicDim
 from planner.plans.cache import PlanCache
 from planner.runtime.backend import FusionPlannerBackend
-from planner.runtime.graph import LiftedGraph, LiftError, trace_as_served, trace_graphs
+from planner.runtime.graph import LiftedGraph, LiftError, trace_graphs, trace_served
 from profiling.runner import DeviceRunner, ServedExecutor, first_call
 
 
@@ -77,30 +77,26 @@ def served_graphs(
 ) -> Served:
     """The graph, or the graphs, `torch.compile` serves `module` as at `inputs` (a call at
     the bucket's representative); see `Served`."""
-    try:
-        return Served(whole=trace_as_served(module, inputs))
-    except CaptureError:
-        pass
-    parts = served_parts(module, inputs, spec, bucket, label)
-    return Served(parts=parts)
+    calls: list[list[tuple[tuple[int, ...], ...]]] = []
+    whole, graphs = trace_served(module, inputs, calls)
+    if whole is not None:
+        return Served(whole=whole)
+    return Served(parts=served_parts(module, inputs, graphs, calls, spec, bucket, label))
 
 
 def served_parts(
     module: torch.nn.Module,
     inputs: tuple[Any, ...],
+    graphs: list[tuple[LiftedGraph, tuple] | LiftError] | None,
+    calls: list[list[tuple[tuple[int, ...], ...]]],
     spec: BucketSpec,
     bucket: Bucket,
     label: str,
 ) -> list[Part] | None:
-    """The graphs `torch.compile` serves `module` as at `inputs`, for a model dynamo does
-    not trace as one graph (see `served_graphs`); None when dynamo cannot run it at all,
-    or none of its graphs can be planned."""
-    calls: list[list[tuple[tuple[int, ...], ...]]] = []
-    try:
-        graphs = trace_graphs(module, inputs, calls)
-    except CaptureError:
-        return None
-    if not any(isinstance(g, tuple) for g in graphs):
+    """The parts of a model dynamo does not trace as one graph, from `trace_graphs`'
+    `graphs` and `calls` at `inputs` (see `served_graphs`); None when dynamo cannot run
+    it at all (`graphs` None), or none of its graphs can be planned."""
+    if graphs is None or not any(isinstance(g, tuple) for g in graphs):
         return None  # nothing the backend could plan: the whole-model path reports it
     moved = _moved_traces(module, inputs, spec, len(graphs))
     parts: list[Part] = []

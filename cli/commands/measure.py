@@ -15,11 +15,11 @@ from cli.common import (
     emit,
     resolve,
 )
-from planner.errors import CaptureError, FusionPlannerError
-from planner.ir.capture import Captured, export_model
+from planner.errors import FusionPlannerError
+from planner.ir.capture import Captured
 from planner.measurement import PlanJob
 from planner.realize.check import short_reason
-from planner.runtime.graph import capture_for_serving, trace_as_served, trace_graphs
+from planner.runtime.graph import export_served, trace_served
 from profiling.runner import DeviceRunner, RealizedExecutor, ServedExecutor, first_call
 from search.cost_models import cost_model_for
 from search.planning import make_plan
@@ -31,21 +31,14 @@ def _served_capture(module: torch.nn.Module, inputs: tuple, label: str) -> Captu
     """The one graph `torch.compile` serves the model as, captured as `capture_for_serving`
     captures it; a clear error for a model served as several graphs (graph breaks), whose
     plans `fusion-plan tune` makes graph by graph (one plan here would fit none of them)."""
-    try:
-        lifted, user = trace_as_served(module, inputs)
-    except CaptureError:
-        try:
-            graphs = trace_graphs(module, inputs)
-        except CaptureError:
-            graphs = []
-        if len(graphs) > 1 or any(isinstance(g, tuple) for g in graphs):
-            raise FusionPlannerError(
-                f"{label} runs as {len(graphs)} graph(s) under torch.compile (graph breaks), "
-                "and `measure` times one plan of one graph: `fusion-plan tune` tunes, "
-                "stores and times each graph (and the whole model through the backend)"
-            ) from None
-        return capture_for_serving(module, inputs, name=label)
-    return export_model(lifted.module, user, name=label)
+    whole, graphs = trace_served(module, inputs)
+    if whole is None and graphs and (len(graphs) > 1 or isinstance(graphs[0], tuple)):
+        raise FusionPlannerError(
+            f"{label} runs as {len(graphs)} graph(s) under torch.compile (graph breaks), "
+            "and `measure` times one plan of one graph: `fusion-plan tune` tunes, "
+            "stores and times each graph (and the whole model through the backend)"
+        )
+    return export_served(module, inputs, whole, name=label)
 
 
 def run(args: argparse.Namespace) -> int:

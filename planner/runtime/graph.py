@@ -478,9 +478,45 @@ def capture_for_serving(
     each of its graphs instead, search/tune_parts.py).
     """
     try:
-        lifted, user = trace_as_served(module, example_inputs)
+        whole = trace_as_served(module, example_inputs)
     except CaptureError:
+        whole = None
+    return export_served(module, example_inputs, whole, name=name, meta=meta, trace_as=trace_as)
+
+
+def export_served(
+    module: torch.nn.Module,
+    example_inputs: Any,
+    whole: tuple[LiftedGraph, tuple] | None,
+    *,
+    name: str = "",
+    meta: dict[str, Any] | None = None,
+    trace_as: str | torch.device | None = None,
+) -> Captured:
+    """`capture_for_serving` once the model was traced: `whole` (`trace_as_served`'s lift
+    and user tensors) exported, or `module` exported directly where there is none."""
+    if whole is None:
         return export_model(module, example_inputs, name=name, meta=meta, trace_as=trace_as)
+    lifted, user = whole
     return export_model(
         lifted.module, user, name=name or type(module).__name__, meta=meta, trace_as=trace_as
     )
+
+
+def trace_served(
+    module: torch.nn.Module,
+    example_inputs: Any,
+    calls: list[list[tuple[tuple[int, ...], ...]]] | None = None,
+) -> tuple[tuple[LiftedGraph, tuple] | None, list[tuple[LiftedGraph, tuple] | LiftError] | None]:
+    """How `torch.compile` serves `module` at one call: (its one graph lifted, None) where
+    dynamo traces it as one graph (`trace_as_served`); else (None, every graph
+    `trace_graphs` lists, `calls` filled as there), a model with graph breaks or a graph
+    that cannot be lifted; (None, None) where dynamo cannot run it at all."""
+    try:
+        return trace_as_served(module, example_inputs), None
+    except CaptureError:
+        pass
+    try:
+        return None, trace_graphs(module, example_inputs, calls)
+    except CaptureError:
+        return None, None
