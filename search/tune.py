@@ -735,7 +735,7 @@ def graph_varies(results: list[BucketResult], dims: str) -> str:
     by_part: dict[str, set[str]] = {}
     for r in results:
         if r.plan is not None:
-            by_part.setdefault(getattr(r, "part", ""), set()).add(r.plan.structure_key)
+            by_part.setdefault(r.part, set()).add(r.plan.structure_key)
     most = max((len(keys) for keys in by_part.values()), default=0)
     if most < 2:
         return ""

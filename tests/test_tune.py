@@ -140,7 +140,7 @@ def test_tune_says_when_the_buckets_plans_were_made_on_different_graphs():
     from search.tune import graph_varies
 
     def result(key):
-        return NS(plan=NS(structure_key=key))
+        return NS(plan=NS(structure_key=key), part="")
 
     assert graph_varies([result("a"), result("a"), NS(plan=None)], "S") == ""
     note = graph_varies([result("a"), result("b"), result("a")], "S")
