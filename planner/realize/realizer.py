@@ -130,8 +130,14 @@ def _honoured(graph: OpGraph, partition: Partition, wanted: list[str]) -> dict[i
 
 
 def _device_of(parts: ProgramParts, captured: Captured, device: Any) -> torch.device:
+    """The device the program runs on; PlanError when its tensors are on another one.
+
+    A 0-dim CPU tensor among the program's constants (a scalar the model builds with
+    `torch.tensor(x)` in forward, lifted by export) is a scalar every device's ops take,
+    so it does not count.
+    """
     tensors = [t for t in captured.example_inputs if isinstance(t, torch.Tensor)]
-    tensors += list(parts.state.values())
+    tensors += [t for t in parts.state.values() if not _cpu_scalar(t)]
     found = {t.device.type for t in tensors}
     if "meta" in found or captured.planning_only:
         raise PlanError(
@@ -147,6 +153,10 @@ def _device_of(parts: ProgramParts, captured: Captured, device: Any) -> torch.de
             "model on the device it will run on (shapes and kernels depend on it)"
         )
     return dev
+
+
+def _cpu_scalar(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dim() == 0
 
 
 class RealizedPlan:
