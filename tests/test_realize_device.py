@@ -34,7 +34,7 @@ def test_a_cpu_tensor_with_dimensions_in_a_cuda_program_is_refused():
         x = torch.empty(2, 8, device="cuda")
     table = torch.zeros(4)
     parts, captured = _parts_and_captured([x], {"table": table})
-    with pytest.raises(PlanError, match="exported on \\['cpu', 'cuda'\\]"):
+    with pytest.raises(PlanError, match="tensors on \\['cpu', 'cuda'\\]"):
         _device_of(parts, captured, "cuda")
 
 

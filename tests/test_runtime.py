@@ -575,3 +575,32 @@ def test_a_custom_autograd_function_in_grad_mode_runs_as_traced_and_says_why():
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, want[n], rtol=1e-4, atol=1e-5, msg=n)
     torch._dynamo.reset()
+
+
+def test_a_graph_without_tensors_runs_as_it_is_without_a_warning():
+    # dynamo compiles Python arithmetic on sizes between two graph breaks into a graph
+    # with no tensor in it (Longformer's padding to its attention window does)
+    import operator
+
+    g = torch.fx.Graph()
+    four = g.call_function(operator.mul, (2, 2))
+    div = g.call_function(torch.div, (16, four), {"rounding_mode": "trunc"})
+    g.output((8, div, four, 8))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    backend = fusion_planner_backend()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fn = backend(gm, [])
+        assert fn() == (8, 4, 4, 8)
+    assert backend.stats.tensorless == 1
+    assert backend.stats.fallbacks == [] and backend.stats.realized == 0
+
+
+def test_a_graph_without_tensor_inputs_runs_where_its_parameters_are():
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        x_gpu = torch.empty(2, device="cuda")  # fake: runs on any machine
+    on_gpu = torch.nn.Module()
+    on_gpu.register_buffer("table", x_gpu)
+    assert runtime._device_of_graph((), on_gpu).type == "cuda"
+    assert runtime._device_of_graph((torch.zeros(2), x_gpu), torch.nn.Module()).type == "cuda"
+    assert runtime._device_of_graph((), torch.nn.Module()).type == "cpu"

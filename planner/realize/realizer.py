@@ -147,6 +147,11 @@ def _device_of(parts: ProgramParts, captured: Captured, device: Any) -> torch.de
     dev = torch.device(device) if device is not None else (tensors[0].device if tensors else None)
     if dev is None:
         return torch.device("cpu")
+    if len(found) > 1:
+        raise PlanError(
+            f"the program holds tensors on {sorted(found)} (inputs or constants the model "
+            "makes on another device than its parameters'); a plan runs on one device"
+        )
     if any(t.device.type != dev.type for t in tensors):
         raise PlanError(
             f"realize on {dev} but the program was exported on {sorted(found)}: export the "

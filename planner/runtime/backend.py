@@ -135,6 +135,28 @@ def open_cache(cache: PlanCache | str | None = None) -> PlanCache:
         return _shared[key]
 
 
+def _holds_tensors(gm: fx.GraphModule, example_inputs: list[Any]) -> bool:
+    """Whether dynamo's graph takes or makes any tensor (one that only does arithmetic on
+    sizes, as a model's code between two graph breaks can, has nothing to plan)."""
+    if any(isinstance(x, torch.Tensor) for x in example_inputs):
+        return True
+    for node in gm.graph.nodes:
+        val = node.meta.get("example_value", node.meta.get("val"))
+        vals = val if isinstance(val, list | tuple) else [val]
+        if any(isinstance(v, torch.Tensor) for v in vals):
+            return True
+    return False
+
+
+def _device_of_graph(user: tuple[Any, ...], module: torch.nn.Module) -> torch.device:
+    """Where a graph runs: its first input's device (an accelerator's when its inputs are on
+    several), else its first parameter's or buffer's (a graph with no tensor inputs), else
+    the CPU."""
+    devices = [t.device for t in user if isinstance(t, torch.Tensor)]
+    devices += [t.device for t in (*module.parameters(), *module.buffers())]
+    return next((d for d in devices if d.type != "cpu"), devices[0] if devices else torch.device("cpu"))
+
+
 def _fingerprint(device: str | torch.device | None) -> str:
     if isinstance(device, str) and device.startswith(("cpu-", "cuda-")):
         return device  # already a fingerprint
@@ -318,6 +340,9 @@ class FusionPlannerBackend:
         if restart is not None:  # dynamo traces again, the model's floats constant
             raise restart
         self.stats.graphs += 1
+        if not _holds_tensors(gm, example_inputs):
+            self.stats.tensorless += 1
+            return gm.forward
         grad = needs_grad(example_inputs)
         if grad:
             blocker = recompute_blocker(gm)
@@ -592,7 +617,9 @@ class _PlannedGraph:
             self._identity = (model_key, dev, self._spec(model_key, dev))
         if self._identity is None:
             static = export_model(self.lifted.module, user, name="runtime")
-            device = self.backend.device if self.backend.device is not None else user[0].device
+            device = self.backend.device
+            if device is None:
+                device = _device_of_graph(user, self.lifted.module)
             dev = _fingerprint(device)
             model_key = static.graph.structure_key
             self._identity = (model_key, dev, self._spec(model_key, dev))

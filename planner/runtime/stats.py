@@ -18,6 +18,9 @@ class RuntimeStats:
     over_budget: int = 0  # new buckets run as dynamo's graph, the budget being spent
     fallbacks: list[str] = field(default_factory=list)  # why a bucket ran dynamo's graph
     queued: int = 0  # misses recorded in the tuning queue
+    # graphs that hold no tensor at all (Python arithmetic on sizes dynamo compiled between
+    # graph breaks): nothing to plan, run as they are
+    tensorless: int = 0
     grad_graphs: int = 0  # graphs served in grad mode (plan forward, eager recomputed backward)
     static: int = 0  # recurring shapes given a static specialization of their bucket's plan
     static_failed: list[str] = field(default_factory=list)  # why a specialization was not made
