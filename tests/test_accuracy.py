@@ -285,8 +285,44 @@ def test_a_program_that_updates_a_buffer_is_refused_rather_than_left_stale():
     c = export_model(module, (x,))
     assert c.program.graph_signature.output_specs[0].kind.name == "BUFFER_MUTATION"
     whole = Partition.from_groups(c.graph, [list(range(len(c.graph)))])
-    with pytest.raises(PlanError, match=r"updates 1 tensor.* in place"):
+    with pytest.raises(PlanError, match=r"updates 1 buffer.* in place"):
         realize(c, whole, realizations="inductor")
+
+
+class WritesCache(torch.nn.Module):
+    """A model that writes this call's keys into a cache the caller passes (as a static KV
+    cache does): the program's outputs hold the cache's new value first."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x, cache):
+        k = self.lin(x)
+        cache[:, : x.shape[1]] = k
+        return torch.relu(torch.softmax(cache @ k.transpose(1, 2), -1).sum(1) * 2 - 1)
+
+
+def test_a_plan_writes_an_updated_input_back_as_eager_does():
+    torch.manual_seed(0)
+    module = WritesCache().eval()
+    x, cache = torch.randn(2, 8, 16), torch.randn(2, 32, 16)
+    c = export_model(module, (x, cache.clone()))
+    kinds = [s.kind.name for s in c.program.graph_signature.output_specs]
+    assert kinds == ["USER_INPUT_MUTATION", "USER_OUTPUT"]
+    whole = Partition.from_groups(c.graph, [list(range(len(c.graph)))])
+    r = realize(c, whole, realizations="inductor")
+    assert r.verified and not r.fallbacks
+    mine, theirs = cache.clone(), cache.clone()
+    with torch.no_grad():
+        want = module(x, theirs)
+        got = r(x, mine)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(mine, theirs)
+    assert not torch.equal(mine, cache)  # the write happened
+    again = cache.clone()
+    assert len(r.run_flat(x, again)) == 1  # the user output only, the input written
+    torch.testing.assert_close(again, theirs)
 
 
 def test_a_two_percent_error_inside_the_old_bf16_table_is_caught():

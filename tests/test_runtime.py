@@ -604,3 +604,19 @@ def test_a_graph_without_tensor_inputs_runs_where_its_parameters_are():
     assert runtime._device_of_graph((), on_gpu).type == "cuda"
     assert runtime._device_of_graph((torch.zeros(2), x_gpu), torch.nn.Module()).type == "cuda"
     assert runtime._device_of_graph((), torch.nn.Module()).type == "cpu"
+
+
+def test_the_backend_plans_a_graph_that_updates_its_input_in_place(cache):
+    from tests.test_accuracy import WritesCache
+
+    torch.manual_seed(0)
+    module = WritesCache().eval()
+    be = fusion_planner_backend(cache)
+    compiled = torch.compile(module, backend=be, dynamic=True)
+    with torch.no_grad():
+        for s in (8, 12):
+            x, kv = torch.randn(2, s, 16), torch.randn(2, 32, 16)
+            mine, theirs = kv.clone(), kv.clone()
+            torch.testing.assert_close(compiled(x, mine), module(x, theirs))
+            torch.testing.assert_close(mine, theirs)
+    assert be.stats.realized == 2 and be.stats.fallbacks == [], be.stats

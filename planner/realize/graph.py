@@ -54,12 +54,15 @@ class ProgramParts:
     gm: fx.GraphModule
     user_inputs: tuple[str, ...]  # placeholder names of the user inputs, in call order
     state: dict[str, torch.Tensor]  # placeholder name -> parameter / buffer / constant
-    outputs: tuple[Any, ...]  # the user outputs: FX nodes (or constants), in order
+    # the user outputs: FX nodes (or constants), in order, then the new value of each user
+    # input the program updates in place (`mutated` says which input each one is written to)
+    outputs: tuple[Any, ...]
     group_of: dict[str, int]  # FX node name -> group index, for nodes inside groups
     op_names: tuple[str, ...]  # op_names[i] = FX name of OpGraph node i
     by_name: dict[str, fx.Node]  # every FX node of the program by name
     copied_into: dict[str, tuple[int, ...]] = field(default_factory=dict)  # name -> groups
     dead: frozenset[str] = frozenset()  # copied ops their home group does not run
+    mutated: tuple[int, ...] = ()  # user input index of each trailing output in `outputs`
 
 
 def _is_op_node(node: fx.Node) -> bool:
@@ -137,19 +140,21 @@ def take_apart(captured: Captured, partition: Partition, copies: Copies = ()) ->
     kinds = [s.kind.name for s in program.graph_signature.output_specs]
     if len(kinds) != len(flat):
         raise PlanError("the program's outputs do not match its signature")
-    updated = [
-        str(s.target)
-        for s in program.graph_signature.output_specs
-        if s.kind.name in ("USER_INPUT_MUTATION", "BUFFER_MUTATION")
-    ]
-    if updated:  # the plan computes outputs only: it would leave these tensors as they were
+    specs = program.graph_signature.output_specs
+    updated = [str(s.target) for s in specs if s.kind.name == "BUFFER_MUTATION"]
+    if updated:  # a plan writes new values back into user inputs, not into module state
         more = ", ..." if len(updated) > 3 else ""
         raise PlanError(
-            f"the program updates {len(updated)} tensor(s) in place ({', '.join(updated[:3])}"
-            f"{more}), as a static KV cache or BatchNorm in training mode does; a plan computes "
-            "outputs only and would leave them as they were, so the program runs as it is"
+            f"the program updates {len(updated)} buffer(s) in place ({', '.join(updated[:3])}"
+            f"{more}), as BatchNorm in training mode does; a plan writes updates back into "
+            "the call's inputs only, so the program runs as it is"
         )
+    # an input updated in place (a static KV cache, a tensor a graph break hands on): its
+    # new value is one more output, copied into the input after each call
+    writes = [(v, s) for v, s in zip(flat, specs) if s.kind.name == "USER_INPUT_MUTATION"]
+    mutated = tuple(user.index(str(s.target)) for _, s in writes)
     outputs = tuple(v for v, k in zip(flat, kinds) if k == "USER_OUTPUT")
+    outputs += tuple(v for v, _ in writes)
     by_name = {n.name: n for n in gm.graph.nodes}
     index = {m: g for g, m in enumerate(partition.masks)}
     copied_into: dict[str, tuple[int, ...]] = {}
@@ -157,7 +162,9 @@ def take_apart(captured: Captured, partition: Partition, copies: Copies = ()) ->
         for i in bits(cm):
             copied_into[names[i]] = (*copied_into.get(names[i], ()), index[gm_mask])
     gone = frozenset(names[i] for i in bits(dead(partition, copies))) if copies else frozenset()
-    return ProgramParts(gm, user, state, outputs, group_of, names, by_name, copied_into, gone)
+    return ProgramParts(
+        gm, user, state, outputs, group_of, names, by_name, copied_into, gone, mutated
+    )
 
 
 def _fake_of(node: fx.Node) -> Any:

@@ -297,8 +297,20 @@ class RealizedPlan:
 
     # ---- running ---------------------------------------------------------------------
     def run_flat(self, *args: Any) -> tuple[Any, ...]:
-        """The plan on flat user inputs -> flat user outputs (no checks, no CUDA graph)."""
-        return self._forward(*args)
+        """The plan on flat user inputs -> flat user outputs (no checks, no CUDA graph);
+        inputs the program updates in place get their new values."""
+        return self._write_back(args, self._forward(*args))
+
+    def _write_back(self, args: Sequence[Any], flat: Sequence[Any]) -> Sequence[Any]:
+        """The user outputs of `flat`, after copying the values after them into the user
+        inputs the program updates in place (ProgramParts.mutated)."""
+        mutated = self._parts.mutated
+        if not mutated:
+            return flat
+        n = len(flat) - len(mutated)
+        for i, value in zip(mutated, flat[n:]):
+            args[i].copy_(value)
+        return flat[:n]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the plan on a call like the model's; returns what the model returns (its
@@ -318,7 +330,7 @@ class RealizedPlan:
             flat = self._shape_graphs(args)
         else:
             flat = self._forward(*args)
-        return self._rebuild(flat)
+        return self._rebuild(self._write_back(args, flat))
 
     def _rebuild(self, flat: Sequence[Any]) -> Any:
         """The model's output structure around the plan's flat outputs."""
@@ -355,9 +367,10 @@ class RealizedPlan:
             if n.op == "placeholder"
         ]
 
-    def high_reference(self, inputs: Sequence[Any]) -> HighRun:
+    def high_reference(self, inputs: Sequence[Any], updates: bool = False) -> HighRun:
         """The user outputs of the exported program run in high precision on `inputs`
-        (planner.realize.check.run_in_high_precision)."""
+        (planner.realize.check.run_in_high_precision); with `updates`, followed by the new
+        values of the inputs it updates in place, as the plan's flat outputs are."""
         high = run_in_high_precision(
             self._parts.gm, self._program_args(inputs), self._compute_dtype()
         )
@@ -365,6 +378,8 @@ class RealizedPlan:
             return high
         kinds = [s.kind.name for s in self.captured.program.graph_signature.output_specs]
         user = [v for v, k in zip(high.values, kinds) if k == "USER_OUTPUT"]
+        if updates:
+            user += [v for v, k in zip(high.values, kinds) if k == "USER_INPUT_MUTATION"]
         return dataclasses.replace(high, values=user)
 
     def _free_user_outputs(self) -> set[str]:
@@ -452,7 +467,7 @@ class RealizedPlan:
         (`_localize`) and only those fall back. Returns what still disagrees (None when
         the plan is verified). The runtime may call it on real inputs at any time."""
         ref, expected = reference_values(self._parts, inputs)
-        high = self.high_reference(inputs)
+        high = self.high_reference(inputs, updates=True)
         self.reference = high.describe()
         before = set(self.fallbacks)
         self.check_groups(ref, layout.bindings(user_input_fakes(self._parts), inputs))
