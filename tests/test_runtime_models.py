@@ -508,6 +508,54 @@ def test_in_place_updates_of_inputs_or_their_views_block_recomputation():
     assert reason is not None and "add_" in reason and "seen" in reason
 
 
+class AddsAcrossABreak(torch.nn.Module):
+    """The graph after the break updates its input, a tensor the first graph made, with
+    `+=` (Longformer does this with the tensors it hands across its graph breaks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        torch._dynamo.graph_break()
+        h += 1.0
+        return torch.relu(h * 2 - 1)
+
+
+def test_augmented_assignment_to_an_input_blocks_recomputation():
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    module, x = AddsAcrossABreak(), torch.randn(3, 8)
+    torch.compile(module, backend=keep)(x)
+    assert len(graphs) == 2
+    assert recompute_blocker(graphs[0]) is None
+    reason = recompute_blocker(graphs[1])
+    assert reason is not None and "iadd" in reason
+
+
+def test_a_graph_that_updates_its_input_gets_eagers_gradients(cache):
+    torch.manual_seed(0)
+    module = AddsAcrossABreak()
+    x = torch.randn(4, 8, requires_grad=True)
+    module(x).sum().backward()
+    want = [x.grad.clone()] + [p.grad.clone() for p in module.parameters()]
+    x.grad = None
+    module.zero_grad(set_to_none=True)
+    be = fusion_planner_backend(cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.compile(module, backend=be, dynamic=True)(x).sum().backward()
+    got = [x.grad] + [p.grad for p in module.parameters()]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert any("iadd" in d for d in be.stats.declined), be.stats
+
+
 def test_no_grad_inference_is_not_affected_by_parameters_requiring_grad(cache):
     module, (x,) = zoo.get("transformer-block").build({"B": 2, "S": 16, "D": 32, "H": 4})
     assert all(p.requires_grad for p in module.parameters())

@@ -103,6 +103,34 @@ def _base(node: Any) -> Any:
     return node
 
 
+# `x += y` and its kin, as dynamo records them: in place on a tensor
+_INPLACE_OPERATORS = frozenset(
+    {
+        operator.iadd,
+        operator.isub,
+        operator.imul,
+        operator.itruediv,
+        operator.ifloordiv,
+        operator.imod,
+        operator.ipow,
+        operator.imatmul,
+        operator.iand,
+        operator.ior,
+        operator.ixor,
+        operator.ilshift,
+        operator.irshift,
+    }
+)
+
+
+def _a_number(node: Any) -> bool:
+    """Whether dynamo recorded `node` as a Python number (a size), not a tensor."""
+    if not isinstance(node, fx.Node):
+        return True
+    val = node.meta.get("example_value", node.meta.get("val"))
+    return val is not None and not isinstance(val, torch.Tensor)
+
+
 def needs_grad(example_inputs: Sequence[Any]) -> bool:
     """Whether the graph's calls build an autograd graph (dynamo guards on grad mode, so
     what holds for the example inputs holds for every call of this graph)."""
@@ -133,10 +161,12 @@ def recompute_blocker(gm: fx.GraphModule) -> str | None:
             if name == op and _flag(node, "training", index):
                 what = "draws random numbers" if "dropout" in op else "updates running statistics"
                 return f"{op} in training {what}"
-        mutates = node.target is operator.setitem or (
-            name.endswith("_") and not name.startswith("_")
-        )
         first = _base(node.args[0]) if node.args else None
+        mutates = (
+            node.target is operator.setitem
+            or (node.target in _INPLACE_OPERATORS and not _a_number(first))
+            or (name.endswith("_") and not name.startswith("_"))
+        )
         if mutates and isinstance(first, fx.Node) and first.op in ("placeholder", "get_attr"):
             return f"{name} updates {first.name} in place"
     return None
