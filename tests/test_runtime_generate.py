@@ -64,8 +64,9 @@ def test_an_int_argument_is_baked_in_and_another_value_runs_dynamos_graph():
 
 @pytest.mark.slow
 def test_generate_with_a_static_cache_updated_in_place_gives_eagers_tokens():
-    """A static KV cache is written in place; a plan computes outputs only, so such a graph
-    runs as dynamo's graph, with the reason, and the tokens stay eager's."""
+    """A static KV cache is written in place: the plan computes the cache's new values as
+    outputs and writes them back into the cache, so both graphs are planned and the tokens
+    are eager's."""
     from benchmarks.models import llama
 
     torch._dynamo.reset()
@@ -82,7 +83,8 @@ def test_generate_with_a_static_cache_updated_in_place_gives_eagers_tokens():
         got = model.generate(ids, **kw)
     torch._dynamo.reset()
     assert torch.equal(got, want)
-    assert any("in place" in f for f in backend.stats.fallbacks), backend.stats
+    s = backend.stats
+    assert s.graphs == 2 and s.realized >= 2 and not s.fallbacks, s
 
 
 @pytest.mark.slow

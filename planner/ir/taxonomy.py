@@ -223,8 +223,8 @@ RULES: tuple[OpRule, ...] = (
     # --- data movement that materializes
     OpRule(("clone", "cat", "concat", "stack", "index_select", "gather", "embedding",
             "index", "constant_pad_nd", "pad", "roll", "flip", "scatter", "scatter_add",
-            "index_put", "slice_scatter", "select_scatter", "copy", "masked_select",
-            "contiguous_copy", "im2col"),
+            "index_put", "index_copy", "index_add", "slice_scatter", "select_scatter", "copy",
+            "masked_select", "contiguous_copy", "im2col"),
            Category.COPY, zero, "reads and writes bytes, no arithmetic"),
     OpRule(("col2im",), Category.COPY, per_in(1), "sums the overlapping patches: 1 add each"),
     # --- resampling: each output element loads a few input elements (an index remapping)
