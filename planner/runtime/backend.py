@@ -154,7 +154,9 @@ def _device_of_graph(user: tuple[Any, ...], module: torch.nn.Module) -> torch.de
     the CPU."""
     devices = [t.device for t in user if isinstance(t, torch.Tensor)]
     devices += [t.device for t in (*module.parameters(), *module.buffers())]
-    return next((d for d in devices if d.type != "cpu"), devices[0] if devices else torch.device("cpu"))
+    return next(
+        (d for d in devices if d.type != "cpu"), devices[0] if devices else torch.device("cpu")
+    )
 
 
 def _fingerprint(device: str | torch.device | None) -> str:
