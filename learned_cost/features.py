@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -565,7 +566,19 @@ def design_matrix(
 ) -> Design:
     """Features `names` of dataset rows (desc_* columns), with the analytical parts
     recomputed on `spec_for(row["device"])` so the target is relative to the roofline in
-    use now."""
+    use now. Rows whose stored descriptors are of different versions get a warning: a
+    field added after a row's version is missing from it and reads as 0."""
+    versions = sorted(
+        {int(r["desc_descriptor_version"]) for r in rows if "desc_descriptor_version" in r}
+    )
+    if len(versions) > 1:
+        warnings.warn(
+            f"the rows hold group descriptors of versions {versions}: the fields added "
+            f"after version {versions[0]} are missing from the older rows and read as 0, "
+            "so those features partly say which collection a row came from; recapture the "
+            "graphs (leave out --stored-descriptors) to compute every field",
+            stacklevel=2,
+        )
     xs, an, ms, gs = [], [], [], []
     for r in rows:
         desc = {k[5:]: v for k, v in r.items() if k.startswith("desc_")}

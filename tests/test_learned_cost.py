@@ -624,3 +624,15 @@ def test_the_planner_passes_each_graphs_footprint_to_the_in_plan_factor(fitted, 
     loaded = load_corrected(str(tmp_path / "m.json"), spec.name)
     assert loaded.plan_context == ctx and loaded.plan_context.needs_footprint
     assert loaded.plan_cost_s(g, groups) == pytest.approx(model.plan_cost_s(g, groups))
+
+
+def test_rows_of_mixed_descriptor_versions_are_warned_about():
+    spec = get_spec("h100")
+    rows = [dict(r, desc_descriptor_version=4) for r in fake_rows(6, seed=3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        design_matrix(rows, lambda _n: spec)  # one version: silent
+    for r in rows[::2]:
+        r["desc_descriptor_version"] = 3
+    with pytest.warns(UserWarning, match=r"descriptors of versions \[3, 4\]"):
+        design_matrix(rows, lambda _n: spec)
