@@ -175,3 +175,33 @@ def test_tf32_changes_nothing_in_other_dtypes_or_on_devices_without_it(tf32_flag
     assert get_spec("cpu").peak_compute_flops("float32", conv=True) == get_spec(
         "cpu"
     ).peak_matmul_flops("float32")
+
+
+def test_a_mixture_of_experts_grouped_gemm_is_a_gemm():
+    """transformers' MoE layers call a grouped GEMM (its own custom op on CPU and for
+    non-bf16 weights, aten's _grouped_mm otherwise): each token meets one expert's weight."""
+    pytest.importorskip("transformers")
+    import transformers.integrations.moe  # noqa: F401  (registers the custom op)
+
+    from planner.ir.capture import export_model
+    from planner.ir.graph import Category
+    from planner.ir.taxonomy import lookup
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 16, 24))
+
+        def forward(self, x, offs):
+            return torch.ops.transformers.grouped_mm_fallback(x, self.w, offs).relu()
+
+    x, offs = torch.randn(10, 16), torch.tensor([3, 5, 8, 10], dtype=torch.int32)
+    g = export_model(Experts(), (x, offs)).graph
+    gemm = g.nodes[0]
+    assert (gemm.op, gemm.category, gemm.flops) == (
+        "grouped_mm_fallback",
+        Category.COMPUTE,
+        2 * 10 * 24 * 16,
+    )
+    assert lookup("aten._grouped_mm.default").category is Category.COMPUTE
+    assert lookup("aten.add.Tensor").category is Category.POINTWISE

@@ -135,9 +135,11 @@ class OpNode:
 
     @property
     def op(self) -> str:
-        """The overload packet, e.g. "linear" for "aten.linear.default"."""
+        """The overload packet, e.g. "linear" for "aten.linear.default" (and
+        "grouped_mm_fallback" for a library's "transformers.grouped_mm_fallback.default")."""
         parts = self.target.split(".")
         namespaced = parts[0] in ("aten", "prims", "_c10d_functional")
+        namespaced = namespaced or (len(parts) == 3 and parts[2] == "default")
         return parts[1] if len(parts) >= 2 and namespaced else parts[-1]
 
     @property

@@ -156,6 +156,9 @@ RULES: tuple[OpRule, ...] = (
     # --- compute anchors: tensor-core bound, realized by cuBLAS/cuDNN or a GEMM template
     OpRule(("mm", "bmm", "matmul"), Category.COMPUTE, _mm, "GEMM: 2MNK"),
     OpRule(("addmm", "baddbmm"), Category.COMPUTE, _addmm, "GEMM with a fused bias add"),
+    # a mixture of experts' (S, K) tokens against (E, K, N) weights, each token one expert
+    OpRule(("_grouped_mm", "grouped_mm", "grouped_mm_fallback"), Category.COMPUTE, _mm,
+           "grouped GEMM: 2SNK"),
     OpRule(("linear",), Category.COMPUTE, _linear, "x @ W^T + b as one GEMM"),
     OpRule(CONV_OPS, Category.COMPUTE, _conv, "convolution: 2 * out * Cin/g * prod(k)"),
     OpRule(("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
@@ -272,11 +275,13 @@ MAYBE_ALIAS_CASTS = frozenset({"to", "type_as", "float", "half", "bfloat16", "do
 
 
 def packet_of(target: str) -> str:
-    """ "aten.add_.Tensor" -> "add" (in-place variants share their out-of-place rule)."""
+    """ "aten.add_.Tensor" -> "add" (in-place variants share their out-of-place rule);
+    "transformers.grouped_mm_fallback.default" -> "grouped_mm_fallback"."""
     parts = target.split(".")
+    custom = len(parts) == 3 and parts[2] == "default"  # a library's op: "ns.op.default"
     op = (
         parts[1]
-        if len(parts) >= 2 and parts[0] in ("aten", "prims", "_c10d_functional")
+        if len(parts) >= 2 and (parts[0] in ("aten", "prims", "_c10d_functional") or custom)
         else parts[-1]
     )
     if op.endswith("_") and not op.startswith("_") and op[:-1] in _BY_OP:
