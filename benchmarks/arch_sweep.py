@@ -17,7 +17,8 @@ downloaded). Per cell, each step in its own process, as a user would run it:
 1. `fusion-plan tune --model benchmarks/arch_sweep_models.py:<cell> --shape ... --dynamic
    ... --strategy priority --top-k 1 --budget-seconds 5 --threads 1 --no-compile-baseline`
    into a fresh SQLite cache over one power-of-two bucket (text: S 9..16; images: IMG
-   33..64, or B 3..4 for models with position embeddings for one image size). Recorded:
+   33..64, or B 3..4 for models with position embeddings for one image size; audio: N
+   257..512 samples). Recorded:
    exit status, the last line it printed on stderr, whether it printed a traceback.
 2. served (`--serve`): the model built once, compiled with the planner backend on that
    cache; at the tuned (representative) shape and one other shape of the bucket its output
@@ -57,6 +58,7 @@ SERVE_TIMEOUT_S = 300
 TEXT = ("B=2", "S=9..16", {"S": 16}, {"S": 11})
 IMAGE = ("B=2", "IMG=33..64", {"IMG": 64}, {"IMG": 48})
 FIXED_IMAGE = ("IMG=32", "B=3..4", {"B": 4}, {"B": 3})
+AUDIO = ("B=2", "N=257..512", {"N": 512}, {"N": 300})
 # cell -> (fixed shape, dynamic range, tuned shape, other shape of the bucket)
 CELLS = {
     "opt": TEXT,
@@ -71,6 +73,12 @@ CELLS = {
     "gpt_neo": TEXT,
     "codegen": TEXT,
     "stablelm": TEXT,
+    "mistral": TEXT,
+    "gpt_neox": TEXT,
+    "gpt_bigcode": TEXT,
+    "mixtral": TEXT,
+    "qwen2_moe": TEXT,
+    "mamba": TEXT,
     "roberta": TEXT,
     "distilbert": TEXT,
     "albert": TEXT,
@@ -80,6 +88,7 @@ CELLS = {
     "clip_text": TEXT,
     "bart": TEXT,
     "whisper": TEXT,
+    "t5": TEXT,
     "deit": FIXED_IMAGE,
     "beit": FIXED_IMAGE,
     "clip_vision": FIXED_IMAGE,
@@ -87,6 +96,9 @@ CELLS = {
     "segformer": IMAGE,
     "resnet": IMAGE,
     "mobilevit": FIXED_IMAGE,
+    "convnext": IMAGE,
+    "swin": IMAGE,
+    "wav2vec2": AUDIO,
 }
 QUICK = ("bloom", "distilbert", "bart", "resnet")
 

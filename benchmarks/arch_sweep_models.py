@@ -7,7 +7,9 @@ downloaded; every setting not named here is the library's default), for
 Each factory returns `(model, inputs)` like `benchmarks/models/gpt2.py`: text models take
 `(B, S)` (token ids, plus an attention mask where the name says so), vision models
 `(B, IMG)` (a `(B, 3, IMG, IMG)` image; models with learned position embeddings for one image
-size take only `IMG` equal to it). Inputs with a mask are keyword arguments, as users pass them. Random weights from the seed in effect, eval mode.
+size take only `IMG` equal to it), audio models `(B, N)` (N samples of a waveform). Inputs
+with a mask are keyword arguments, as users pass them. Random weights from the seed in
+effect, eval mode.
 """
 
 from __future__ import annotations
@@ -132,6 +134,59 @@ def stablelm(B: int = 2, S: int = 16):
     return _causal(T.StableLmForCausalLM, cfg), (_ids(B, S),)
 
 
+# --- decoders, base models (no LM head, default use_cache) --------------------------------
+
+
+def mistral(B: int = 2, S: int = 16):
+    cfg = T.MistralConfig(vocab_size=V, num_key_value_heads=2, **TEXT)
+    return T.MistralModel(cfg).eval(), _with_mask(B, S)
+
+
+def gpt_neox(B: int = 2, S: int = 16):
+    cfg = T.GPTNeoXConfig(vocab_size=V, **TEXT)
+    return T.GPTNeoXModel(cfg).eval(), (_ids(B, S),)
+
+
+def gpt_bigcode(B: int = 2, S: int = 16):
+    """Multi-query attention (the library's default)."""
+    cfg = T.GPTBigCodeConfig(
+        vocab_size=V,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_inner=64,
+        n_positions=128,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return T.GPTBigCodeModel(cfg).eval(), _with_mask(B, S)
+
+
+def mixtral(B: int = 2, S: int = 16):
+    cfg = T.MixtralConfig(
+        vocab_size=V, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **TEXT
+    )
+    return T.MixtralModel(cfg).eval(), (_ids(B, S),)
+
+
+def qwen2_moe(B: int = 2, S: int = 16):
+    cfg = T.Qwen2MoeConfig(
+        vocab_size=V,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=32,
+        **TEXT,
+    )
+    return T.Qwen2MoeModel(cfg).eval(), _with_mask(B, S)
+
+
+def mamba(B: int = 2, S: int = 16):
+    cfg = T.MambaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=8)
+    return T.MambaModel(cfg).eval(), (_ids(B, S),)
+
+
 # --- encoders (token ids and an attention mask) -------------------------------------------
 
 
@@ -235,6 +290,16 @@ def whisper(B: int = 2, S: int = 16):
     return model, {"input_features": features, "decoder_input_ids": _ids(B, S)}
 
 
+def t5(B: int = 2, S: int = 16):
+    cfg = T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+    model = T.T5Model(cfg).eval()
+    return model, {
+        "input_ids": torch.randint(0, V, (B, 12)),
+        "attention_mask": torch.ones(B, 12, dtype=torch.long),
+        "decoder_input_ids": _ids(B, S),
+    }
+
+
 # --- vision -------------------------------------------------------------------------------
 
 
@@ -287,3 +352,31 @@ def mobilevit(B: int = 2, IMG: int = 64):
 def dinov2(B: int = 2, IMG: int = IMG_FIXED):
     cfg = T.Dinov2Config(image_size=IMG_FIXED, patch_size=8, **TEXT)
     return T.Dinov2Model(cfg).eval(), (_image(B, IMG),)
+
+
+def convnext(B: int = 2, IMG: int = 32):
+    cfg = T.ConvNextConfig(num_stages=2, depths=[1, 1], hidden_sizes=[16, 32])
+    return T.ConvNextModel(cfg).eval(), (_image(B, IMG),)
+
+
+def swin(B: int = 2, IMG: int = 32):
+    cfg = T.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4
+    )
+    return T.SwinModel(cfg).eval(), (_image(B, IMG),)
+
+
+# --- audio --------------------------------------------------------------------------------
+
+
+def wav2vec2(B: int = 2, N: int = 512):
+    """Takes `(B, N)`: N audio samples (a 16-channel conv feature extractor, strides 5 and 2)."""
+    cfg = T.Wav2Vec2Config(
+        conv_dim=(16, 16),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+        **TEXT,
+    )
+    return T.Wav2Vec2Model(cfg).eval(), (torch.randn(B, N),)
