@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from planner.realize.realizer import PlanError, _device_of
+from planner.errors import PlanError
+from planner.realize.graph import device_of
 
 
 def _parts_and_captured(inputs, state):
@@ -25,8 +26,8 @@ def test_a_cpu_scalar_constant_does_not_block_a_cuda_program():
         w = torch.empty(8, 8, device="cuda")
     scale = torch.tensor(8.0) ** 0.5  # what export lifts from DeBERTa's attention scale
     parts, captured = _parts_and_captured([x], {"w": w, "c_scale": scale})
-    assert _device_of(parts, captured, None).type == "cuda"
-    assert _device_of(parts, captured, "cuda").type == "cuda"
+    assert device_of(parts, captured, None).type == "cuda"
+    assert device_of(parts, captured, "cuda").type == "cuda"
 
 
 def test_a_cpu_tensor_with_dimensions_in_a_cuda_program_is_refused():
@@ -35,10 +36,10 @@ def test_a_cpu_tensor_with_dimensions_in_a_cuda_program_is_refused():
     table = torch.zeros(4)
     parts, captured = _parts_and_captured([x], {"table": table})
     with pytest.raises(PlanError, match="tensors on \\['cpu', 'cuda'\\]"):
-        _device_of(parts, captured, "cuda")
+        device_of(parts, captured, "cuda")
 
 
 def test_a_cpu_program_asked_to_run_on_cuda_is_refused():
     parts, captured = _parts_and_captured([torch.zeros(2)], {"s": torch.tensor(1.0)})
     with pytest.raises(PlanError, match="realize on cuda"):
-        _device_of(parts, captured, "cuda")
+        device_of(parts, captured, "cuda")

@@ -31,7 +31,7 @@ from planner.runtime.backend import (
     lookup,
     plan_for,
 )
-from planner.runtime.graph import capture_for_serving, lift_graph
+from planner.runtime.graph import capture_for_serving, device_of_graph, lift_graph
 
 BLOCK = {"B": 2, "S": 16, "D": 32, "H": 4}
 
@@ -601,9 +601,9 @@ def test_a_graph_without_tensor_inputs_runs_where_its_parameters_are():
         x_gpu = torch.empty(2, device="cuda")  # fake: runs on any machine
     on_gpu = torch.nn.Module()
     on_gpu.register_buffer("table", x_gpu)
-    assert runtime._device_of_graph((), on_gpu).type == "cuda"
-    assert runtime._device_of_graph((torch.zeros(2), x_gpu), torch.nn.Module()).type == "cuda"
-    assert runtime._device_of_graph((), torch.nn.Module()).type == "cpu"
+    assert device_of_graph((), on_gpu).type == "cuda"
+    assert device_of_graph((torch.zeros(2), x_gpu), torch.nn.Module()).type == "cuda"
+    assert device_of_graph((), torch.nn.Module()).type == "cpu"
 
 
 def test_the_backend_plans_a_graph_that_updates_its_input_in_place(cache):

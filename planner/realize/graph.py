@@ -418,3 +418,38 @@ def build_top(
     outs = tuple(value(v.name) if isinstance(v, fx.Node) else v for v in parts.outputs)
     g.output(outs)
     return fx.GraphModule(root, g, class_name="RealizedPlanTop")
+
+
+def device_of(parts: ProgramParts, captured: Captured, device: Any) -> torch.device:
+    """The device the program runs on; PlanError when its tensors are on another one.
+
+    A 0-dim CPU tensor among the program's constants (a scalar the model builds with
+    `torch.tensor(x)` in forward, lifted by export) is a scalar every device's ops take,
+    so it does not count.
+    """
+    tensors = [t for t in captured.example_inputs if isinstance(t, torch.Tensor)]
+    tensors += [t for t in parts.state.values() if not _cpu_scalar(t)]
+    found = {t.device.type for t in tensors}
+    if "meta" in found or captured.planning_only:
+        raise PlanError(
+            "the captured program holds meta tensors (captured for planning only): export "
+            "the model with real parameters on the device it will run on to realize it"
+        )
+    dev = torch.device(device) if device is not None else (tensors[0].device if tensors else None)
+    if dev is None:
+        return torch.device("cpu")
+    if len(found) > 1:
+        raise PlanError(
+            f"the program holds tensors on {sorted(found)} (inputs or constants the model "
+            "makes on another device than its parameters'); a plan runs on one device"
+        )
+    if any(t.device.type != dev.type for t in tensors):
+        raise PlanError(
+            f"realize on {dev} but the program was exported on {sorted(found)}: export the "
+            "model on the device it will run on (shapes and kernels depend on it)"
+        )
+    return dev
+
+
+def _cpu_scalar(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dim() == 0

@@ -67,6 +67,7 @@ from planner.realize.graph import (
     GroupGraph,
     ProgramParts,
     build_top,
+    device_of,
     group_graphs,
     group_order,
     take_apart,
@@ -127,41 +128,6 @@ def _honoured(graph: OpGraph, partition: Partition, wanted: list[str]) -> dict[i
         log.warning("group %d (%d ops): %s", gi, len(partition.groups[gi]), why)
         warnings.warn(f"group {gi}: {why}", RealizeWarning, stacklevel=3)
     return out
-
-
-def _device_of(parts: ProgramParts, captured: Captured, device: Any) -> torch.device:
-    """The device the program runs on; PlanError when its tensors are on another one.
-
-    A 0-dim CPU tensor among the program's constants (a scalar the model builds with
-    `torch.tensor(x)` in forward, lifted by export) is a scalar every device's ops take,
-    so it does not count.
-    """
-    tensors = [t for t in captured.example_inputs if isinstance(t, torch.Tensor)]
-    tensors += [t for t in parts.state.values() if not _cpu_scalar(t)]
-    found = {t.device.type for t in tensors}
-    if "meta" in found or captured.planning_only:
-        raise PlanError(
-            "the captured program holds meta tensors (captured for planning only): export "
-            "the model with real parameters on the device it will run on to realize it"
-        )
-    dev = torch.device(device) if device is not None else (tensors[0].device if tensors else None)
-    if dev is None:
-        return torch.device("cpu")
-    if len(found) > 1:
-        raise PlanError(
-            f"the program holds tensors on {sorted(found)} (inputs or constants the model "
-            "makes on another device than its parameters'); a plan runs on one device"
-        )
-    if any(t.device.type != dev.type for t in tensors):
-        raise PlanError(
-            f"realize on {dev} but the program was exported on {sorted(found)}: export the "
-            "model on the device it will run on (shapes and kernels depend on it)"
-        )
-    return dev
-
-
-def _cpu_scalar(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.dim() == 0
 
 
 class RealizedPlan:
@@ -754,7 +720,7 @@ def realize(
     substituted = _honoured(graph, partition, wanted)
     copies = plan_or_partition.copies() if isinstance(plan_or_partition, Plan) else ()
     parts = take_apart(captured, partition, copies)
-    dev = _device_of(parts, captured, device)
+    dev = device_of(parts, captured, device)
     groups: list[GroupGraph] = group_graphs(parts, partition)
     for gg in groups:  # every op recomputed where needed: nothing to compile, never called
         if not gg.outputs:

@@ -54,7 +54,7 @@ from planner.plans.cache import BUCKET, DEFAULT, EXACT, LookupResult, PlanCache
 from planner.plans.plan import Plan
 from planner.realize.realizer import realize
 from planner.runtime.grad import PlannedForward, needs_grad, recompute_blocker
-from planner.runtime.graph import LiftedGraph, lift_graph
+from planner.runtime.graph import LiftedGraph, device_of_graph, holds_tensors, lift_graph
 from planner.runtime.scalars import float_restart
 from planner.runtime.spans import joined
 from planner.runtime.specialize import Compared, Ledger, Recurring
@@ -133,30 +133,6 @@ def open_cache(cache: PlanCache | str | None = None) -> PlanCache:
         if key not in _shared:
             _shared[key] = PlanCache(cache, reopen=True)
         return _shared[key]
-
-
-def _holds_tensors(gm: fx.GraphModule, example_inputs: list[Any]) -> bool:
-    """Whether dynamo's graph takes or makes any tensor (one that only does arithmetic on
-    sizes, as a model's code between two graph breaks can, has nothing to plan)."""
-    if any(isinstance(x, torch.Tensor) for x in example_inputs):
-        return True
-    for node in gm.graph.nodes:
-        val = node.meta.get("example_value", node.meta.get("val"))
-        vals = val if isinstance(val, list | tuple) else [val]
-        if any(isinstance(v, torch.Tensor) for v in vals):
-            return True
-    return False
-
-
-def _device_of_graph(user: tuple[Any, ...], module: torch.nn.Module) -> torch.device:
-    """Where a graph runs: its first input's device (an accelerator's when its inputs are on
-    several), else its first parameter's or buffer's (a graph with no tensor inputs), else
-    the CPU."""
-    devices = [t.device for t in user if isinstance(t, torch.Tensor)]
-    devices += [t.device for t in (*module.parameters(), *module.buffers())]
-    return next(
-        (d for d in devices if d.type != "cpu"), devices[0] if devices else torch.device("cpu")
-    )
 
 
 def _fingerprint(device: str | torch.device | None) -> str:
@@ -342,7 +318,7 @@ class FusionPlannerBackend:
         if restart is not None:  # dynamo traces again, the model's floats constant
             raise restart
         self.stats.graphs += 1
-        if not _holds_tensors(gm, example_inputs):
+        if not holds_tensors(gm, example_inputs):
             self.stats.tensorless += 1
             return gm.forward
         grad = needs_grad(example_inputs)
@@ -619,9 +595,8 @@ class _PlannedGraph:
             self._identity = (model_key, dev, self._spec(model_key, dev))
         if self._identity is None:
             static = export_model(self.lifted.module, user, name="runtime")
-            device = self.backend.device
-            if device is None:
-                device = _device_of_graph(user, self.lifted.module)
+            own = self.backend.device
+            device = own if own is not None else device_of_graph(user, self.lifted.module)
             dev = _fingerprint(device)
             model_key = static.graph.structure_key
             self._identity = (model_key, dev, self._spec(model_key, dev))

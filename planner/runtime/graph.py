@@ -520,3 +520,27 @@ def trace_served(
         return None, trace_graphs(module, example_inputs, calls)
     except CaptureError:
         return None, None
+
+
+def holds_tensors(gm: fx.GraphModule, example_inputs: list[Any]) -> bool:
+    """Whether dynamo's graph takes or makes any tensor (one that only does arithmetic on
+    sizes, as a model's code between two graph breaks can, has nothing to plan)."""
+    if any(isinstance(x, torch.Tensor) for x in example_inputs):
+        return True
+    for node in gm.graph.nodes:
+        val = node.meta.get("example_value", node.meta.get("val"))
+        vals = val if isinstance(val, list | tuple) else [val]
+        if any(isinstance(v, torch.Tensor) for v in vals):
+            return True
+    return False
+
+
+def device_of_graph(user: tuple[Any, ...], module: torch.nn.Module) -> torch.device:
+    """Where a graph runs: its first input's device (an accelerator's when its inputs are on
+    several), else its first parameter's or buffer's (a graph with no tensor inputs), else
+    the CPU."""
+    devices = [t.device for t in user if isinstance(t, torch.Tensor)]
+    devices += [t.device for t in (*module.parameters(), *module.buffers())]
+    return next(
+        (d for d in devices if d.type != "cpu"), devices[0] if devices else torch.device("cpu")
+    )
