@@ -536,9 +536,9 @@ def holds_tensors(gm: fx.GraphModule, example_inputs: list[Any]) -> bool:
 
 
 def device_of_graph(user: tuple[Any, ...], module: torch.nn.Module) -> torch.device:
-    """Where a graph runs: its first input's device (an accelerator's when its inputs are on
-    several), else its first parameter's or buffer's (a graph with no tensor inputs), else
-    the CPU."""
+    """Where a graph runs: the first accelerator among its tensor inputs, then its
+    parameters and buffers; else the device of the first of those; else the CPU (a graph
+    with no tensors at all)."""
     devices = [t.device for t in user if isinstance(t, torch.Tensor)]
     devices += [t.device for t in (*module.parameters(), *module.buffers())]
     return next(
