@@ -17,6 +17,7 @@ bookkeeping, which is where realization bugs would hide:
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,18 @@ def _state_of(program: torch.export.ExportedProgram) -> tuple[tuple[str, ...], d
     return tuple(user), state
 
 
+WRITE = "USER_INPUT_MUTATION"  # an output spec's kind: a user input's new value
+
+
+def plan_outputs(specs: Sequence[Any]) -> tuple[int, ...]:
+    """Which of an exported program's flat outputs (its `output_specs`) a plan returns, in
+    the plan's order: the user outputs, then the new value of each user input the program
+    updates in place (ProgramParts.outputs)."""
+    kinds = [s.kind.name for s in specs]
+    users = [i for i, k in enumerate(kinds) if k == "USER_OUTPUT"]
+    return (*users, *(i for i, k in enumerate(kinds) if k == WRITE))
+
+
 def take_apart(captured: Captured, partition: Partition, copies: Copies = ()) -> ProgramParts:
     """Map every FX node of the program onto the partition's groups (see module doc), and
     the ops `copies` recompute (planner.fusion.recompute) onto the groups that copy them."""
@@ -137,10 +150,9 @@ def take_apart(captured: Captured, partition: Partition, copies: Copies = ()) ->
     user, state = _state_of(program)
     out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     flat = list(out_node.args[0]) if isinstance(out_node.args[0], list | tuple) else []
-    kinds = [s.kind.name for s in program.graph_signature.output_specs]
-    if len(kinds) != len(flat):
-        raise PlanError("the program's outputs do not match its signature")
     specs = program.graph_signature.output_specs
+    if len(specs) != len(flat):
+        raise PlanError("the program's outputs do not match its signature")
     updated = [str(s.target) for s in specs if s.kind.name == "BUFFER_MUTATION"]
     if updated:  # a plan writes new values back into user inputs, not into module state
         more = ", ..." if len(updated) > 3 else ""
@@ -151,10 +163,9 @@ def take_apart(captured: Captured, partition: Partition, copies: Copies = ()) ->
         )
     # an input updated in place (a static KV cache, a tensor a graph break hands on): its
     # new value is one more output, copied into the input after each call
-    writes = [(v, s) for v, s in zip(flat, specs) if s.kind.name == "USER_INPUT_MUTATION"]
-    mutated = tuple(user.index(str(s.target)) for _, s in writes)
-    outputs = tuple(v for v, k in zip(flat, kinds) if k == "USER_OUTPUT")
-    outputs += tuple(v for v, _ in writes)
+    order = plan_outputs(specs)
+    outputs = tuple(flat[i] for i in order)
+    mutated = tuple(user.index(str(specs[i].target)) for i in order if specs[i].kind.name == WRITE)
     by_name = {n.name: n for n in gm.graph.nodes}
     index = {m: g for g, m in enumerate(partition.masks)}
     copied_into: dict[str, tuple[int, ...]] = {}

@@ -70,6 +70,7 @@ from planner.realize.graph import (
     device_of,
     group_graphs,
     group_order,
+    plan_outputs,
     take_apart,
     user_input_fakes,
 )
@@ -342,11 +343,10 @@ class RealizedPlan:
         )
         if high.values is None:
             return high
-        kinds = [s.kind.name for s in self.captured.program.graph_signature.output_specs]
-        user = [v for v, k in zip(high.values, kinds) if k == "USER_OUTPUT"]
-        if updates:
-            user += [v for v, k in zip(high.values, kinds) if k == "USER_INPUT_MUTATION"]
-        return dataclasses.replace(high, values=user)
+        order = plan_outputs(self.captured.program.graph_signature.output_specs)
+        if not updates:
+            order = order[: len(order) - len(self._parts.mutated)]
+        return dataclasses.replace(high, values=[high.values[i] for i in order])
 
     def _free_user_outputs(self) -> set[str]:
         """User outputs that no group reads and whose layout is not fixed up afterwards:
